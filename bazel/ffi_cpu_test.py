@@ -1,0 +1,116 @@
+"""Bazel's check of libhisparse_cpu.so: load it with ctypes, register its handlers
+under target names of its own, and compare RESOLVE and the pool write against the
+pure-JAX reference with zero tolerance.
+
+The package imported here is the source tree (no compiled extension), so the
+only handlers in play are the ones this file registers.
+
+Usage: ffi_cpu_test.py PATH/TO/libhisparse_cpu.so
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import unittest
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import hisparse_jax as hj
+from hisparse_jax.reference import pool_write_reference
+
+RESOLVE = "bazel_hisparse_resolve"
+POOL_WRITE = "bazel_hisparse_pool_write"
+
+# [L, *streams, R, page_size, width] = 32-byte records, 2 x 3 streams.
+CONFIG = hj.CacheConfig(
+    num_layers=2, stream_shape=(2, 3), pool_records=40, hot_slots=8, top_k=6,
+    record_width=4, page_size=2,
+)
+
+_LIB = None  # keeps the handlers' library loaded for the life of the process
+
+
+def register(path: str) -> None:
+    global _LIB
+    _LIB = ctypes.cdll.LoadLibrary(path)
+    jax.ffi.register_ffi_target(
+        RESOLVE, jax.ffi.pycapsule(_LIB.HisparseResolveCpu), platform="cpu"
+    )
+    jax.ffi.register_ffi_target(
+        POOL_WRITE, jax.ffi.pycapsule(_LIB.HisparsePoolWriteCpu), platform="cpu"
+    )
+
+
+@jax.jit
+def resolve_ffi(hot, slot_record, lru, host_pool, selection, sealed, layer):
+    """Same operands and results as hisparse_jax.resolve_reference."""
+    per_pick = jax.ShapeDtypeStruct(selection.shape, jnp.int32)
+    per_stream = jax.ShapeDtypeStruct(selection.shape[:-1], jnp.int32)
+    call = jax.ffi.ffi_call(
+        RESOLVE,
+        (per_pick, per_pick, per_pick, per_stream, per_stream,
+         jax.typeof(hot), jax.typeof(slot_record), jax.typeof(lru)),
+        input_output_aliases={4: 5, 5: 6, 6: 7},
+    )
+    return call(host_pool, selection, sealed, layer, hot, slot_record, lru,
+                fetch=True, launch=np.int32(0))
+
+
+resolve_reference = jax.jit(hj.resolve_reference)
+
+NAMES = ("slots", "miss_records", "miss_slots", "misses", "invalid", "hot", "slot_record", "lru")
+
+
+class FfiCpuTest(unittest.TestCase):
+    def setUp(self):
+        self.rng = np.random.default_rng(0)
+
+    def host_pool(self):
+        rows = self.rng.standard_normal(CONFIG.pool_shape).astype(np.float32)
+        return jax.device_put(rows, hj.pinned_host_sharding())
+
+    def test_resolve_sequence_matches_reference(self):
+        pool = self.host_pool()
+        cache = hj.init_hot_cache(CONFIG)
+        ffi_state = ref_state = (cache.hot, cache.slot_record, cache.lru)
+        S, k, R = CONFIG.stream_shape, CONFIG.top_k, CONFIG.pool_records
+        # Layer L (out of range) must leave the state untouched.
+        layers = [0, 1, 1, 0, CONFIG.num_layers, 1, 0, 1]
+        for step, layer in enumerate(layers):
+            # Ids in [-1, R + 4): padding, duplicates, ids past `sealed` and past R.
+            selection = self.rng.integers(-1, R + 4, size=(*S, k), dtype=np.int32)
+            selection[..., -1] = selection[..., 0]
+            sealed = self.rng.integers(R // 2, R + 3, size=S, dtype=np.int32)
+            args = (pool, jnp.asarray(selection), jnp.asarray(sealed), jnp.int32(layer))
+            got = resolve_ffi(*ffi_state, *args)
+            want = resolve_reference(*ref_state, *args)
+            for name, g, w in zip(NAMES, got, want):
+                np.testing.assert_array_equal(
+                    np.asarray(g), np.asarray(w), err_msg=f"step {step} (layer {layer}): {name}"
+                )
+            ffi_state, ref_state = got[5:], want[5:]
+        self.assertGreater(int(np.asarray(ffi_state[1]).max()), -1, "nothing was ever resident")
+
+    def test_pool_write_matches_reference(self):
+        pool = self.host_pool()
+        n = 5
+        records = jnp.asarray(self.rng.standard_normal(
+            (CONFIG.num_layers, *CONFIG.stream_shape, n, *CONFIG.record_shape)
+        ).astype(np.float32))
+        # The last stream's rows run past R: those must be dropped.
+        start = np.array([[0, 7, 30], [12, 3, CONFIG.pool_records - 2]], np.int32)
+        count = np.array([[5, 0, 5], [2, 5, 5]], np.int32)
+        write = jax.ffi.ffi_call(POOL_WRITE, jax.typeof(pool), input_output_aliases={0: 0})
+        got = jax.jit(write)(pool, records, jnp.asarray(start), jnp.asarray(count))
+        want = pool_write_reference(pool, records, jnp.asarray(start), jnp.asarray(count))
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    register(sys.argv.pop(1))
+    unittest.main()

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds hisparse-jax with CUDA and runs the GPU checks and benchmarks, on a
+# machine with an NVIDIA GPU, nvcc, jax[cuda], nanobind and scikit-build-core.
+#
+#   benchmarks/gpu_run.sh OUT_DIR STAGE...
+#
+# Stages (in the order given):
+#   build     HISPARSE_CUDA=ON pip install into $SITE (default /tmp/hisparse-site)
+#   check     the standalone kernel check (ffi/tests) against the CPU implementation
+#   sanitize  compute-sanitizer memcheck + racecheck on the check's --quick cases
+#   pytest    the whole test suite with the CUDA handler as the default implementation
+#   resolve   benchmarks/resolve_bench.cu (ceilings + RESOLVE table), JSON in OUT_DIR
+# Logs of every stage land in OUT_DIR; the script stops at the first failing stage.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT_DIR="$(mkdir -p "${1:?usage: gpu_run.sh OUT_DIR STAGE...}" && cd "$1" && pwd)"
+shift
+SITE="${SITE:-/tmp/hisparse-site}"
+PY="${PYTHON:-python3}"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+
+run() {  # run STAGE_NAME CMD...: tee the output into OUT_DIR/STAGE_NAME.log
+  local name=$1; shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee "$OUT_DIR/$name.log"
+  echo "=== $name: ok in $((SECONDS - t0)) s"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
+"$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())' | tee -a "$OUT_DIR/gpu.txt"
+
+for stage in "$@"; do
+  case "$stage" in
+    build)
+      run build env HISPARSE_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps --upgrade \
+        --target "$SITE" . ;;
+    check)
+      run check make -C ffi/tests check ;;
+    sanitize)
+      run sanitize make -C ffi/tests sanitize ;;
+    pytest)
+      run pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests -q -p no:cacheprovider ;;
+    resolve)
+      mkdir -p build
+      run resolve_build nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi \
+        benchmarks/resolve_bench.cu ffi/resolve_kernels.cu -o build/resolve_bench
+      run resolve build/resolve_bench "$OUT_DIR/resolve_bench.json" ;;
+    *)
+      echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done

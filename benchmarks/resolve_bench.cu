@@ -1,0 +1,564 @@
+// RESOLVE on the GPU, against the ceilings of the host link measured in the
+// same run (DESIGN.md section 8).
+//
+// Ceilings: cudaMemcpy H2D of 1 GiB from pinned memory; D2D of 1 GiB (HBM);
+// and, per configuration, a zero-copy gather of exactly the rows that
+// configuration misses (same rows, same row size) by a plain warp-per-row
+// kernel spread over many blocks.
+// Configurations: k = 2048; B in {2048, 4096, 8192}; record 1152 B and 656 B;
+// streams (batch x layers per call) in {1, 8, 64, 256}; miss rate in
+// {0, 0.1%, 13%, 30%, 100%}. Before every timed call slot_record and lru are
+// restored from pristine copies (outside the timed region), so exactly
+// round(rate x k) of the k distinct selected ids miss in every stream; the
+// cache is full (B records resident, the rest of them unselected). Pool:
+// R = 16384 random non-zero records per stream, pinned. Each call is timed
+// with CUDA events around the RESOLVE launches only; the median of --reps
+// (default 60) calls after warm-up is reported, for the fused plan, the split
+// plan and the no-IO call (fetch = false). A second table sweeps the stream
+// count at B = 4096, 1152 B, 13% to place the auto plan's threshold
+// (kAutoSplitBelowStreams in ffi/resolve_cuda.h).
+//
+// Build (repository root):
+//   mkdir -p build
+//   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi benchmarks/resolve_bench.cu ffi/resolve_kernels.cu -o build/resolve_bench
+// Run (about 1-2 minutes on an H200; prints Markdown, writes JSON):
+//   mkdir -p results && build/resolve_bench results/resolve_bench.json
+//   build/resolve_bench results/quick.json --quick     # a handful of configurations
+// A/B of the resolve block size: add -DHISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS=0
+// to both nvcc inputs for 1024-thread blocks everywhere (the default uses
+// 512-thread blocks when streams > SMs and B <= 4096; the header line says
+// which).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "resolve.h"
+#include "resolve_cuda.h"
+
+namespace {
+
+#define CUDA_OK(expr)                                                                       \
+  do {                                                                                      \
+    const cudaError_t err_ = (expr);                                                        \
+    if (err_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                    \
+                   cudaGetErrorString(err_));                                               \
+      std::exit(2);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+using hisparse::ResolveBuffers;
+using hisparse::ResolveDims;
+using hisparse::ResolveLaunchPlan;
+
+constexpr int64_t kTopK = 2048;
+constexpr int64_t kPoolRecords = 16384;
+constexpr int64_t kMaxPinnedBytes = int64_t{10} << 30;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// ---------------------------------------------------------------------------
+// Kernels of the benchmark itself.
+
+__global__ void FillNonZero(uint64_t* p, int64_t words, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < words;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t z = (i + seed) * 0x9e3779b97f4a7c15ull;  // splitmix64
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    p[i] = (z ^ (z >> 31)) | 0x0101010101010101ull;  // no zero byte
+  }
+}
+
+// The zero-copy ceiling: one warp per row, 16 B per lane, loads before stores.
+__global__ void __launch_bounds__(256) GatherRows(const uint8_t* __restrict__ pool,
+                                                  uint8_t* __restrict__ hot,
+                                                  const int64_t* __restrict__ src,
+                                                  const int64_t* __restrict__ dst, int64_t rows,
+                                                  int vectors) {
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int4* s = reinterpret_cast<const int4*>(pool + src[row]);
+  int4* d = reinterpret_cast<int4*>(hot + dst[row]);
+  for (int base = 0; base < vectors; base += 4 * 32) {
+    int4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = base + u * 32 + lane;
+      if (i < vectors) v[u] = __ldg(s + i);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = base + u * 32 + lane;
+      if (i < vectors) d[i] = v[u];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Timing helpers.
+
+struct Events {
+  std::vector<cudaEvent_t> start, stop;
+  explicit Events(int n) : start(n), stop(n) {
+    for (int i = 0; i < n; ++i) {
+      CUDA_OK(cudaEventCreate(&start[i]));
+      CUDA_OK(cudaEventCreate(&stop[i]));
+    }
+  }
+  ~Events() {
+    for (size_t i = 0; i < start.size(); ++i) {
+      cudaEventDestroy(start[i]);
+      cudaEventDestroy(stop[i]);
+    }
+  }
+  // Median of the per-rep elapsed times, in microseconds.
+  double MedianMicros(int reps) {
+    std::vector<double> us(reps);
+    for (int i = 0; i < reps; ++i) {
+      float ms = 0;
+      CUDA_OK(cudaEventElapsedTime(&ms, start[i], stop[i]));
+      us[i] = 1000.0 * ms;
+    }
+    return Median(us);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Buffers shared by every configuration (sized for the largest).
+
+struct Buffers {
+  uint8_t* pool = nullptr;  // pinned [S, R, W], one layer
+  size_t pool_bytes = 0;
+  uint8_t* hot = nullptr;   // [S, B, W]
+  int32_t *slot_record = nullptr, *lru = nullptr;                 // [S, B] working copies
+  int32_t *pristine_record = nullptr, *pristine_lru = nullptr;    // [S, B]
+  int32_t *selection = nullptr, *sealed = nullptr, *layer = nullptr;
+  int32_t *slots = nullptr, *miss_records = nullptr, *miss_slots = nullptr;
+  int32_t *misses = nullptr, *invalid = nullptr;
+  int64_t *gather_src = nullptr, *gather_dst = nullptr;  // [S * k]
+};
+
+struct Config {
+  int64_t hot_slots, record_bytes, streams;
+  double miss_rate;
+};
+
+struct Result {
+  Config config;
+  int64_t misses_per_stream = 0;
+  bool misses_exact = true;
+  double us_fused = NAN, us_split = NAN, us_no_io = NAN;
+  double ceiling_gbps = NAN;
+  ResolveLaunchPlan auto_plan = ResolveLaunchPlan::kAuto;
+  int64_t rows() const { return misses_per_stream * config.streams; }
+  double Gbps(double us) const {
+    return rows() > 0 ? rows() * double(config.record_bytes) / (us * 1e3) : NAN;
+  }
+  double us_auto() const { return auto_plan == ResolveLaunchPlan::kSplit ? us_split : us_fused; }
+};
+
+// Host-side state of one configuration: every stream selects k distinct ids
+// in random order; the first (k - misses) of them are resident, and the rest
+// of the B slots hold unselected records, so the cache is full.
+void BuildState(const Config& c, int64_t misses, std::mt19937_64& rng,
+                std::vector<int32_t>& selection, std::vector<int32_t>& slot_record,
+                std::vector<int32_t>& lru) {
+  const int64_t S = c.streams, B = c.hot_slots, k = kTopK, R = kPoolRecords;
+  selection.resize(S * k);
+  slot_record.resize(S * B);
+  lru.resize(S * B);
+  std::vector<int32_t> ids(R), slots(B);
+  for (int64_t s = 0; s < S; ++s) {
+    std::iota(ids.begin(), ids.end(), 0);
+    const int64_t need = k + (B - (k - misses));  // selected + unselected residents
+    for (int64_t i = 0; i < need; ++i) {
+      std::swap(ids[i], ids[std::uniform_int_distribution<int64_t>(i, R - 1)(rng)]);
+    }
+    std::copy(ids.begin(), ids.begin() + k, selection.begin() + s * k);
+    // Residents: selected ids [0, k - misses) and unselected ids [k, need).
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    int64_t b = 0;
+    for (int64_t i = 0; i < k - misses; ++i) slot_record[s * B + slots[b++]] = ids[i];
+    for (int64_t i = k; i < need; ++i) slot_record[s * B + slots[b++]] = ids[i];
+    std::shuffle(slots.begin(), slots.end(), rng);
+    std::copy(slots.begin(), slots.end(), lru.begin() + s * B);
+  }
+}
+
+ResolveBuffers Io(const Buffers& b) {
+  return ResolveBuffers{b.pool,        b.selection,    b.sealed,     b.hot,
+                        b.slot_record, b.lru,          b.slots,      b.miss_records,
+                        b.miss_slots,  b.misses,       b.invalid};
+}
+
+void Restore(const Buffers& b, const Config& c, cudaStream_t stream) {
+  const size_t bytes = c.streams * c.hot_slots * sizeof(int32_t);
+  CUDA_OK(cudaMemcpyAsync(b.slot_record, b.pristine_record, bytes, cudaMemcpyDeviceToDevice, stream));
+  CUDA_OK(cudaMemcpyAsync(b.lru, b.pristine_lru, bytes, cudaMemcpyDeviceToDevice, stream));
+}
+
+// Median time of one RESOLVE call (restored state before each), microseconds.
+double TimeResolve(const Buffers& b, const Config& c, ResolveLaunchPlan plan, bool fetch,
+                   int reps, Events& ev, cudaStream_t stream) {
+  const ResolveDims dims{1, c.streams, kTopK, c.hot_slots, kPoolRecords, c.record_bytes};
+  const ResolveBuffers io = Io(b);
+  for (int i = 0; i < 3; ++i) {  // warm-up
+    Restore(b, c, stream);
+    CUDA_OK(hisparse::LaunchResolve(dims, b.layer, io, fetch, plan, stream));
+  }
+  for (int i = 0; i < reps; ++i) {
+    Restore(b, c, stream);
+    CUDA_OK(cudaEventRecord(ev.start[i], stream));
+    CUDA_OK(hisparse::LaunchResolve(dims, b.layer, io, fetch, plan, stream));
+    CUDA_OK(cudaEventRecord(ev.stop[i], stream));
+  }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  return ev.MedianMicros(reps);
+}
+
+// The zero-copy ceiling for this configuration's rows, GB/s.
+double TimeCeiling(const Buffers& b, const Config& c, int64_t rows, int reps, Events& ev,
+                   cudaStream_t stream) {
+  if (rows == 0) return NAN;
+  const int vectors = static_cast<int>(c.record_bytes / 16);
+  const unsigned grid = static_cast<unsigned>((rows + 7) / 8);
+  for (int i = 0; i < 3; ++i)
+    GatherRows<<<grid, 256, 0, stream>>>(b.pool, b.hot, b.gather_src, b.gather_dst, rows, vectors);
+  CUDA_OK(cudaGetLastError());
+  for (int i = 0; i < reps; ++i) {
+    CUDA_OK(cudaEventRecord(ev.start[i], stream));
+    GatherRows<<<grid, 256, 0, stream>>>(b.pool, b.hot, b.gather_src, b.gather_dst, rows, vectors);
+    CUDA_OK(cudaEventRecord(ev.stop[i], stream));
+  }
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamSynchronize(stream));
+  const double us = ev.MedianMicros(reps);
+  return rows * double(c.record_bytes) / (us * 1e3);
+}
+
+Result RunConfig(const Buffers& b, const Config& c, int reps, Events& ev, std::mt19937_64& rng,
+                 cudaStream_t stream) {
+  Result r;
+  r.config = c;
+  const int64_t S = c.streams, k = kTopK, B = c.hot_slots, W = c.record_bytes;
+  r.misses_per_stream = std::llround(c.miss_rate * k);
+  std::vector<int32_t> selection, slot_record, lru;
+  BuildState(c, r.misses_per_stream, rng, selection, slot_record, lru);
+  CUDA_OK(cudaMemcpy(b.selection, selection.data(), S * k * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(b.pristine_record, slot_record.data(), S * B * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(b.pristine_lru, lru.data(), S * B * 4, cudaMemcpyHostToDevice));
+
+  // One untimed call: check the miss count and take the miss plan for the ceiling.
+  const ResolveDims dims{1, S, k, B, kPoolRecords, W};
+  Restore(b, c, stream);
+  CUDA_OK(hisparse::LaunchResolve(dims, b.layer, Io(b), true, ResolveLaunchPlan::kSplit, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<int32_t> misses(S), miss_records(S * k), miss_slots(S * k);
+  CUDA_OK(cudaMemcpy(misses.data(), b.misses, S * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(miss_records.data(), b.miss_records, S * k * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(miss_slots.data(), b.miss_slots, S * k * 4, cudaMemcpyDeviceToHost));
+  std::vector<int64_t> src, dst;
+  for (int64_t s = 0; s < S; ++s) {
+    if (misses[s] != r.misses_per_stream) r.misses_exact = false;
+    for (int64_t m = 0; m < misses[s]; ++m) {
+      src.push_back(((s * kPoolRecords) + miss_records[s * k + m]) * W);
+      dst.push_back(((s * B) + miss_slots[s * k + m]) * W);
+    }
+  }
+  if (!src.empty()) {
+    CUDA_OK(cudaMemcpy(b.gather_src, src.data(), src.size() * 8, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(b.gather_dst, dst.data(), dst.size() * 8, cudaMemcpyHostToDevice));
+  }
+  r.ceiling_gbps = TimeCeiling(b, c, static_cast<int64_t>(src.size()), reps, ev, stream);
+  r.us_fused = TimeResolve(b, c, ResolveLaunchPlan::kFused, true, reps, ev, stream);
+  r.us_split = TimeResolve(b, c, ResolveLaunchPlan::kSplit, true, reps, ev, stream);
+  r.us_no_io = TimeResolve(b, c, ResolveLaunchPlan::kFused, false, reps, ev, stream);
+  r.auto_plan = hisparse::ChooseResolvePlan(ResolveLaunchPlan::kAuto, S);
+  return r;
+}
+
+const char* PlanName(ResolveLaunchPlan p) {
+  return p == ResolveLaunchPlan::kSplit ? "split" : p == ResolveLaunchPlan::kFused ? "fused" : "auto";
+}
+
+std::string Num(double v, const char* fmt = "%.1f") {
+  if (std::isnan(v)) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
+
+void PrintRow(const Result& r) {
+  const Config& c = r.config;
+  const double best = std::min(r.us_fused, r.us_split);
+  std::printf("| %5lld | %4lld | %3lld | %6.3g%% | %5lld%s | %8s | %8s | %7s | %5s (%s) | %7s | %7s | %5s | %5s | %9s |\n",
+              (long long)c.hot_slots, (long long)c.record_bytes, (long long)c.streams,
+              100 * c.miss_rate, (long long)r.misses_per_stream, r.misses_exact ? "" : "!",
+              Num(r.us_fused).c_str(), Num(r.us_split).c_str(), Num(r.us_no_io).c_str(),
+              PlanName(r.auto_plan), r.us_fused <= r.us_split ? "fused" : "split",
+              Num(r.ceiling_gbps).c_str(), Num(r.Gbps(best)).c_str(),
+              Num(r.Gbps(r.us_fused) / r.ceiling_gbps, "%.2f").c_str(),
+              Num(r.Gbps(r.us_split) / r.ceiling_gbps, "%.2f").c_str(),
+              Num(r.rows() / (best * 1e-6), "%.3g").c_str());
+}
+
+void PrintHeader() {
+  std::printf("| B | W | S | miss | misses/stream | fused us | split us | no-IO us | auto (best) | "
+              "ceiling GB/s | IO GB/s (best) | fused/ceil | split/ceil | misses/s (best) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+}
+
+void JsonResult(FILE* f, const Result& r, bool last) {
+  const Config& c = r.config;
+  auto num = [](double v) { return std::isnan(v) ? std::string("null") : Num(v, "%.4f"); };
+  std::fprintf(f,
+               "    {\"top_k\": %lld, \"hot_slots\": %lld, \"record_bytes\": %lld, \"streams\": %lld, "
+               "\"miss_rate\": %.4f, \"misses_per_stream\": %lld, \"misses_exact\": %s, "
+               "\"us_fused\": %s, \"us_split\": %s, \"us_no_io\": %s, \"auto_plan\": \"%s\", "
+               "\"us_auto\": %s, \"ceiling_gbps\": %s, \"io_gbps_fused\": %s, "
+               "\"io_gbps_split\": %s, \"ceiling_fraction_fused\": %s, "
+               "\"ceiling_fraction_split\": %s, \"misses_per_s_fused\": %s, "
+               "\"misses_per_s_split\": %s}%s\n",
+               (long long)kTopK, (long long)c.hot_slots, (long long)c.record_bytes,
+               (long long)c.streams, c.miss_rate, (long long)r.misses_per_stream,
+               r.misses_exact ? "true" : "false", num(r.us_fused).c_str(), num(r.us_split).c_str(),
+               num(r.us_no_io).c_str(), PlanName(r.auto_plan), num(r.us_auto()).c_str(),
+               num(r.ceiling_gbps).c_str(), num(r.Gbps(r.us_fused)).c_str(),
+               num(r.Gbps(r.us_split)).c_str(), num(r.Gbps(r.us_fused) / r.ceiling_gbps).c_str(),
+               num(r.Gbps(r.us_split) / r.ceiling_gbps).c_str(),
+               num(r.rows() / (r.us_fused * 1e-6)).c_str(),
+               num(r.rows() / (r.us_split * 1e-6)).c_str(), last ? "" : ",");
+}
+
+const Result* Find(const std::vector<Result>& results, int64_t B, int64_t W, int64_t S,
+                   double rate) {
+  for (const Result& r : results)
+    if (r.config.hot_slots == B && r.config.record_bytes == W && r.config.streams == S &&
+        std::fabs(r.config.miss_rate - rate) < 1e-9)
+      return &r;
+  return nullptr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s OUT.json [--quick] [--reps N]\n", argv[0]);
+    return 2;
+  }
+  const char* json_path = argv[1];
+  bool quick = false;
+  int reps = 60;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a == "--reps" && i + 1 < argc) {
+      reps = std::max(5, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  const auto wall_start = std::chrono::steady_clock::now();
+  int device = 0, runtime = 0, driver = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, device));
+  CUDA_OK(cudaRuntimeGetVersion(&runtime));
+  CUDA_OK(cudaDriverGetVersion(&driver));
+  std::printf("# RESOLVE benchmark\n\ndevice: %s (sm_%d%d, %d SMs), CUDA runtime %d, driver %d; "
+              "k = %lld, R = %lld records per stream, %d reps (median)\n\n",
+              prop.name, prop.major, prop.minor, prop.multiProcessorCount, runtime, driver,
+              (long long)kTopK, (long long)kPoolRecords, reps);
+  std::printf("resolve blocks: %d threads when streams > SMs and B <= %lld, else %d\n\n",
+              hisparse::kResolveThreadsSmall, (long long)hisparse::kResolveSmallBlockMaxSlots,
+              hisparse::kResolveThreads);
+
+  const std::vector<int64_t> hot_slots = quick ? std::vector<int64_t>{4096}
+                                               : std::vector<int64_t>{2048, 4096, 8192};
+  const std::vector<int64_t> record_bytes = {1152, 656};
+  const std::vector<int64_t> streams = quick ? std::vector<int64_t>{1, 64}
+                                             : std::vector<int64_t>{1, 8, 64, 256};
+  const std::vector<double> rates = quick ? std::vector<double>{0.0, 0.13, 0.30}
+                                          : std::vector<double>{0.0, 0.001, 0.13, 0.30, 1.0};
+  const std::vector<int64_t> sweep_streams = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  const int64_t max_streams = 256, max_b = 8192, max_w = 1152;
+
+  Buffers b;
+  b.pool_bytes = max_streams * kPoolRecords * max_w;
+  if (static_cast<int64_t>(b.pool_bytes) > kMaxPinnedBytes) {
+    std::fprintf(stderr, "pool would exceed the pinned budget\n");
+    return 2;
+  }
+  CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&b.pool), b.pool_bytes,
+                        cudaHostAllocMapped | cudaHostAllocPortable));
+  const int64_t cells = max_streams * max_b;
+  CUDA_OK(cudaMalloc(&b.hot, cells * max_w));
+  CUDA_OK(cudaMalloc(&b.slot_record, cells * 4));
+  CUDA_OK(cudaMalloc(&b.lru, cells * 4));
+  CUDA_OK(cudaMalloc(&b.pristine_record, cells * 4));
+  CUDA_OK(cudaMalloc(&b.pristine_lru, cells * 4));
+  CUDA_OK(cudaMalloc(&b.selection, max_streams * kTopK * 4));
+  CUDA_OK(cudaMalloc(&b.slots, max_streams * kTopK * 4));
+  CUDA_OK(cudaMalloc(&b.miss_records, max_streams * kTopK * 4));
+  CUDA_OK(cudaMalloc(&b.miss_slots, max_streams * kTopK * 4));
+  CUDA_OK(cudaMalloc(&b.misses, max_streams * 4));
+  CUDA_OK(cudaMalloc(&b.invalid, max_streams * 4));
+  CUDA_OK(cudaMalloc(&b.sealed, max_streams * 4));
+  CUDA_OK(cudaMalloc(&b.layer, 4));
+  CUDA_OK(cudaMalloc(&b.gather_src, max_streams * kTopK * 8));
+  CUDA_OK(cudaMalloc(&b.gather_dst, max_streams * kTopK * 8));
+  CUDA_OK(cudaMemset(b.layer, 0, 4));
+  {
+    std::vector<int32_t> sealed(max_streams, static_cast<int32_t>(kPoolRecords));
+    CUDA_OK(cudaMemcpy(b.sealed, sealed.data(), sealed.size() * 4, cudaMemcpyHostToDevice));
+  }
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  FillNonZero<<<4 * prop.multiProcessorCount, 256, 0, stream>>>(
+      reinterpret_cast<uint64_t*>(b.pool), b.pool_bytes / 8, 0x5eed);
+  FillNonZero<<<4 * prop.multiProcessorCount, 256, 0, stream>>>(
+      reinterpret_cast<uint64_t*>(b.hot), cells * max_w / 8, 0xb0b);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamSynchronize(stream));
+
+  Events ev(std::max(reps, 10));
+  // Link ceilings: 1 GiB H2D from pinned memory, 1 GiB D2D in HBM.
+  const size_t gib = size_t{1} << 30;
+  double h2d_gbps = NAN, d2d_gbps = NAN;
+  {
+    for (int pass = 0; pass < 2; ++pass) {
+      const int n = 5;
+      for (int i = 0; i < n; ++i) {
+        CUDA_OK(cudaEventRecord(ev.start[i], stream));
+        if (pass == 0) {
+          CUDA_OK(cudaMemcpyAsync(b.hot, b.pool, gib, cudaMemcpyHostToDevice, stream));
+        } else {
+          CUDA_OK(cudaMemcpyAsync(b.hot, b.hot + gib, gib, cudaMemcpyDeviceToDevice, stream));
+        }
+        CUDA_OK(cudaEventRecord(ev.stop[i], stream));
+      }
+      CUDA_OK(cudaStreamSynchronize(stream));
+      const double gbps = gib / (ev.MedianMicros(n) * 1e3);
+      (pass == 0 ? h2d_gbps : d2d_gbps) = gbps;
+    }
+  }
+  std::printf("ceilings: cudaMemcpy H2D 1 GiB pinned: %.1f GB/s; D2D 1 GiB: %.1f GB/s "
+              "(read + write counted once)\n\n",
+              h2d_gbps, d2d_gbps);
+
+  std::mt19937_64 rng(20240601);
+  std::vector<Result> results;
+  std::printf("## RESOLVE, k = %lld\n\n", (long long)kTopK);
+  PrintHeader();
+  for (int64_t B : hot_slots)
+    for (int64_t W : record_bytes)
+      for (int64_t S : streams)
+        for (double rate : rates) {
+          results.push_back(RunConfig(b, Config{B, W, S, rate}, reps, ev, rng, stream));
+          PrintRow(results.back());
+          std::fflush(stdout);
+        }
+
+  std::printf("\n## Auto threshold sweep: B = 4096, W = 1152, 13%% misses\n\n");
+  PrintHeader();
+  std::vector<Result> sweep;
+  for (int64_t S : sweep_streams) {
+    if (quick && S > 64) break;
+    sweep.push_back(RunConfig(b, Config{4096, 1152, S, 0.13}, reps, ev, rng, stream));
+    PrintRow(sweep.back());
+    std::fflush(stdout);
+  }
+  // Smallest stream count from which fused is never slower than split.
+  int64_t recommended = sweep.empty() ? 0 : sweep.back().config.streams * 2;
+  for (auto it = sweep.rbegin(); it != sweep.rend(); ++it) {
+    if (it->us_fused > it->us_split * 1.02) break;  // 2% tolerance: noise
+    recommended = it->config.streams;
+  }
+  std::printf("\nfused is within 2%% of split from %lld streams on: kAutoSplitBelowStreams "
+              "should be %lld (compiled: %lld)\n",
+              (long long)recommended, (long long)recommended,
+              (long long)hisparse::kAutoSplitBelowStreams);
+
+  // The targets of the issue (H200, 1152 B, k = 2048, B = 4096).
+  std::printf("\n## Targets (B = 4096, W = 1152)\n\n");
+  if (const Result* r = Find(results, 4096, 1152, 64, 0.13)) {
+    std::printf("- no-IO overhead at 64 streams: %.1f us per call (target <= 5)\n", r->us_no_io);
+  }
+  for (int64_t S : {64, 256}) {
+    if (const Result* r = Find(results, 4096, 1152, S, 0.13)) {
+      std::printf("- IO at %lld streams, 13%% misses: fused %.2f, split %.2f, auto (%s) %.2f of the "
+                  "zero-copy ceiling %.1f GB/s (target >= 0.85)\n",
+                  (long long)S, r->Gbps(r->us_fused) / r->ceiling_gbps,
+                  r->Gbps(r->us_split) / r->ceiling_gbps, PlanName(r->auto_plan),
+                  r->Gbps(r->us_auto()) / r->ceiling_gbps, r->ceiling_gbps);
+    }
+  }
+  if (const Result* r = Find(results, 4096, 1152, 1, 0.30)) {
+    std::printf("- IO with 1 stream, 30%% misses: fused %.2f, split %.2f, auto (%s) %.2f of the "
+                "zero-copy ceiling %.1f GB/s (target >= 0.5)\n",
+                r->Gbps(r->us_fused) / r->ceiling_gbps, r->Gbps(r->us_split) / r->ceiling_gbps,
+                PlanName(r->auto_plan), r->Gbps(r->us_auto()) / r->ceiling_gbps, r->ceiling_gbps);
+  }
+  bool exact = true;
+  for (const auto* list : {&results, &sweep})
+    for (const Result& r : *list) exact = exact && r.misses_exact;
+  if (!exact) std::printf("\nWARNING: rows marked ! did not have the requested miss count\n");
+
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  std::printf("\nwall time %.1f s\n", wall_s);
+
+  FILE* f = std::fopen(json_path, "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", json_path);
+    return 2;
+  }
+  std::fprintf(f,
+               "{\n  \"device\": \"%s\", \"sm_count\": %d, \"cuda_runtime\": %d, \"cuda_driver\": %d,\n"
+               "  \"top_k\": %lld, \"pool_records\": %lld, \"reps\": %d, \"wall_s\": %.1f,\n"
+               "  \"ceilings\": {\"h2d_memcpy_1gib_gbps\": %.2f, \"d2d_memcpy_1gib_gbps\": %.2f},\n"
+               "  \"auto_split_below_streams_compiled\": %lld, "
+               "\"auto_split_below_streams_recommended\": %lld,\n  \"configs\": [\n",
+               prop.name, prop.multiProcessorCount, runtime, driver, (long long)kTopK,
+               (long long)kPoolRecords, reps, wall_s, h2d_gbps, d2d_gbps,
+               (long long)hisparse::kAutoSplitBelowStreams, (long long)recommended);
+  for (size_t i = 0; i < results.size(); ++i) JsonResult(f, results[i], i + 1 == results.size());
+  std::fprintf(f, "  ],\n  \"auto_threshold_sweep\": [\n");
+  for (size_t i = 0; i < sweep.size(); ++i) JsonResult(f, sweep[i], i + 1 == sweep.size());
+  std::fprintf(f, "  ]\n}\n");
+  std::fclose(f);
+  std::printf("wrote %s\n", json_path);
+
+  cudaStreamDestroy(stream);
+  cudaFreeHost(b.pool);
+  for (void* p : {static_cast<void*>(b.hot), static_cast<void*>(b.slot_record),
+                  static_cast<void*>(b.lru), static_cast<void*>(b.pristine_record),
+                  static_cast<void*>(b.pristine_lru), static_cast<void*>(b.selection),
+                  static_cast<void*>(b.slots), static_cast<void*>(b.miss_records),
+                  static_cast<void*>(b.miss_slots), static_cast<void*>(b.misses),
+                  static_cast<void*>(b.invalid), static_cast<void*>(b.sealed),
+                  static_cast<void*>(b.layer), static_cast<void*>(b.gather_src),
+                  static_cast<void*>(b.gather_dst)})
+    cudaFree(p);
+  return exact ? 0 : 1;
+}

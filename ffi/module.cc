@@ -1,0 +1,50 @@
+// The nanobind extension: capsules of the FFI handlers, nothing else.
+// Python registers each of them with jax.ffi.register_ffi_target at import
+// (hisparse_jax/_ffi.py); the target names live in hisparse_jax/_targets.py.
+#include <nanobind/nanobind.h>
+
+#include "xla/ffi/api/c_api.h"
+
+extern "C" {
+XLA_FFI_Error* HisparseResolveCpu(XLA_FFI_CallFrame*);
+XLA_FFI_Error* HisparsePoolWriteCpu(XLA_FFI_CallFrame*);
+#ifdef HISPARSE_WITH_CUDA
+XLA_FFI_Error* HisparseResolveCuda(XLA_FFI_CallFrame*);
+XLA_FFI_Error* HisparsePoolWriteCuda(XLA_FFI_CallFrame*);
+#endif
+}
+
+namespace nb = nanobind;
+
+namespace {
+
+template <typename Fn>
+nb::capsule Capsule(Fn* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+NB_MODULE(_hisparse_ffi, m) {
+  m.def("cpu_registrations", []() {
+    nb::dict d;
+    d["resolve"] = Capsule(HisparseResolveCpu);
+    d["pool_write"] = Capsule(HisparsePoolWriteCpu);
+    return d;
+  });
+  m.def("cuda_registrations", []() {
+    nb::dict d;
+#ifdef HISPARSE_WITH_CUDA
+    d["resolve"] = Capsule(HisparseResolveCuda);
+    d["pool_write"] = Capsule(HisparsePoolWriteCuda);
+#endif
+    return d;
+  });
+  m.def("built_with_cuda", []() {
+#ifdef HISPARSE_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+}

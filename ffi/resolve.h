@@ -1,0 +1,83 @@
+// The RESOLVE contract on raw pointers: no XLA, no nanobind, no CUDA.
+//
+// Layouts (row-major; "S" is the product of all stream dims, "W" the bytes
+// of one record = page_size x record_width x itemsize, a multiple of 8):
+//   host_pool   [L, S, R, W] bytes   authoritative records (pinned host), read-only
+//   hot         [L, S, B, W] bytes   hot buffer of every layer (device)
+//   slot_record [L, S, B]    int32   record held by each slot, -1 = empty
+//   lru         [L, S, B]    int32   permutation of slots, least recently used first
+//   selection   [S, k]       int32   selected record ids, -1 = padding
+//   sealed      [S]          int32   sealed records per stream: valid ids lie in
+//                                    [0, min(sealed, R))
+// Outputs for the layer resolved:
+//   slots       [S, k]       int32   slot holding selection[j], -1 for padding/invalid
+//   miss_records[S, k]       int32   records fetched, in miss order, -1 after `misses`
+//   miss_slots  [S, k]       int32   slot each miss was written to, -1 after `misses`
+//   misses      [S]          int32   number of misses
+//   invalid     [S]          int32   ids that were neither -1 nor in range
+//
+// Rules (DESIGN.md section 3; every implementation is bit-identical):
+//  0. an id outside [0, min(sealed, R)) other than -1 is padding, counted in `invalid`.
+//  1. H = distinct valid ids. Hit slots: slots whose slot_record is in H.
+//  2. Misses: ids of H held by no slot, in order of first appearance.
+//  3. Evictable slots: all non-hit slots in current lru order; miss m takes evictable[m].
+//  4. New lru = [evictables not taken] + [slots just filled, miss order] + [hit slots, old order].
+//  5. hot[slot] = host_pool[record] for each miss; slot_record updated.
+//  6. slots[j] = slot holding selection[j].
+// A layer index outside [0, L) resolves nothing: the state is left untouched,
+// every non-padding id counts as invalid and every slot is -1.
+#ifndef HISPARSE_FFI_RESOLVE_H_
+#define HISPARSE_FFI_RESOLVE_H_
+
+#include <cstdint>
+
+namespace hisparse {
+
+// Sizes of one RESOLVE call; every field is checked by the FFI handler.
+struct ResolveDims {
+  int64_t layers;        // L
+  int64_t streams;       // S
+  int64_t top_k;         // k
+  int64_t hot_slots;     // B >= k
+  int64_t pool_records;  // R
+  int64_t record_bytes;  // W, a positive multiple of 8
+};
+
+struct ResolveBuffers {
+  const uint8_t* host_pool;  // [L, S, R, W]
+  const int32_t* selection;  // [S, k]
+  const int32_t* sealed;     // [S]
+  uint8_t* hot;              // [L, S, B, W], updated in place
+  int32_t* slot_record;      // [L, S, B], updated in place
+  int32_t* lru;              // [L, S, B], updated in place
+  int32_t* slots;            // [S, k]
+  int32_t* miss_records;     // [S, k]
+  int32_t* miss_slots;       // [S, k]
+  int32_t* misses;           // [S]
+  int32_t* invalid;          // [S]
+};
+
+// Resolves every stream of `layer` on the calling thread. `fetch` = false
+// skips step 5's copy of record bytes (benchmarks of the pure resolve cost);
+// everything else, slot_record included, is updated as usual.
+void ResolveCpu(const ResolveDims& dims, int64_t layer, const ResolveBuffers& io,
+                bool fetch);
+
+// Sizes of one pool write.
+struct PoolWriteDims {
+  int64_t layers;        // L
+  int64_t streams;       // S
+  int64_t rows;          // n: records offered per stream and layer
+  int64_t pool_records;  // R
+  int64_t record_bytes;  // W
+};
+
+// host_pool[l, s, start[s] + i] = records[l, s, i] for i < count[s]. Rows that
+// would land outside [0, R) are not written (the Python wrapper reports them).
+void PoolWriteCpu(const PoolWriteDims& dims, const uint8_t* records /*[L,S,n,W]*/,
+                  const int32_t* start /*[S]*/, const int32_t* count /*[S]*/,
+                  uint8_t* host_pool /*[L,S,R,W]*/);
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_FFI_RESOLVE_H_

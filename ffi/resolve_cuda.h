@@ -1,0 +1,104 @@
+// RESOLVE and the pool write on a CUDA device: launchers on raw pointers, no
+// XLA types. The kernels (resolve_kernels.cu) are bit-identical to
+// resolve_cpu.cc for every input the contract of resolve.h allows, given a
+// well-formed state (every lru row a permutation of [0, B), no record held by
+// two slots), which every implementation preserves. On a malformed state they
+// stay inside their buffers but their results are unspecified.
+//
+// Launch plans (ResolveLaunchPlan mirrors hisparse::ResolveLaunch of
+// ffi_checks.h without pulling in XLA):
+//   fused: one block per stream (kResolveThreads threads, or
+//          kResolveThreadsSmall when streams > SMs and
+//          B <= kResolveSmallBlockMaxSlots) resolves its selection, then
+//          copies its own misses from the host pool (one warp per miss).
+//          One launch. A single block pulls from pinned host memory at only
+//          ~6-8.5 GB/s (DESIGN.md section 4), so this suits many streams.
+//   split: the same resolve kernel without the copy, then a fetch kernel that
+//          spreads every stream's misses over ~kFetchBlocksPerSm x SMs blocks;
+//          wins when few streams would leave the link idle.
+//   auto:  split when streams < kAutoSplitBelowStreams, else fused.
+#ifndef HISPARSE_FFI_RESOLVE_CUDA_H_
+#define HISPARSE_FFI_RESOLVE_CUDA_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "resolve.h"
+
+namespace hisparse {
+
+enum class ResolveLaunchPlan : int32_t {
+  kAuto = 0,
+  kFused = 1,
+  kSplit = 2,
+};
+
+// Largest k and B the resolve kernel holds in one block (shared memory and
+// registers are sized for them); the FFI handler rejects larger shapes.
+inline constexpr int64_t kMaxResolveTopK = 8192;
+inline constexpr int64_t kMaxResolveHotSlots = 16384;
+
+// Threads of one resolve block (one block per stream) and of one fetch block.
+// The resolve kernel is latency-bound and uses 64 registers per thread, so a
+// block of 1024 threads takes a whole SM: 256 streams on 132 SMs ran in two
+// waves (no-IO time doubled from 64 to 256 streams). With more streams than
+// SMs and up to kResolveSmallBlockMaxSlots hot slots (<= 8 lru items per
+// lane) a block has kResolveThreadsSmall threads and two blocks share an SM.
+// Building with -DHISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS=0 keeps 1024-thread
+// blocks everywhere (A/B comparison in benchmarks/resolve_bench.cu).
+inline constexpr int kResolveThreads = 1024;
+inline constexpr int kResolveThreadsSmall = 512;
+#ifdef HISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS
+inline constexpr int64_t kResolveSmallBlockMaxSlots = HISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS;
+#else
+inline constexpr int64_t kResolveSmallBlockMaxSlots = 8 * kResolveThreadsSmall;  // 4096
+#endif
+static_assert(kResolveSmallBlockMaxSlots <= 8 * kResolveThreadsSmall,
+              "small blocks hold at most 8 lru items per lane");
+inline constexpr int kFetchThreads = 256;
+// The split plan's fetch grid aims at this many blocks per SM in total.
+inline constexpr int kFetchBlocksPerSm = 4;
+// Auto plan: split below this many streams, fused from there on. Measured on
+// an H200 (benchmarks/results/2026-11-29-h200/resolve.log, stream sweep at
+// B = 4096, 1152 B records, 13% misses): split wins clearly at 1-2 streams
+// (26.8 vs 38.7 us at 1 stream), fused is within 2% of split from 4 streams
+// on and saves the second launch. The "auto threshold" table of
+// benchmarks/resolve_bench.cu re-measures it and prints the value to use.
+inline constexpr int64_t kAutoSplitBelowStreams = 4;
+
+// Dynamic shared memory of one resolve block for (k, B): the id table
+// (keys and words, 2 x int32 x pow2 >= 2k), the miss plan (int2 x k) and the
+// hit bitmap (B bits).
+// At most kMaxResolveSharedBytes; above 48 KiB the launcher opts the kernel
+// in once per device.
+int64_t ResolveSharedBytes(int64_t top_k, int64_t hot_slots);
+inline constexpr int64_t kMaxResolveSharedBytes =
+    2 * kMaxResolveTopK * 8 + kMaxResolveTopK * 8 + kMaxResolveHotSlots / 8;
+
+// The plan `plan` resolves to for `streams` streams (never kAuto).
+ResolveLaunchPlan ChooseResolvePlan(ResolveLaunchPlan plan, int64_t streams);
+
+// Resolves every stream of layer `*layer` (a device scalar, read by the
+// kernels, never by the host) and, when `fetch`, copies the missing records
+// from io.host_pool (pinned host memory, addressed by its UVA pointer) into
+// io.hot. io.hot, io.slot_record and io.lru are updated in place. Enqueues
+// one or two kernels on `stream`; no allocation, no synchronization. Returns
+// the first launch error; `failed_kernel`, when not null, then names the
+// kernel. dims must satisfy the checks of CheckResolve plus
+// k <= kMaxResolveTopK and B <= kMaxResolveHotSlots.
+cudaError_t LaunchResolve(const ResolveDims& dims, const int32_t* layer, const ResolveBuffers& io,
+                          bool fetch, ResolveLaunchPlan plan, cudaStream_t stream,
+                          const char** failed_kernel = nullptr);
+
+// host_pool[l, s, start[s] + i] = records[l, s, i] for i < min(count[s], n)
+// (count < 0 writes nothing); rows outside [0, R) are skipped. records is in
+// device memory, start and count are device arrays [S], host_pool is pinned
+// host memory (UVA pointer). One warp per row.
+cudaError_t LaunchPoolWrite(const PoolWriteDims& dims, const uint8_t* records,
+                            const int32_t* start, const int32_t* count, uint8_t* host_pool,
+                            cudaStream_t stream, const char** failed_kernel = nullptr);
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_FFI_RESOLVE_CUDA_H_

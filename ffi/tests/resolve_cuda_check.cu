@@ -1,0 +1,838 @@
+// Bit-exactness check of the CUDA RESOLVE and pool write against the CPU
+// reference (resolve_cpu.cc): no XLA, no Python. Every case runs a sequence of
+// calls with the state carried, under each launch variant (fused / split /
+// auto, fetch on / off), and compares slots, miss_records, miss_slots, misses,
+// invalid and the whole state (slot_record, lru, hot of every layer) byte for
+// byte after every call. Guard bytes around every device buffer catch writes
+// out of bounds; outputs are poisoned before each call so unwritten entries
+// show up.
+//
+// Build (from the repository root; `make -C ffi/tests` does the same):
+//   mkdir -p build/tests
+//   nvcc -O2 -arch=sm_90 -std=c++17 -lineinfo -I ffi ffi/tests/resolve_cuda_check.cu ffi/resolve_kernels.cu ffi/resolve_cpu.cc -o build/tests/resolve_cuda_check
+// Run:
+//   build/tests/resolve_cuda_check              # every case
+//   build/tests/resolve_cuda_check --quick      # small case set, for compute-sanitizer
+//   build/tests/resolve_cuda_check --only dup   # cases whose name contains "dup"
+//   build/tests/resolve_cuda_check --seed 7     # other random inputs
+//   build/tests/resolve_cuda_check --quiet      # print failures and the summary only
+//   compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/resolve_cuda_check --quick --quiet
+//   compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 build/tests/resolve_cuda_check --quick --quiet
+// Last line: "N passed, M failed"; the exit status is non-zero on failure.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "resolve.h"
+#include "resolve_cuda.h"
+
+namespace {
+
+using hisparse::PoolWriteDims;
+using hisparse::ResolveBuffers;
+using hisparse::ResolveDims;
+using hisparse::ResolveLaunchPlan;
+
+#define CUDA_OK(expr)                                                                  \
+  do {                                                                                 \
+    const cudaError_t err_ = (expr);                                                   \
+    if (err_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,               \
+                   cudaGetErrorString(err_));                                          \
+      std::exit(2);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+using Rng = std::mt19937_64;
+
+int64_t Uniform(Rng& rng, int64_t lo, int64_t hi) {  // [lo, hi]
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+double Unit(Rng& rng) { return std::uniform_real_distribution<double>(0.0, 1.0)(rng); }
+
+// ---------------------------------------------------------------------------
+// Device buffers with guard bytes on both sides.
+
+constexpr size_t kGuardBytes = 256;  // keeps 256-byte alignment of the payload
+constexpr uint8_t kGuardByte = 0xA5;
+
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(size_t count, size_t misalign_bytes = 0) { Allocate(count, misalign_bytes); }
+  ~DeviceBuffer() {
+    if (base_ != nullptr) cudaFree(base_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void Allocate(size_t count, size_t misalign_bytes = 0) {
+    count_ = count;
+    lead_ = kGuardBytes + misalign_bytes;
+    total_ = lead_ + count * sizeof(T) + kGuardBytes;
+    CUDA_OK(cudaMalloc(&base_, total_));
+    CUDA_OK(cudaMemset(base_, kGuardByte, total_));
+  }
+  T* get() const { return reinterpret_cast<T*>(base_ + lead_); }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+  void Upload(const T* host) {
+    if (bytes() > 0) CUDA_OK(cudaMemcpy(get(), host, bytes(), cudaMemcpyHostToDevice));
+  }
+  void Download(T* host) const {
+    if (bytes() > 0) CUDA_OK(cudaMemcpy(host, get(), bytes(), cudaMemcpyDeviceToHost));
+  }
+  void Poison(uint8_t byte) { CUDA_OK(cudaMemset(get(), byte, bytes())); }
+  // True when both guard areas still hold the guard pattern.
+  bool GuardsIntact() const {
+    std::vector<uint8_t> head(lead_), tail(kGuardBytes);
+    CUDA_OK(cudaMemcpy(head.data(), base_, lead_, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(tail.data(), base_ + lead_ + bytes(), kGuardBytes, cudaMemcpyDeviceToHost));
+    for (uint8_t b : head)
+      if (b != kGuardByte) return false;
+    for (uint8_t b : tail)
+      if (b != kGuardByte) return false;
+    return true;
+  }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t count_ = 0, lead_ = 0, total_ = 0;
+};
+
+// Pinned host memory, mapped (the kernels use the host pointer through UVA).
+class PinnedBuffer {
+ public:
+  PinnedBuffer(size_t bytes, size_t misalign_bytes = 0) : bytes_(bytes), lead_(misalign_bytes) {
+    CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&base_), bytes + misalign_bytes + 16,
+                          cudaHostAllocMapped | cudaHostAllocPortable));
+    void* device = nullptr;
+    CUDA_OK(cudaHostGetDevicePointer(&device, base_, 0));
+    if (device != base_) {
+      std::fprintf(stderr, "pinned memory is not addressed by its host pointer (no UVA?)\n");
+      std::exit(2);
+    }
+  }
+  ~PinnedBuffer() { cudaFreeHost(base_); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  uint8_t* get() const { return base_ + lead_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t bytes_, lead_;
+};
+
+void FillRandom(uint8_t* p, size_t n, Rng& rng) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(p + i, &v, 8);
+  }
+  for (; i < n; ++i) p[i] = static_cast<uint8_t>(rng());
+}
+
+// ---------------------------------------------------------------------------
+// Cases.
+
+struct Shape {
+  int64_t layers, streams, top_k, hot_slots, pool_records, record_bytes;
+};
+
+// The CPU model's state, which generators read to pick resident ids.
+struct State {
+  Shape shape;
+  std::vector<uint8_t> hot;          // [L, S, B, W]
+  std::vector<int32_t> slot_record;  // [L, S, B]
+  std::vector<int32_t> lru;          // [L, S, B]
+};
+
+struct CallInput {
+  std::vector<int32_t> selection;  // [S, k]
+  std::vector<int32_t> sealed;     // [S]
+  int32_t layer = 0;
+};
+
+using Generator = std::function<void(int call, Rng& rng, const State& state, CallInput& in)>;
+
+struct Case {
+  std::string name;
+  Shape shape;
+  int calls = 4;
+  bool random_initial_state = false;
+  size_t pool_misalign = 0;  // bytes added to the pool's base address
+  size_t hot_misalign = 0;   // bytes added to the hot buffer's base address
+  Generator generate;
+  bool expect_no_misses_after_first = false;  // sanity of the case itself
+};
+
+// Default selection generator: a mix of padding, invalid ids, duplicates,
+// ids resident in the chosen layer (hits) and random sealed ids (misses).
+struct Mix {
+  double pad = 0.05, invalid = 0.03, dup = 0.05, resident = 0.5;
+  enum class Sealed { kAll, kRandom, kNonPositive, kBeyondPool } sealed = Sealed::kRandom;
+  enum class Layer { kRandom, kZero, kSometimesOutOfRange } layer = Layer::kRandom;
+};
+
+int32_t InvalidId(Rng& rng, int64_t limit, int64_t pool_records) {
+  switch (Uniform(rng, 0, 6)) {
+    case 0: return static_cast<int32_t>(-2 - Uniform(rng, 0, 1000));
+    case 1: return INT32_MIN;
+    case 2: return INT32_MAX;
+    case 3: return static_cast<int32_t>(pool_records + Uniform(rng, 0, 1000));
+    case 4: return static_cast<int32_t>(pool_records);
+    case 5: return static_cast<int32_t>(limit);  // first id past the sealed ones
+    default: return static_cast<int32_t>(limit + Uniform(rng, 0, 100));
+  }
+}
+
+Generator MixGenerator(Mix mix) {
+  return [mix](int /*call*/, Rng& rng, const State& st, CallInput& in) {
+    const Shape& d = st.shape;
+    const int64_t S = d.streams, k = d.top_k, B = d.hot_slots, R = d.pool_records;
+    switch (mix.layer) {
+      case Mix::Layer::kZero: in.layer = 0; break;
+      case Mix::Layer::kRandom: in.layer = static_cast<int32_t>(Uniform(rng, 0, d.layers - 1)); break;
+      case Mix::Layer::kSometimesOutOfRange: {
+        const int32_t bad[] = {-1, static_cast<int32_t>(d.layers), INT32_MAX, INT32_MIN, -7};
+        in.layer = Unit(rng) < 0.4 ? bad[Uniform(rng, 0, 4)]
+                                   : static_cast<int32_t>(Uniform(rng, 0, d.layers - 1));
+        break;
+      }
+    }
+    const int64_t lay = (in.layer >= 0 && in.layer < d.layers) ? in.layer : 0;
+    in.sealed.resize(S);
+    in.selection.resize(S * k);
+    for (int64_t s = 0; s < S; ++s) {
+      int64_t sealed = R;
+      switch (mix.sealed) {
+        case Mix::Sealed::kAll: sealed = R; break;
+        case Mix::Sealed::kRandom: sealed = Unit(rng) < 0.5 ? R : Uniform(rng, 1, R); break;
+        case Mix::Sealed::kNonPositive: {
+          const int64_t options[] = {0, -1, -5, INT32_MIN, R, Uniform(rng, 1, R)};
+          sealed = options[Uniform(rng, 0, 5)];
+          break;
+        }
+        case Mix::Sealed::kBeyondPool:
+          sealed = Unit(rng) < 0.5 ? INT32_MAX : R + Uniform(rng, 1, 1000);
+          break;
+      }
+      in.sealed[s] = static_cast<int32_t>(sealed);
+      const int64_t limit = std::max<int64_t>(0, std::min<int64_t>(sealed, R));
+      std::vector<int32_t> resident;
+      const int32_t* rec = st.slot_record.data() + (lay * S + s) * B;
+      for (int64_t b = 0; b < B; ++b)
+        if (rec[b] >= 0) resident.push_back(rec[b]);
+      int32_t* sel = in.selection.data() + s * k;
+      for (int64_t j = 0; j < k; ++j) {
+        double u = Unit(rng);
+        int32_t id;
+        if ((u -= mix.pad) < 0) {
+          id = -1;
+        } else if ((u -= mix.invalid) < 0) {
+          id = InvalidId(rng, limit, R);
+        } else if ((u -= mix.dup) < 0 && j > 0) {
+          id = sel[Uniform(rng, 0, j - 1)];
+        } else if ((u -= mix.resident) < 0 && !resident.empty()) {
+          id = resident[Uniform(rng, 0, resident.size() - 1)];
+        } else if (limit > 0) {
+          id = static_cast<int32_t>(Uniform(rng, 0, limit - 1));
+        } else {
+          id = static_cast<int32_t>(Uniform(rng, 0, R + 10));
+        }
+        sel[j] = id;
+      }
+    }
+  };
+}
+
+// k distinct ids per stream, drawn from [0, R), in random order.
+void DistinctIds(Rng& rng, int64_t k, int64_t lo, int64_t hi, int32_t* out) {
+  std::vector<int32_t> pool(hi - lo);
+  std::iota(pool.begin(), pool.end(), static_cast<int32_t>(lo));
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t pick = Uniform(rng, j, pool.size() - 1);
+    std::swap(pool[j], pool[pick]);
+    out[j] = pool[j];
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Comparison and reporting.
+
+struct Report {
+  std::string label;
+  int printed = 0;
+  bool failed = false;
+  static constexpr int kMaxLines = 12;
+  void Line(const std::string& text) {
+    failed = true;
+    if (printed < kMaxLines) std::printf("  FAIL %s: %s\n", label.c_str(), text.c_str());
+    if (printed == kMaxLines) std::printf("  FAIL %s: (further mismatches not shown)\n", label.c_str());
+    ++printed;
+  }
+};
+
+std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string Format(const char* fmt, ...) {
+  char buffer[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buffer, sizeof(buffer), fmt, args);
+  va_end(args);
+  return buffer;
+}
+
+// Compares int32 arrays laid out as [outer, inner]; returns the mismatch count.
+int64_t CompareInts(Report& report, int call, const char* field, const int32_t* expected,
+                    const int32_t* got, int64_t outer, int64_t inner, const char* outer_name,
+                    const char* inner_name, int64_t layer_streams = 0) {
+  int64_t bad = 0;
+  int shown = 0;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      const int64_t at = o * inner + i;
+      if (expected[at] == got[at]) continue;
+      ++bad;
+      if (shown++ < 4) {
+        std::string where;
+        if (outer == 1) {
+          where = Format("%s %lld", inner_name, (long long)i);
+        } else if (layer_streams > 0) {
+          where = Format("layer %lld, stream %lld, %s %lld", (long long)(o / layer_streams),
+                         (long long)(o % layer_streams), inner_name, (long long)i);
+        } else {
+          where = Format("%s %lld, %s %lld", outer_name, (long long)o, inner_name, (long long)i);
+        }
+        report.Line(Format("call %d: %s[%s]: expected %d, got %d", call, field, where.c_str(),
+                           expected[at], got[at]));
+      }
+    }
+  }
+  if (bad > 4) report.Line(Format("call %d: %s: %lld mismatches in all", call, field, (long long)bad));
+  return bad;
+}
+
+int64_t CompareHot(Report& report, int call, const uint8_t* expected, const uint8_t* got,
+                   const Shape& d) {
+  const int64_t W = d.record_bytes, rows = d.layers * d.streams * d.hot_slots;
+  int64_t bad_rows = 0;
+  int shown = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* e = expected + r * W;
+    const uint8_t* g = got + r * W;
+    if (std::memcmp(e, g, W) == 0) continue;
+    ++bad_rows;
+    if (shown++ < 4) {
+      int64_t byte = 0;
+      while (e[byte] == g[byte]) ++byte;
+      const int64_t slot = r % d.hot_slots, ls = r / d.hot_slots;
+      report.Line(Format("call %d: hot[layer %lld, stream %lld, slot %lld] differs from byte %lld "
+                         "(expected 0x%02x, got 0x%02x)",
+                         call, (long long)(ls / d.streams), (long long)(ls % d.streams),
+                         (long long)slot, (long long)byte, e[byte], g[byte]));
+    }
+  }
+  if (bad_rows > 4)
+    report.Line(Format("call %d: hot: %lld rows differ in all", call, (long long)bad_rows));
+  return bad_rows;
+}
+
+// ---------------------------------------------------------------------------
+// One case under one launch variant.
+
+struct Variant {
+  ResolveLaunchPlan plan;
+  bool fetch;
+  const char* name;
+};
+
+const Variant kVariants[] = {
+    {ResolveLaunchPlan::kFused, true, "fused/fetch"},
+    {ResolveLaunchPlan::kFused, false, "fused/no-fetch"},
+    {ResolveLaunchPlan::kSplit, true, "split/fetch"},
+    {ResolveLaunchPlan::kSplit, false, "split/no-fetch"},
+    {ResolveLaunchPlan::kAuto, true, "auto/fetch"},
+};
+
+State InitialState(const Case& c, Rng& rng) {
+  const Shape& d = c.shape;
+  const int64_t LS = d.layers * d.streams, B = d.hot_slots;
+  State st;
+  st.shape = d;
+  st.hot.resize(LS * B * d.record_bytes);
+  FillRandom(st.hot.data(), st.hot.size(), rng);
+  st.slot_record.assign(LS * B, -1);
+  st.lru.resize(LS * B);
+  for (int64_t ls = 0; ls < LS; ++ls) {
+    int32_t* lru = st.lru.data() + ls * B;
+    std::iota(lru, lru + B, 0);
+    if (!c.random_initial_state) continue;
+    // A well-formed random state: distinct records, some slots empty, any lru order.
+    std::shuffle(lru, lru + B, rng);
+    const int64_t held = Uniform(rng, 0, std::min<int64_t>(B, d.pool_records));
+    std::vector<int32_t> ids(held);
+    DistinctIds(rng, held, 0, d.pool_records, ids.data());
+    int32_t* rec = st.slot_record.data() + ls * B;
+    std::vector<int32_t> slots(B);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    for (int64_t h = 0; h < held; ++h) rec[slots[h]] = ids[h];
+  }
+  return st;
+}
+
+bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint64_t seed,
+                bool verbose) {
+  const Shape& d = c.shape;
+  const int64_t L = d.layers, S = d.streams, k = d.top_k, B = d.hot_slots, W = d.record_bytes;
+  Report report;
+  report.label = "[" + c.name + " " + v.name + "]";
+
+  Rng rng(seed);
+  State cpu = InitialState(c, rng);
+  DeviceBuffer<uint8_t> hot(cpu.hot.size(), c.hot_misalign);
+  DeviceBuffer<int32_t> slot_record(cpu.slot_record.size()), lru(cpu.lru.size());
+  DeviceBuffer<int32_t> selection(S * k), sealed(S), layer(1);
+  DeviceBuffer<int32_t> slots(S * k), miss_records(S * k), miss_slots(S * k), misses(S),
+      invalid(S);
+  hot.Upload(cpu.hot.data());
+  slot_record.Upload(cpu.slot_record.data());
+  lru.Upload(cpu.lru.data());
+
+  std::vector<int32_t> cpu_slots(S * k), cpu_mrec(S * k), cpu_mslot(S * k), cpu_misses(S),
+      cpu_invalid(S);
+  std::vector<int32_t> gpu_slots(S * k), gpu_mrec(S * k), gpu_mslot(S * k), gpu_misses(S),
+      gpu_invalid(S), gpu_rec(cpu.slot_record.size()), gpu_lru(cpu.lru.size());
+  std::vector<uint8_t> gpu_hot(cpu.hot.size());
+  std::vector<uint8_t> pool_before(pool.get(), pool.get() + pool.bytes());
+
+  ResolveDims dims{L, S, k, B, d.pool_records, W};
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Rng input_rng(seed ^ 0x9e3779b97f4a7c15ull);
+  int64_t total_misses = 0;
+  for (int call = 0; call < c.calls && !report.failed; ++call) {
+    CallInput in;
+    c.generate(call, input_rng, cpu, in);
+    selection.Upload(in.selection.data());
+    sealed.Upload(in.sealed.data());
+    layer.Upload(&in.layer);
+    for (auto* out : {&slots, &miss_records, &miss_slots, &misses, &invalid}) out->Poison(0x5A);
+
+    // CPU reference.
+    std::fill(cpu_slots.begin(), cpu_slots.end(), 0x7b7b7b7b);
+    ResolveBuffers host_io{pool.get(),        in.selection.data(), in.sealed.data(),
+                           cpu.hot.data(),    cpu.slot_record.data(), cpu.lru.data(),
+                           cpu_slots.data(),  cpu_mrec.data(),     cpu_mslot.data(),
+                           cpu_misses.data(), cpu_invalid.data()};
+    hisparse::ResolveCpu(dims, in.layer, host_io, v.fetch);
+
+    // CUDA.
+    ResolveBuffers dev_io{pool.get(),      selection.get(),    sealed.get(),
+                          hot.get(),       slot_record.get(),  lru.get(),
+                          slots.get(),     miss_records.get(), miss_slots.get(),
+                          misses.get(),    invalid.get()};
+    const char* failed_kernel = "?";
+    cudaError_t err =
+        hisparse::LaunchResolve(dims, layer.get(), dev_io, v.fetch, v.plan, stream, &failed_kernel);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+    if (err != cudaSuccess) {
+      report.Line(Format("call %d: %s: %s", call, failed_kernel, cudaGetErrorString(err)));
+      break;
+    }
+    slots.Download(gpu_slots.data());
+    miss_records.Download(gpu_mrec.data());
+    miss_slots.Download(gpu_mslot.data());
+    misses.Download(gpu_misses.data());
+    invalid.Download(gpu_invalid.data());
+    slot_record.Download(gpu_rec.data());
+    lru.Download(gpu_lru.data());
+    hot.Download(gpu_hot.data());
+
+    CompareInts(report, call, "misses", cpu_misses.data(), gpu_misses.data(), 1, S, "", "stream");
+    CompareInts(report, call, "invalid", cpu_invalid.data(), gpu_invalid.data(), 1, S, "",
+                "stream");
+    CompareInts(report, call, "slots", cpu_slots.data(), gpu_slots.data(), S, k, "stream", "j");
+    CompareInts(report, call, "miss_records", cpu_mrec.data(), gpu_mrec.data(), S, k, "stream",
+                "m");
+    CompareInts(report, call, "miss_slots", cpu_mslot.data(), gpu_mslot.data(), S, k, "stream",
+                "m");
+    CompareInts(report, call, "slot_record", cpu.slot_record.data(), gpu_rec.data(), L * S, B, "",
+                "slot", S);
+    CompareInts(report, call, "lru", cpu.lru.data(), gpu_lru.data(), L * S, B, "", "position", S);
+    CompareHot(report, call, cpu.hot.data(), gpu_hot.data(), d);
+    for (auto [buf, name] :
+         {std::pair{&slot_record, "slot_record"}, {&lru, "lru"}, {&selection, "selection"},
+          {&sealed, "sealed"}, {&layer, "layer"}, {&slots, "slots"},
+          {&miss_records, "miss_records"}, {&miss_slots, "miss_slots"}, {&misses, "misses"},
+          {&invalid, "invalid"}}) {
+      if (!buf->GuardsIntact()) report.Line(Format("call %d: write outside %s", call, name));
+    }
+    if (!hot.GuardsIntact()) report.Line(Format("call %d: write outside hot", call));
+    if (call > 0 && c.expect_no_misses_after_first) {
+      for (int64_t s = 0; s < S; ++s)
+        if (cpu_misses[s] != 0)
+          report.Line(Format("call %d: case expects only hits, reference has %d misses (stream "
+                             "%lld): the case is wrong",
+                             call, cpu_misses[s], (long long)s));
+    }
+    for (int64_t s = 0; s < S; ++s) total_misses += cpu_misses[s];
+  }
+  if (std::memcmp(pool_before.data(), pool.get(), pool.bytes()) != 0)
+    report.Line("the host pool changed (RESOLVE must only read it)");
+  CUDA_OK(cudaStreamDestroy(stream));
+  if (verbose || report.failed) {
+    std::printf("%s %s: %d calls, %lld misses\n", report.failed ? "FAIL" : "ok  ",
+                report.label.c_str(), c.calls, (long long)total_misses);
+  }
+  return !report.failed;
+}
+
+// ---------------------------------------------------------------------------
+// The case list.
+
+Shape MakeShape(int64_t L, int64_t S, int64_t k, int64_t B, int64_t R, int64_t W) {
+  return Shape{L, S, k, B, R, W};
+}
+
+std::vector<Case> ResolveCases(bool quick) {
+  std::vector<Case> cases;
+  auto add = [&](std::string name, Shape shape, int calls, Generator gen) -> Case& {
+    Case c;
+    c.name = std::move(name);
+    c.shape = shape;
+    c.calls = calls;
+    c.generate = std::move(gen);
+    cases.push_back(std::move(c));
+    return cases.back();
+  };
+  const int n = quick ? 3 : 6;  // calls of the generic cases
+
+  Mix plain;
+  add("empty_cache_first_call", MakeShape(2, 3, 64, 128, 1000, 40), 1, MixGenerator(plain));
+  {
+    Mix m;
+    m.pad = 0.3;
+    add("mixed_sequence", MakeShape(3, 4, 128, 256, 600, 48), quick ? 4 : 12, MixGenerator(m));
+  }
+  // All hits: the same ids again, then in another order.
+  add("all_hits", MakeShape(2, 5, 100, 160, 500, 32), 3,
+      [](int call, Rng& rng, const State& st, CallInput& in) {
+        static thread_local std::vector<int32_t> first;
+        const Shape& d = st.shape;
+        in.layer = 1;
+        in.sealed.assign(d.streams, static_cast<int32_t>(d.pool_records));
+        in.selection.resize(d.streams * d.top_k);
+        if (call == 0) {
+          for (int64_t s = 0; s < d.streams; ++s)
+            DistinctIds(rng, d.top_k, 0, d.pool_records, in.selection.data() + s * d.top_k);
+          first = in.selection;
+        } else {
+          in.selection = first;
+          if (call == 2)
+            for (int64_t s = 0; s < d.streams; ++s)
+              std::shuffle(in.selection.begin() + s * d.top_k,
+                           in.selection.begin() + (s + 1) * d.top_k, rng);
+        }
+      })
+      .expect_no_misses_after_first = true;
+  // All misses: every call selects k ids no earlier call used.
+  add("all_misses", MakeShape(1, 3, 96, 128, 96 * 5, 24), 5,
+      [](int call, Rng& rng, const State& st, CallInput& in) {
+        const Shape& d = st.shape;
+        in.layer = 0;
+        in.sealed.assign(d.streams, static_cast<int32_t>(d.pool_records));
+        in.selection.resize(d.streams * d.top_k);
+        for (int64_t s = 0; s < d.streams; ++s)
+          DistinctIds(rng, d.top_k, call * d.top_k, (call + 1) * d.top_k,
+                      in.selection.data() + s * d.top_k);
+      });
+  {
+    Mix m;
+    m.resident = 0.4;
+    add("b_equals_k", MakeShape(2, 4, 200, 200, 700, 56), n, MixGenerator(m));
+    add("b_equals_k_all_new", MakeShape(1, 2, 64, 64, 64 * 4, 16), 4,
+        [](int call, Rng& rng, const State& st, CallInput& in) {
+          const Shape& d = st.shape;
+          in.layer = 0;
+          in.sealed.assign(d.streams, static_cast<int32_t>(d.pool_records));
+          in.selection.resize(d.streams * d.top_k);
+          for (int64_t s = 0; s < d.streams; ++s)
+            DistinctIds(rng, d.top_k, call * d.top_k, (call + 1) * d.top_k,
+                        in.selection.data() + s * d.top_k);
+        });
+  }
+  add("padding_only", MakeShape(2, 3, 50, 80, 300, 16), 3,
+      [](int call, Rng& rng, const State& st, CallInput& in) {
+        const Shape& d = st.shape;
+        if (call == 1) {  // a real call in between, so the state is not empty
+          MixGenerator(Mix{})(call, rng, st, in);
+          return;
+        }
+        in.layer = call % 2;
+        in.sealed.assign(d.streams, static_cast<int32_t>(d.pool_records));
+        in.selection.assign(d.streams * d.top_k, -1);
+      });
+  {
+    Mix m;
+    m.dup = 0.6;
+    m.pad = 0.1;
+    add("duplicate_ids", MakeShape(2, 4, 256, 300, 400, 32), n, MixGenerator(m));
+  }
+  add("one_id_repeated", MakeShape(1, 3, 128, 128, 50, 8), 3,
+      [](int call, Rng& rng, const State& st, CallInput& in) {
+        const Shape& d = st.shape;
+        in.layer = 0;
+        in.sealed.assign(d.streams, static_cast<int32_t>(d.pool_records));
+        in.selection.resize(d.streams * d.top_k);
+        for (int64_t s = 0; s < d.streams; ++s) {
+          const int32_t id = static_cast<int32_t>(Uniform(rng, 0, d.pool_records - 1));
+          for (int64_t j = 0; j < d.top_k; ++j)
+            in.selection[s * d.top_k + j] = (j % 3 == 1) ? -1 : (call == 2 ? id : 7);
+        }
+      });
+  {
+    Mix m;
+    m.invalid = 0.35;
+    m.sealed = Mix::Sealed::kRandom;
+    add("invalid_ids", MakeShape(2, 4, 128, 192, 300, 24), n, MixGenerator(m));
+  }
+  {
+    Mix m;
+    m.sealed = Mix::Sealed::kNonPositive;
+    m.invalid = 0.1;
+    add("sealed_nonpositive", MakeShape(1, 8, 64, 96, 200, 16), n, MixGenerator(m));
+  }
+  {
+    Mix m;
+    m.sealed = Mix::Sealed::kBeyondPool;
+    m.invalid = 0.15;
+    add("sealed_beyond_pool", MakeShape(1, 4, 64, 96, 150, 16), n, MixGenerator(m));
+  }
+  {
+    Mix m;
+    m.layer = Mix::Layer::kSometimesOutOfRange;
+    add("layer_out_of_range", MakeShape(3, 4, 96, 128, 400, 24), quick ? 6 : 14,
+        MixGenerator(m));
+  }
+  add("layer_out_of_range_first", MakeShape(2, 2, 32, 48, 100, 8), 2,
+      [](int call, Rng& rng, const State& st, CallInput& in) {
+        MixGenerator(Mix{})(call, rng, st, in);
+        in.layer = call == 0 ? 2 : -1;  // never a valid layer: state must stay initial
+      });
+  add("several_layers", MakeShape(5, 3, 80, 120, 300, 40), quick ? 6 : 20, MixGenerator(plain));
+  {
+    Case& c = add("random_initial_state", MakeShape(2, 6, 128, 512, 2000, 32), n,
+                  MixGenerator(plain));
+    c.random_initial_state = true;
+  }
+  for (int64_t W : {8, 24, 656, 1152}) {
+    add("record_bytes_" + std::to_string(W), MakeShape(2, 3, 128, 256, 700, W), n,
+        MixGenerator(plain));
+  }
+  {
+    Case& c = add("pool_misaligned_8", MakeShape(1, 2, 128, 192, 500, 1152), 3,
+                  MixGenerator(plain));
+    c.pool_misalign = 8;
+    Case& h = add("hot_misaligned_8", MakeShape(1, 2, 128, 192, 500, 656), 3,
+                  MixGenerator(plain));
+    h.hot_misalign = 8;
+  }
+  add("tiny_k1_b1", MakeShape(1, 3, 1, 1, 4, 8), quick ? 4 : 10, MixGenerator(plain));
+  add("tiny_k1_b3", MakeShape(2, 2, 1, 3, 5, 16), quick ? 4 : 10, MixGenerator(plain));
+  add("k0", MakeShape(1, 2, 0, 4, 10, 8), 2, MixGenerator(plain));
+  // More streams than SMs (132 on an H200) selects 512-thread resolve blocks
+  // up to B = 4096 (kResolveSmallBlockMaxSlots): their last variant (8 lru
+  // items per lane), and the 1024-thread one just above. Random full caches,
+  // so most slots are probed and ranked.
+  add("s_140_b_4096_small_block", MakeShape(1, 140, 32, 4096, 5000, 8), 2, MixGenerator(plain))
+      .random_initial_state = true;
+  add("s_140_b_4097_large_block", MakeShape(1, 140, 32, 4097, 5000, 8), 2, MixGenerator(plain))
+      .random_initial_state = true;
+  add("k_600_b_4096", MakeShape(1, 2, 600, 4096, 5000, 16), 3, MixGenerator(plain))
+      .random_initial_state = true;
+  add("k_max_8192_b_16384", MakeShape(2, quick ? 1 : 2, 8192, 16384, 30000, 24),
+      quick ? 2 : 3, MixGenerator(plain));
+  if (!quick) {
+    {
+      Mix m;
+      m.pad = 0.0;
+      m.invalid = 0.0;
+      m.dup = 0.0;
+      m.resident = 0.7;
+      m.sealed = Mix::Sealed::kAll;
+      add("k_8192_b_16384_w1152", MakeShape(1, 1, 8192, 16384, 24000, 1152), 3,
+          MixGenerator(m));
+    }
+    add("k_8192_b_8192", MakeShape(1, 2, 8192, 8192, 20000, 16), 3, MixGenerator(plain));
+    add("k_5000_b_9000", MakeShape(1, 2, 5000, 9000, 16000, 8), 3, MixGenerator(plain));
+    add("k_2048_b_4096_s64", MakeShape(1, 64, 2048, 4096, 6000, 656), 3, MixGenerator(plain));
+    add("k_2048_b_2048", MakeShape(2, 4, 2048, 2048, 5000, 1152), 3, MixGenerator(plain));
+    add("k_1000_b_1024", MakeShape(1, 3, 1000, 1024, 3000, 24), 4, MixGenerator(plain));
+    add("k_1025_b_1025", MakeShape(1, 3, 1025, 1025, 3000, 24), 4, MixGenerator(plain));
+    add("k_2047_b_3071", MakeShape(1, 3, 2047, 3071, 5000, 40), 4, MixGenerator(plain));
+  }
+  for (int64_t S : quick ? std::vector<int64_t>{1, 17} : std::vector<int64_t>{1, 2, 17, 64, 300}) {
+    add("streams_" + std::to_string(S), MakeShape(2, S, 64, 96, 300, 24), quick ? 3 : 5,
+        MixGenerator(plain));
+  }
+  return cases;
+}
+
+// ---------------------------------------------------------------------------
+// Pool write.
+
+struct PoolWriteCase {
+  std::string name;
+  PoolWriteDims dims;
+};
+
+bool RunPoolWrite(const PoolWriteCase& c, uint64_t seed, bool verbose) {
+  const PoolWriteDims& d = c.dims;
+  Report report;
+  report.label = "[pool_write " + c.name + "]";
+  Rng rng(seed);
+  const int64_t LS = d.layers * d.streams;
+  const size_t pool_bytes = LS * d.pool_records * d.record_bytes;
+  const size_t record_bytes = LS * d.rows * d.record_bytes;
+  PinnedBuffer pool(pool_bytes);
+  FillRandom(pool.get(), pool_bytes, rng);
+  std::vector<uint8_t> expected(pool.get(), pool.get() + pool_bytes);
+  std::vector<uint8_t> records(record_bytes);
+  FillRandom(records.data(), record_bytes, rng);
+  std::vector<int32_t> start(d.streams), count(d.streams);
+  for (int64_t s = 0; s < d.streams; ++s) {
+    switch (Uniform(rng, 0, 5)) {
+      case 0: start[s] = -static_cast<int32_t>(Uniform(rng, 0, d.rows + 2)); break;
+      case 1: start[s] = static_cast<int32_t>(d.pool_records - Uniform(rng, 0, d.rows)); break;
+      case 2: start[s] = static_cast<int32_t>(d.pool_records + Uniform(rng, 0, 3)); break;
+      default: start[s] = static_cast<int32_t>(Uniform(rng, 0, std::max<int64_t>(0, d.pool_records - 1)));
+    }
+    switch (Uniform(rng, 0, 4)) {
+      case 0: count[s] = -static_cast<int32_t>(Uniform(rng, 1, 5)); break;
+      case 1: count[s] = static_cast<int32_t>(d.rows + Uniform(rng, 0, 5)); break;
+      case 2: count[s] = 0; break;
+      default: count[s] = static_cast<int32_t>(Uniform(rng, 0, d.rows));
+    }
+  }
+  hisparse::PoolWriteCpu(d, records.data(), start.data(), count.data(), expected.data());
+  DeviceBuffer<uint8_t> dev_records(record_bytes);
+  DeviceBuffer<int32_t> dev_start(d.streams), dev_count(d.streams);
+  if (record_bytes > 0) dev_records.Upload(records.data());
+  dev_start.Upload(start.data());
+  dev_count.Upload(count.data());
+  const char* failed_kernel = "?";
+  cudaError_t err = hisparse::LaunchPoolWrite(d, dev_records.get(), dev_start.get(),
+                                              dev_count.get(), pool.get(), 0, &failed_kernel);
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) {
+    report.Line(Format("%s: %s", failed_kernel, cudaGetErrorString(err)));
+  } else {
+    const int64_t W = d.record_bytes;
+    int shown = 0;
+    int64_t bad = 0;
+    for (int64_t row = 0; row < LS * d.pool_records; ++row) {
+      if (std::memcmp(expected.data() + row * W, pool.get() + row * W, W) == 0) continue;
+      ++bad;
+      if (shown++ < 4) {
+        const int64_t ls = row / d.pool_records;
+        report.Line(Format("host_pool[layer %lld, stream %lld, record %lld] differs (start %d, "
+                           "count %d)",
+                           (long long)(ls / d.streams), (long long)(ls % d.streams),
+                           (long long)(row % d.pool_records), start[ls % d.streams],
+                           count[ls % d.streams]));
+      }
+    }
+    if (bad > 4) report.Line(Format("%lld pool rows differ in all", (long long)bad));
+  }
+  if (verbose || report.failed)
+    std::printf("%s %s\n", report.failed ? "FAIL" : "ok  ", report.label.c_str());
+  return !report.failed;
+}
+
+std::vector<PoolWriteCase> PoolWriteCases(bool quick) {
+  std::vector<PoolWriteCase> cases;
+  for (int64_t W : {8, 24, 656, 1152}) {
+    cases.push_back({"w" + std::to_string(W), PoolWriteDims{2, 5, 7, 40, W}});
+    if (!quick) cases.push_back({"w" + std::to_string(W) + "_big", PoolWriteDims{3, 37, 64, 300, W}});
+  }
+  cases.push_back({"one_record_pool", PoolWriteDims{1, 4, 3, 1, 16}});
+  cases.push_back({"no_rows", PoolWriteDims{2, 3, 0, 10, 16}});
+  cases.push_back({"streams_300", PoolWriteDims{1, 300, 4, 16, 32}});
+  return cases;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false, verbose = true;
+  uint64_t seed = 1234;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      quick = true;
+    } else if (arg == "--quiet") {
+      verbose = false;
+    } else if (arg == "--seed" && i + 1 < argc) {
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (arg == "--only" && i + 1 < argc) {
+      only = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--quiet] [--seed N] [--only SUBSTRING]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  int device = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, device));
+  std::printf("device %d: %s (sm_%d%d, %d SMs); seed %llu%s\n", device, prop.name, prop.major,
+              prop.minor, prop.multiProcessorCount, (unsigned long long)seed,
+              quick ? "; quick" : "");
+
+  int passed = 0, failed = 0;
+  uint64_t case_seed = seed;
+  for (const Case& c : ResolveCases(quick)) {
+    ++case_seed;
+    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+    const Shape& d = c.shape;
+    Rng pool_rng(case_seed * 7919);
+    PinnedBuffer pool(d.layers * d.streams * d.pool_records * d.record_bytes, c.pool_misalign);
+    FillRandom(pool.get(), pool.bytes(), pool_rng);
+    for (const Variant& v : kVariants) {
+      // Same seed for every variant: identical inputs and initial state.
+      if (RunVariant(c, v, pool, case_seed, verbose)) {
+        ++passed;
+      } else {
+        ++failed;
+      }
+    }
+  }
+  for (const PoolWriteCase& c : PoolWriteCases(quick)) {
+    ++case_seed;
+    if (!only.empty() && ("pool_write_" + c.name).find(only) == std::string::npos) continue;
+    if (RunPoolWrite(c, case_seed, verbose)) {
+      ++passed;
+    } else {
+      ++failed;
+    }
+  }
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

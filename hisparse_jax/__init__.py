@@ -1,0 +1,34 @@
+"""hisparse-jax: a hierarchical KV cache for sparse-attention decoding in JAX.
+
+The authoritative KV lives in a pinned host pool; each stream keeps B hot
+slots on device, managed by LRU. `resolve` makes one layer's selected records
+resident and returns their slots; outputs stay bit-identical to keeping the
+whole KV on device.
+"""
+
+from . import _ffi, decode, models
+from ._ffi import built_with_cuda, ffi_platforms
+from .cache import HotCache, alloc_host_pool, init_hot_cache, pinned_host_sharding, reset_streams
+from .config import CacheConfig
+from .pool import rows_outside_pool, write_records, write_records_inplace
+from .reference import resolve_reference
+from .resolve import ResolveResult, resolve
+
+__all__ = [
+    "decode",
+    "models",
+    "CacheConfig",
+    "HotCache",
+    "ResolveResult",
+    "alloc_host_pool",
+    "built_with_cuda",
+    "ffi_platforms",
+    "init_hot_cache",
+    "pinned_host_sharding",
+    "reset_streams",
+    "resolve",
+    "resolve_reference",
+    "rows_outside_pool",
+    "write_records",
+    "write_records_inplace",
+]

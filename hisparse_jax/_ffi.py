@@ -1,0 +1,81 @@
+"""Loads the compiled extension and registers its handlers with XLA.
+
+Importing this module registers every target for "cpu", and for "CUDA" when
+the extension was built with CUDA. Nothing else in the package touches the
+extension directly.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from . import _targets
+
+try:
+    from . import _hisparse_ffi as _ext
+except ImportError as err:  # the package was imported from a source tree without a build
+    _ext = None
+    _IMPORT_ERROR = err
+else:
+    _IMPORT_ERROR = None
+
+_registered: dict[str, bool] = {"cpu": False, "CUDA": False}
+
+
+def _register() -> None:
+    if _ext is None:
+        return
+    tables = {"cpu": _ext.cpu_registrations(), "CUDA": _ext.cuda_registrations()}
+    for platform, capsules in tables.items():
+        if not capsules:
+            continue
+        for target in _targets.ALL:
+            jax.ffi.register_ffi_target(
+                target, capsules[_targets.CAPSULE_KEYS[target]], platform=platform
+            )
+        _registered[platform] = True
+
+
+_register()
+
+
+def built_with_cuda() -> bool:
+    """True when the extension carries the CUDA handlers."""
+    return _ext is not None and bool(_ext.built_with_cuda())
+
+
+def ffi_platforms() -> tuple[str, ...]:
+    """The XLA platforms ("cpu", "cuda") that have RESOLVE handlers registered."""
+    return tuple(p.lower() for p, ok in _registered.items() if ok)
+
+
+def platform_of(backend: str) -> str:
+    """The XLA platform of a jax backend name: jax.default_backend() says "gpu"
+    on CUDA devices, while the handlers are registered for "CUDA"."""
+    backend = backend.lower()
+    return "cuda" if backend == "gpu" else backend
+
+
+def has_ffi(backend: str | None = None) -> bool:
+    """True when a handler is registered for `backend` (default: jax.default_backend())."""
+    return platform_of(backend or jax.default_backend()) in ffi_platforms()
+
+
+def require_ffi(platform: str) -> None:
+    """Raises a RuntimeError saying how to get a handler for `platform`."""
+    if _ext is None:
+        raise RuntimeError(
+            "hisparse_jax was imported without its compiled extension "
+            f"({_IMPORT_ERROR}). Install the package (`pip install .`) instead of "
+            "importing it from the source tree, or pass implementation='reference'."
+        )
+    if not has_ffi(platform):
+        hint = (
+            "rebuild with CUDA: `HISPARSE_CUDA=ON pip install --no-build-isolation .`"
+            if platform_of(platform) == "cuda"
+            else "use implementation='reference'"
+        )
+        raise RuntimeError(
+            f"hisparse_jax has no FFI handler for platform {platform!r} "
+            f"(built for {ffi_platforms()}); {hint}."
+        )

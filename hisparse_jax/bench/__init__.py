@@ -1,0 +1,1 @@
+"""Benchmarks and the `hisparse-bench` command (decode throughput at the capacity wall)."""

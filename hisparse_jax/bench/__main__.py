@@ -1,0 +1,7 @@
+"""python -m hisparse_jax.bench ... is `hisparse-bench ...`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,233 @@
+"""`hisparse-bench decode`: decode throughput at the capacity wall, HiSparse vs full-KV.
+
+For each context length it finds, from an honest byte account of the real
+decode state (hisparse_jax.bench.capacity), the largest batch each mode fits
+under the device (HBM) budget for decode state and the host budget for pools,
+runs the jitted decode at that batch, and reports throughput, TPOT, miss rate,
+IO per token, bytes per request and the HiSparse / full-KV ratios. An
+equal-batch run (HiSparse at the baseline's batch) compares TPOT directly.
+
+Without arguments it runs a small CPU default (DSA tiny preset) in well under
+a minute. On a GPU, pass the realistic preset, a budget and contexts, e.g.
+  hisparse-bench decode --family dsa --preset realistic --contexts 32768 131072 \\
+      --device-budget-gib 24 --host-budget-gib 100 --steps 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from ..models import get_family, known_families
+from .capacity import Capacity, account, capacity
+from .progress import Progress
+from .runner import decode_timing
+
+MiB, GiB = 2**20, 2**30
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hisparse-bench", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("decode", help="decode throughput at the capacity wall")
+    d.add_argument("--family", default="dsa", choices=known_families())
+    d.add_argument("--preset", default="tiny", help="family preset (tiny, realistic)")
+    d.add_argument("--contexts", type=int, nargs="+", default=[128, 192], help="prompt tokens per request")
+    d.add_argument("--device-budget-mib", type=float, default=None, help="HBM budget for decode state")
+    d.add_argument("--device-budget-gib", type=float, default=None)
+    d.add_argument("--host-budget-gib", type=float, default=4.0, help="pinned host budget for pools")
+    d.add_argument("--max-batch", type=int, default=16, help="cap on the batch of any run")
+    d.add_argument("--top-k", type=int, default=None)
+    d.add_argument("--hot-slots", type=int, default=None)
+    d.add_argument("--layers", type=int, default=None, help="override n_layers (fewer than the real model)")
+    d.add_argument("--steps", type=int, default=8, help="decode steps per timed call")
+    d.add_argument("--reps", type=int, default=2, help="timed calls (median reported)")
+    d.add_argument("--modes", nargs="+", default=["device", "hisparse"], choices=["device", "hisparse"])
+    d.add_argument("--no-equal-batch", action="store_true", help="skip HiSparse at the baseline's batch")
+    d.add_argument("--out", default="results/decode", help="folder for decode.json and plots")
+    d.add_argument("--no-plots", action="store_true")
+    return p
+
+
+def _config(family, args, context: int):
+    overrides = {}
+    if args.top_k is not None:
+        overrides["top_k"] = args.top_k
+    if args.hot_slots is not None:
+        overrides["hot_slots"] = args.hot_slots
+    if args.layers is not None:
+        overrides["n_layers"] = args.layers
+    # Room for the prompt plus every decoded token (warm-up and timed calls),
+    # rounded up to whole pages.
+    page = family.Config.preset(args.preset, **overrides).page_size
+    needed = context + args.steps * (args.reps + 1)
+    overrides["max_context"] = -(-needed // page) * page
+    return family.Config.preset(args.preset, **overrides)
+
+
+def _device_budget(args) -> int:
+    if args.device_budget_gib is not None:
+        return int(args.device_budget_gib * GiB)
+    return int((args.device_budget_mib if args.device_budget_mib is not None else 1.0) * MiB)
+
+
+def _row(kind, timing, cap: Capacity, record_bytes: int, config) -> dict:
+    miss_rate = timing.misses_per_step / timing.selected_per_step if timing.selected_per_step else 0.0
+    return dict(
+        run=kind,
+        mode=timing.mode,
+        context=timing.context,
+        batch=timing.batch,
+        tokens_per_s=timing.tokens_per_second,
+        tpot_ms=timing.step_seconds * 1e3,
+        miss_rate=miss_rate,
+        io_bytes_per_token=timing.misses_per_step * record_bytes / timing.batch,
+        device_bytes_per_request=cap.device_per_request,
+        kv_device_bytes_per_request=cap.device_per_request_by_category.get("kv records", 0),
+        device_bytes_by_category=cap.device_per_request_by_category,
+        host_bytes_per_request=cap.host_per_request,
+        max_batch=cap.max_batch,
+        limited_by=cap.limited_by,
+        top_k=config.top_k,
+        hot_slots=config.hot_slots,
+    )
+
+
+def run_decode(args) -> dict:
+    family = get_family(args.family)
+    budget, host_budget = _device_budget(args), int(args.host_budget_gib * GiB)
+    rows, ratios = [], []
+    runs = len(args.contexts) * (len(args.modes) + (0 if args.no_equal_batch else 1))
+    with Progress(runs, "decode") as progress:
+        for context in args.contexts:
+            config = _config(family, args, context)
+            weights = family.init_weights(config, 0)
+            record_bytes = config.cache_config(1).record_bytes
+            caps = {
+                m: capacity(family, config, m, device_budget=budget, host_budget=host_budget,
+                            max_batch_cap=args.max_batch)
+                for m in args.modes
+            }
+            timings = {}
+            for mode in args.modes:
+                if caps[mode].max_batch < 1:
+                    progress.advance(f"{mode} @ {context}: nothing fits")
+                    continue
+                timings[mode] = decode_timing(family, config, weights, mode, caps[mode].max_batch, context,
+                                              args.steps, args.reps)
+                rows.append(_row("capacity", timings[mode], caps[mode], record_bytes, config))
+                progress.advance(f"{mode} @ {context}, batch {caps[mode].max_batch}")
+            if not args.no_equal_batch and {"device", "hisparse"} <= timings.keys():
+                equal = decode_timing(family, config, weights, "hisparse", timings["device"].batch, context,
+                                      args.steps, args.reps)
+                rows.append(_row("equal batch", equal, caps["hisparse"], record_bytes, config))
+                progress.advance(f"hisparse @ {context}, equal batch {equal.batch}")
+                ratios.append(_ratios(context, timings, equal, caps))
+    return dict(
+        family=args.family, preset=args.preset, device=str(jax.devices()[0].device_kind),
+        backend=jax.default_backend(), jax=jax.__version__, device_budget_bytes=budget,
+        host_budget_bytes=host_budget, max_batch_cap=args.max_batch, steps=args.steps, reps=args.reps,
+        rows=rows, ratios=ratios,
+    )
+
+
+def _ratios(context, timings, equal, caps) -> dict:
+    h, d = timings["hisparse"], timings["device"]
+    kv_h = caps["hisparse"].device_per_request_by_category.get("kv records", 0)
+    kv_d = caps["device"].device_per_request_by_category.get("kv records", 0)
+    return dict(
+        context=context,
+        throughput=h.tokens_per_second / d.tokens_per_second,
+        batch=h.batch / d.batch,
+        tpot_equal_batch=equal.step_seconds / d.step_seconds,
+        tokens_equal_at_equal_batch=bool(np.array_equal(equal.tokens, d.tokens)),
+        kv_device_bytes_per_request=kv_d / kv_h if kv_h else float("inf"),
+        device_bytes_per_request=caps["device"].device_per_request / caps["hisparse"].device_per_request,
+    )
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_table(report: dict) -> str:
+    head = ("| context | run | mode | batch (limit) | tokens/s | TPOT ms | miss rate | IO/token | "
+            "device/request (kv part) | host/request |")
+    lines = [head, "|" + "---|" * 10]
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['context']} | {r['run']} | {r['mode']} | {r['batch']} ({r['limited_by']}) | "
+            f"{r['tokens_per_s']:.1f} | {r['tpot_ms']:.2f} | {r['miss_rate']:.1%} | "
+            f"{_fmt_bytes(r['io_bytes_per_token'])} | {_fmt_bytes(r['device_bytes_per_request'])} "
+            f"({_fmt_bytes(r['kv_device_bytes_per_request'])}) | {_fmt_bytes(r['host_bytes_per_request'])} |"
+        )
+    if report["ratios"]:
+        lines += ["", "| context | throughput x | batch x | TPOT at equal batch x | KV HBM/request x | "
+                  "device bytes/request x | tokens equal (equal batch) |", "|" + "---|" * 6]
+        for q in report["ratios"]:
+            lines.append(
+                f"| {q['context']} | {q['throughput']:.2f} | {q['batch']:.2f} | {q['tpot_equal_batch']:.2f} | "
+                f"{q['kv_device_bytes_per_request']:.1f} | {q['device_bytes_per_request']:.2f} | "
+                f"{q['tokens_equal_at_equal_batch']} |"
+            )
+    return "\n".join(lines)
+
+
+def write_plots(report: dict, out: Path) -> list[Path]:
+    """throughput.png and tpot.png vs context, both modes (capacity runs)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: plots skipped (pip install matplotlib)", file=sys.stderr)
+        return []
+    paths = []
+    for key, label, name in (("tokens_per_s", "decode tokens/s", "throughput.png"),
+                             ("tpot_ms", "TPOT (ms per step)", "tpot.png")):
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for mode in ("device", "hisparse"):
+            rows = [r for r in report["rows"] if r["mode"] == mode and r["run"] == "capacity"]
+            if rows:
+                ax.plot([r["context"] for r in rows], [r[key] for r in rows], marker="o",
+                        label=f"{mode} (batch at capacity)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel(label)
+        ax.set_title(f"{report['family']} {report['preset']} on {report['device']}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+        paths.append(out / name)
+    return paths
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    report = run_decode(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decode.json").write_text(json.dumps(report, indent=1))
+    print(f"{report['family']} {report['preset']} on {report['device']} (jax {report['jax']}); device budget "
+          f"{_fmt_bytes(report['device_budget_bytes'])}, host budget {_fmt_bytes(report['host_budget_bytes'])}, "
+          f"batch cap {report['max_batch_cap']}, {report['steps']} steps x {report['reps']} timed calls")
+    print(format_table(report))
+    written = [] if args.no_plots else write_plots(report, out)
+    print(f"wrote {out / 'decode.json'}" + "".join(f", {p}" for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

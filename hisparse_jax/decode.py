@@ -1,0 +1,180 @@
+"""The generic decode loop: any model family (hisparse_jax.models) under one jit.
+
+`generate` runs `family.decode_step` in a `lax.scan` over steps, inside one
+jax.jit with the state donated: the hot buffers and device metadata are
+updated in place, and the host pool is written in place by the pool-write FFI
+call, so it stays in pinned_host memory across calls. Calls with equal shapes,
+config and static options reuse the compiled program.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .models import common, get_family
+
+_STATIC = ("family", "config", "steps", "sampling", "return_logits")
+
+
+def _generate_program(family, config, steps, sampling, return_logits, weights, state, first_tokens, key):
+    def step(carry, i):
+        state, tokens = carry
+        with jax.named_scope("decode_step"):
+            state, logits, misses = family.decode_step(config, weights, state, tokens)
+        with jax.named_scope("sample"):
+            nxt = common.next_tokens(logits, sampling, jax.random.fold_in(key, i))
+        return (state, nxt), (nxt, logits if return_logits else None, misses)
+
+    carry = (state, first_tokens)
+    (state, _), (tokens, logits, misses) = jax.lax.scan(step, carry, jnp.arange(steps, dtype=jnp.int32))
+    return tokens, logits, misses, state
+
+
+_generate_jit = jax.jit(_generate_program, static_argnames=_STATIC, donate_argnames=("state",))
+
+
+def _prefill_program(family, config, weights, state, prompts, lengths):
+    return family.prefill(config, weights, state, prompts, lengths)
+
+
+_prefill_jit = jax.jit(_prefill_program, static_argnames=("family", "config"), donate_argnames=("state",))
+
+
+def _is_concrete(x) -> bool:
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+
+
+def _check_family_config(family: ModuleType, config) -> None:
+    if not isinstance(config, family.Config):
+        raise TypeError(
+            f"config is a {type(config).__module__}.{type(config).__name__}, expected "
+            f"{family.__name__}.Config"
+        )
+
+
+def _check_batch(name: str, x, batch: int) -> None:
+    if jnp.ndim(x) != 1 or jnp.shape(x)[0] != batch:
+        raise ValueError(f"{name} must have shape [batch] = [{batch}], got {jnp.shape(x)}")
+
+
+def _like_lengths(state, tokens) -> jax.Array:
+    """tokens as int32 on state.lengths' sharding: committed like the arrays the
+    program returns, so feeding its own outputs back never changes the cache key."""
+    return jax.device_put(jnp.asarray(tokens, jnp.int32), state.lengths.sharding)
+
+
+def _check_context(config, lengths, steps: int) -> None:
+    """Eager only: the streams must have room for `steps` more tokens."""
+    if not _is_concrete(lengths):
+        return
+    longest = int(np.max(jax.device_get(lengths)))
+    if longest + steps > config.max_context:
+        raise ValueError(
+            f"generate: a stream holds {longest} tokens; {steps} more steps reach "
+            f"{longest + steps}, beyond Config.max_context={config.max_context}; "
+            "raise max_context or generate fewer steps"
+        )
+
+
+def generate(
+    family,
+    config,
+    weights,
+    state,
+    first_tokens: jax.Array,
+    steps: int,
+    *,
+    sampling: str = "greedy",
+    seed: int = 0,
+    return_logits: bool = False,
+):
+    """Decodes `steps` tokens per stream in one jitted scan.
+
+    Args:
+      family: a family name ("dsa", ...) or module following the protocol of
+        hisparse_jax.models.
+      state: the family's State; DONATED (use the returned one).
+      first_tokens: [b] int32, fed at step 0 (typically argmax of prefill logits).
+      sampling: "greedy" (argmax, lowest id on ties) or "sample" (categorical,
+        key fold_in(key(seed), step)).
+    Returns:
+      tokens [steps, b] int32 (tokens[i] is produced by step i and fed to step
+      i + 1), logits [steps, b, V] float32 or None, misses [steps, *family
+      shape] int32, and the new state (its host pool still pinned_host).
+    """
+    family = get_family(family)
+    _check_family_config(family, config)
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"generate: steps must be a positive int, got {steps!r}")
+    if sampling not in common.SAMPLING:
+        raise ValueError(f"generate: sampling must be one of {common.SAMPLING}, got {sampling!r}")
+    _check_batch("first_tokens", first_tokens, state.lengths.shape[0])
+    _check_context(config, state.lengths, int(steps))
+    first_tokens = _like_lengths(state, first_tokens)
+    key = jax.random.key(seed)
+    return _generate_jit(
+        family=family, config=config, steps=int(steps), sampling=sampling,
+        return_logits=bool(return_logits), weights=weights, state=state,
+        first_tokens=first_tokens, key=key,
+    )
+
+
+def trace_generate(family, config, weights, state, first_tokens, steps, *, sampling="greedy", seed=0,
+                   return_logits=False) -> jax.stages.Traced:
+    """The traced (not run) program of `generate`: `.jaxpr`, `.lower().as_text()`,
+    `.lower().compile().as_text()` for program tests and benchmarks."""
+    family = get_family(family)
+    return _generate_jit.trace(
+        family=family, config=config, steps=int(steps), sampling=sampling,
+        return_logits=bool(return_logits), weights=weights, state=state,
+        first_tokens=_like_lengths(state, first_tokens), key=jax.random.key(seed),
+    )
+
+
+def prefill(family, config, weights, state, prompts: jax.Array, lengths: jax.Array):
+    """Jitted family.prefill with the (fresh) state donated.
+
+    Args:
+      prompts: [b, T] int32, T <= config.max_context; lengths: [b] int32 in [1, T].
+    Returns:
+      (state, logits [b, V] float32 of each prompt's last token).
+    """
+    family = get_family(family)
+    _check_family_config(family, config)
+    prompts = jnp.asarray(prompts, jnp.int32)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    if prompts.ndim != 2:
+        raise ValueError(f"prefill: prompts must be [batch, T], got shape {prompts.shape}")
+    batch, T = prompts.shape
+    _check_batch("lengths", lengths, batch)
+    _check_batch("state.lengths", state.lengths, batch)
+    if T > config.max_context:
+        raise ValueError(
+            f"prefill: prompts of T={T} tokens exceed Config.max_context={config.max_context}"
+        )
+    if _is_concrete(lengths):
+        host = jax.device_get(lengths)
+        if host.min() < 1 or host.max() > T:
+            raise ValueError(f"prefill: lengths must lie in [1, T={T}], got {host.tolist()}")
+    if _is_concrete(state.lengths) and jax.device_get(state.lengths).any():
+        raise ValueError("prefill: the state already holds tokens; prefill a fresh state from init_state")
+    return _prefill_jit(family=family, config=config, weights=weights, state=state, prompts=prompts,
+                        lengths=lengths)
+
+
+@functools.partial(jax.jit, static_argnames=("family", "config"), donate_argnames=("state",))
+def _step_jit(family, config, weights, state, tokens):
+    return family.decode_step(config, weights, state, tokens)
+
+
+def decode_step(family, config, weights, state, tokens: jax.Array):
+    """One jitted family.decode_step with the state donated (eager stepping, tests)."""
+    family = get_family(family)
+    _check_family_config(family, config)
+    return _step_jit(family=family, config=config, weights=weights, state=state,
+                     tokens=_like_lengths(state, tokens))

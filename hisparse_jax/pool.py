@@ -1,0 +1,114 @@
+"""Writes into the pinned host pool: prefill and pages sealed during decode, in place."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import checkify
+
+from . import _checks, _ffi, _targets
+from .reference import pool_write_reference
+
+
+def rows_outside_pool(host_pool_records: int, start, count, rows: int):
+    """[*streams] int32: rows of a write that would land outside [0, R) or beyond `rows`."""
+    count = jnp.asarray(count, jnp.int32)
+    start = jnp.asarray(start, jnp.int32)
+    asked = jnp.maximum(count, 0)
+    usable = jnp.minimum(asked, rows)
+    i = jnp.arange(rows, dtype=jnp.int32)
+    target = start[..., None] + i
+    landed = (i < usable[..., None]) & (target >= 0) & (target < host_pool_records)
+    return asked - jnp.sum(landed, axis=-1, dtype=jnp.int32)
+
+
+def write_records(
+    host_pool: jax.Array,
+    records: jax.Array,
+    start: jax.Array,
+    count: jax.Array | None = None,
+    *,
+    implementation: str = "auto",
+    checked: bool = False,
+) -> jax.Array:
+    """host_pool[l, s, start[s] + i] = records[l, s, i] for i < count[s], every layer l.
+
+    Args:
+      host_pool: [L, *S, R, *rec] pinned_host pool (donate it to write in place).
+      records: [L, *S, n, *rec] on device: n records per stream and layer.
+      start: [*S] int32 first record id to write per stream.
+      count: [*S] int32 records to write per stream (default n); 0 skips a stream.
+      implementation: "ffi", "reference" or "auto", as for resolve.
+      checked: emit a checkify check that every row landed inside the pool.
+
+    Rows that would land outside [0, R) are not written; with checked=True that
+    is an error, and when start/count are concrete it is a ValueError at once.
+
+    Returns the updated pool, still in pinned_host memory. Inside your own jit,
+    donate the pool and it is written in place (no copy): the result is typed as
+    host memory, so XLA keeps it there.
+    """
+    start = jnp.asarray(start, jnp.int32) if not isinstance(start, jax.Array) else start
+    n = records.shape[start.ndim + 1]
+    if count is None:
+        count = jnp.full(start.shape, n, jnp.int32)
+    impl = "ffi" if implementation == "auto" and _ffi.has_ffi() else implementation
+    if impl == "auto":
+        impl = "reference"
+    if impl not in ("ffi", "reference"):
+        raise ValueError(f"implementation must be 'auto', 'ffi' or 'reference', got {implementation!r}")
+    _checks.check_pool_write(host_pool, records, start, count, need_host=impl == "ffi")
+    R = host_pool.shape[1 + len(start.shape)]
+    if not isinstance(start, jax.core.Tracer) and not isinstance(count, jax.core.Tracer):
+        outside = jax.device_get(rows_outside_pool(R, start, count, n))
+        if outside.any():
+            raise ValueError(
+                f"write_records: {int(outside.sum())} rows would land outside the pool "
+                f"[0, R={R}) or past the n={n} records given (start={jax.device_get(start)}, "
+                f"count={jax.device_get(count)}); grow pool_records or fix start/count"
+            )
+    if checked:
+        outside = rows_outside_pool(R, start, count, n)
+        checkify.check(
+            jnp.all(outside == 0),
+            "write_records: {n} rows would land outside the pool or past the records given",
+            n=jnp.sum(outside),
+        )
+    if impl == "reference":
+        return pool_write_reference(host_pool, records, start, count)
+    _ffi.require_ffi(jax.default_backend())
+    call = jax.ffi.ffi_call(
+        _targets.POOL_WRITE, jax.typeof(host_pool), input_output_aliases={0: 0}
+    )
+    return call(host_pool, records, start, count)
+
+
+@functools.partial(jax.jit, donate_argnums=0, static_argnames=("implementation",))
+def _write_donated(host_pool, records, start, count, implementation):
+    return write_records(host_pool, records, start, count, implementation=implementation)
+
+
+def write_records_inplace(host_pool, records, start, count=None, *, implementation="auto"):
+    """Eager form of write_records: jitted with the pool donated and kept pinned.
+
+    The pool passed in is consumed (donated); use the returned array.
+    """
+    start = jnp.asarray(start, jnp.int32)
+    n = records.shape[start.ndim + 1]
+    count = jnp.full(start.shape, n, jnp.int32) if count is None else jnp.asarray(count, jnp.int32)
+    R = host_pool.shape[1 + start.ndim]
+    outside = jax.device_get(rows_outside_pool(R, start, count, n))
+    if outside.any():
+        raise ValueError(
+            f"write_records_inplace: {int(outside.sum())} rows would land outside the pool "
+            f"[0, R={R}) or past the n={n} records given; grow pool_records or fix start/count"
+        )
+    jitted = jax.jit(
+        _write_donated.__wrapped__,
+        donate_argnums=0,
+        static_argnames=("implementation",),
+        out_shardings=host_pool.sharding,
+    )
+    return jitted(host_pool, records, start, count, implementation=implementation)

@@ -1,0 +1,136 @@
+"""RESOLVE: make the selected records resident in the hot buffer and return their slots."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+from . import _checks, _ffi, _targets
+from .cache import HotCache
+from .reference import resolve_reference
+
+Implementation = Literal["auto", "ffi", "reference"]
+_LAUNCH = {"auto": 0, "fused": 1, "split": 2}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ResolveResult:
+    """What one RESOLVE call reports, per stream of the layer resolved.
+
+    Attributes:
+      slots: [*streams, k] int32, the slot holding selection[..., j]; -1 where
+        selection[..., j] is padding (-1) or invalid.
+      miss_records: [*streams, k] int32, records fetched from the host pool in
+        miss order (first appearance), -1 after the last miss.
+      miss_slots: [*streams, k] int32, the slot each miss was written to.
+      misses: [*streams] int32, number of records fetched.
+      invalid: [*streams] int32, ids that were neither -1 nor in [0, min(sealed, R)).
+    """
+
+    slots: jax.Array
+    miss_records: jax.Array
+    miss_slots: jax.Array
+    misses: jax.Array
+    invalid: jax.Array
+
+
+def _pick(implementation: str) -> str:
+    if implementation not in ("auto", "ffi", "reference"):
+        raise ValueError(
+            f"implementation must be 'auto', 'ffi' or 'reference', got {implementation!r}"
+        )
+    if implementation != "auto":
+        return implementation
+    return "ffi" if _ffi.has_ffi() else "reference"
+
+
+def resolve(
+    cache: HotCache,
+    host_pool: jax.Array,
+    selection: jax.Array,
+    sealed: jax.Array,
+    layer: jax.Array | int,
+    *,
+    implementation: Implementation = "auto",
+    fetch: bool = True,
+    launch: Literal["auto", "fused", "split"] = "auto",
+    checked: bool = False,
+) -> tuple[ResolveResult, HotCache]:
+    """Resolves one layer's selection for every stream (DESIGN.md section 3).
+
+    Args:
+      cache: HotCache with hot [L, *S, B, *rec], slot_record and lru [L, *S, B].
+      host_pool: [L, *S, R, *rec] in pinned_host memory, read-only here.
+      selection: [*S, k] int32 record ids, -1 = padding; repeated ids share a slot.
+      sealed: [*S] int32 sealed records per stream; ids outside
+        [0, min(sealed, R)) are treated as padding and counted in `invalid`.
+      layer: int32 scalar (may be traced, e.g. a scan index) or Python int.
+      implementation: "ffi" (the C++/CUDA handler), "reference" (pure JAX) or
+        "auto" (the handler when one is registered for the default backend).
+      fetch: False skips copying record bytes (benchmarks of the pure resolve
+        cost); slot_record and lru are updated as usual, hot is not.
+      launch: CUDA launch plan, "fused" (one launch), "split" (a resolve launch
+        and a copy spread over many blocks) or "auto"; ignored on CPU.
+      checked: emit a checkify check that no id was invalid; wrap the caller
+        with jax.experimental.checkify.checkify to turn it into an error.
+
+    Returns:
+      (ResolveResult, new HotCache). Under jit with the cache donated, the
+      state is updated in place (the FFI call aliases it).
+    """
+    impl = _pick(implementation)
+    _checks.check_resolve(cache, host_pool, selection, sealed, layer, need_host=impl == "ffi")
+    if launch not in _LAUNCH:
+        raise ValueError(f"launch must be 'auto', 'fused' or 'split', got {launch!r}")
+    layer = jnp.asarray(layer, jnp.int32)
+    if impl == "ffi":
+        _ffi.require_ffi(jax.default_backend())
+        k = selection.shape[-1]
+        streams = selection.shape[:-1]
+        per_pick = jax.ShapeDtypeStruct((*streams, k), jnp.int32)
+        per_stream = jax.ShapeDtypeStruct(streams, jnp.int32)
+        call = jax.ffi.ffi_call(
+            _targets.RESOLVE,
+            (
+                per_pick,
+                per_pick,
+                per_pick,
+                per_stream,
+                per_stream,
+                jax.typeof(cache.hot),
+                jax.typeof(cache.slot_record),
+                jax.typeof(cache.lru),
+            ),
+            input_output_aliases={4: 5, 5: 6, 6: 7},
+        )
+        outs = call(
+            host_pool,
+            selection,
+            sealed,
+            layer,
+            cache.hot,
+            cache.slot_record,
+            cache.lru,
+            fetch=bool(fetch),
+            launch=np.int32(_LAUNCH[launch]),  # the handler decodes an int32 attribute
+        )
+    else:
+        outs = resolve_reference(
+            cache.hot, cache.slot_record, cache.lru, host_pool, selection, sealed, layer, fetch=fetch
+        )
+    slots, miss_records, miss_slots, misses, invalid, hot, slot_record, lru = outs
+    if checked:
+        checkify.check(
+            jnp.all(invalid == 0),
+            "resolve: {n} selected ids were neither -1 nor in [0, min(sealed, R)); "
+            "they were treated as padding",
+            n=jnp.sum(invalid),
+        )
+    result = ResolveResult(slots, miss_records, miss_slots, misses, invalid)
+    return result, HotCache(hot=hot, slot_record=slot_record, lru=lru)

@@ -1,0 +1,557 @@
+"""Every trace-time error names the argument and the fix (DESIGN.md section 3,
+"Errors"); the checked mode turns invalid ids into an error; the FFI handlers
+refuse malformed operands instead of reading out of bounds."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.experimental import checkify
+
+import hisparse_jax as hs
+from hisparse_jax import _ffi, _targets
+from helpers import IMPLEMENTATIONS, config, jitted_resolve, to_device, to_pinned_host
+
+needs_ffi = pytest.mark.skipif("ffi" not in IMPLEMENTATIONS, reason="no FFI handler for this backend")
+
+
+@dataclasses.dataclass
+class Operands:
+    """RESOLVE operands built by hand, so any one of them can be made wrong."""
+
+    cache: hs.HotCache
+    host_pool: jax.Array
+    selection: jax.Array
+    sealed: jax.Array
+    layer: object = 0
+
+    def replace(self, **kw):
+        return dataclasses.replace(self, **kw)
+
+    def with_cache(self, **kw):
+        return self.replace(cache=dataclasses.replace(self.cache, **kw))
+
+    def resolve(self, implementation="auto", **kw):
+        return hs.resolve(
+            self.cache,
+            self.host_pool,
+            self.selection,
+            self.sealed,
+            self.layer,
+            implementation=implementation,
+            **kw,
+        )
+
+
+def operands(L=3, streams=(2,), R=8, B=4, k=3, record=(1, 2), dtype=np.float32) -> Operands:
+    return Operands(
+        cache=hs.HotCache(
+            hot=jnp.zeros((L, *streams, B, *record), dtype),
+            slot_record=jnp.full((L, *streams, B), -1, jnp.int32),
+            lru=jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32), (L, *streams, B)),
+        ),
+        host_pool=to_pinned_host(np.zeros((L, *streams, R, *record), dtype)),
+        selection=jnp.zeros((*streams, k), jnp.int32),
+        sealed=jnp.full(streams, R, jnp.int32),
+    )
+
+
+# --------------------------------------------------------------------------- CacheConfig
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        pytest.param(
+            dict(B=2, k=3),
+            r"CacheConfig.hot_slots \(B=2\) must be >= top_k \(k=3\).*raise hot_slots or lower top_k",
+            id="B_below_k",
+        ),
+        pytest.param(
+            dict(width=3),
+            r"a record is 12 bytes \(page_size x record_width x itemsize = 1 x 3 x 4\).*multiple of 8: pad record_width",
+            id="record_bytes",
+        ),
+        pytest.param(
+            dict(width=3, page_size=2, dtype=ml_dtypes.bfloat16),
+            r"a record is 12 bytes",
+            id="record_bytes_bf16_pages",
+        ),
+        pytest.param(dict(k=0), r"CacheConfig.top_k must be a positive int, got 0", id="k_zero"),
+        pytest.param(
+            dict(L=-1), r"CacheConfig.num_layers must be a positive int, got -1", id="negative_layers"
+        ),
+        pytest.param(
+            dict(page_size=2.0),
+            r"CacheConfig.page_size must be a positive int, got 2.0",
+            id="float_page_size",
+        ),
+        pytest.param(
+            dict(streams=(2, 0)),
+            r"CacheConfig.stream_shape must hold positive dims, got \(2, 0\)",
+            id="zero_stream_dim",
+        ),
+    ],
+)
+def test_cache_config_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        config(**kwargs)
+
+
+def test_cache_config_shapes():
+    cfg = config(L=2, streams=(3, 4), R=10, B=6, k=5, width=8, page_size=2, dtype=ml_dtypes.bfloat16)
+    assert cfg.pool_shape == (2, 3, 4, 10, 2, 8)
+    assert cfg.hot_shape == (2, 3, 4, 6, 2, 8)
+    assert cfg.slot_shape == (2, 3, 4, 6)
+    assert cfg.record_bytes == 32 and cfg.num_streams == 12
+    assert cfg.host_bytes == 2 * 12 * 10 * 32
+    assert cfg.device_bytes == 2 * 12 * 6 * (32 + 8)
+
+
+# --------------------------------------------------------------------------- resolve
+
+
+def test_valid_operands_pass(implementation):
+    """The baseline every error case below changes one thing of (traced only:
+    the checks run at trace time)."""
+    result, cache = jax.eval_shape(lambda: operands().resolve(implementation))
+    assert result.slots.shape == (2, 3) and cache.hot.shape == (3, 2, 4, 1, 2)
+
+
+def _bad_resolve_operands():
+    ok = operands()
+    bf16 = operands(dtype=ml_dtypes.bfloat16)
+    return [
+        pytest.param(
+            operands(B=4, k=5),
+            ValueError,
+            r"resolve: hot_slots B=4 < top_k k=5.*hot_slots >= k",
+            id="B_below_k",
+        ),
+        pytest.param(
+            operands(record=(1, 3)),
+            ValueError,
+            r"resolve: a record of host_pool is 12 bytes \(shape \(1, 3\), float32\).*multiple of 8: pad record_width",
+            id="record_bytes",
+        ),
+        pytest.param(
+            ok.replace(selection=ok.selection.astype(jnp.int16)),
+            TypeError,
+            r"resolve: selection must be int32, got int16; cast it with .astype\(jnp.int32\)",
+            id="selection_int16",
+        ),
+        pytest.param(
+            ok.replace(selection=ok.selection.astype(jnp.float32)),
+            TypeError,
+            r"resolve: selection must be int32, got float32",
+            id="selection_float",
+        ),
+        pytest.param(
+            ok.replace(sealed=ok.sealed.astype(jnp.uint32)),
+            TypeError,
+            r"resolve: sealed must be int32, got uint32",
+            id="sealed_uint32",
+        ),
+        pytest.param(
+            ok.with_cache(slot_record=ok.cache.slot_record.astype(jnp.int16)),
+            TypeError,
+            r"resolve: cache.slot_record must be int32",
+            id="slot_record_dtype",
+        ),
+        pytest.param(
+            ok.with_cache(lru=ok.cache.lru.astype(jnp.uint8)),
+            TypeError,
+            r"resolve: cache.lru must be int32",
+            id="lru_dtype",
+        ),
+        pytest.param(
+            ok.with_cache(hot=bf16.cache.hot),
+            TypeError,
+            r"resolve: cache.hot is bfloat16 but host_pool is float32; records are copied bit for bit",
+            id="hot_vs_pool_dtype",
+        ),
+        pytest.param(
+            ok.replace(selection=jnp.int32(0)),
+            ValueError,
+            r"resolve: selection must be \[\*streams, k\], got a scalar",
+            id="selection_scalar",
+        ),
+        pytest.param(
+            ok.replace(sealed=jnp.zeros((3,), jnp.int32)),
+            ValueError,
+            r"resolve: sealed has shape \(3,\), expected the stream shape \(2,\) of selection",
+            id="sealed_shape",
+        ),
+        pytest.param(
+            ok.replace(selection=jnp.zeros((3, 3), jnp.int32), sealed=jnp.zeros((3,), jnp.int32)),
+            ValueError,
+            r"resolve: host_pool has shape \(3, 2, 8, 1, 2\), expected \[L, \*streams, R, \*record\] with streams = \(3,\)",
+            id="pool_streams",
+        ),
+        pytest.param(
+            ok.with_cache(slot_record=jnp.zeros((2, 2, 4), jnp.int32)),
+            ValueError,
+            r"resolve: cache.slot_record has shape \(2, 2, 4\), expected \[L, \*streams, B\] = \[3, 2, B\]",
+            id="slot_record_layers",
+        ),
+        pytest.param(
+            ok.with_cache(slot_record=jnp.zeros((3, 2, 4, 1), jnp.int32)),
+            ValueError,
+            r"resolve: cache.slot_record has shape \(3, 2, 4, 1\)",
+            id="slot_record_rank",
+        ),
+        pytest.param(
+            ok.with_cache(lru=jnp.zeros((3, 2, 5), jnp.int32)),
+            ValueError,
+            r"resolve: cache.lru has shape \(3, 2, 5\), expected \(3, 2, 4\)",
+            id="lru_shape",
+        ),
+        pytest.param(
+            ok.with_cache(hot=jnp.zeros((3, 2, 4, 1, 4), jnp.float32)),
+            ValueError,
+            r"resolve: cache.hot has shape \(3, 2, 4, 1, 4\), expected \[L, \*streams, B, \*record\] = \(3, 2, 4, 1, 2\)",
+            id="hot_record",
+        ),
+        pytest.param(
+            ok.with_cache(hot=jnp.zeros((3, 2, 5, 1, 2), jnp.float32)),
+            ValueError,
+            r"resolve: cache.hot has shape \(3, 2, 5, 1, 2\)",
+            id="hot_slots",
+        ),
+        pytest.param(
+            ok.replace(layer=3),
+            ValueError,
+            r"resolve: layer=3 is outside \[0, 3\) \(host_pool has L=3 layers\)",
+            id="layer_past_L",
+        ),
+        pytest.param(
+            ok.replace(layer=-1), ValueError, r"resolve: layer=-1 is outside \[0, 3\)", id="layer_negative"
+        ),
+        pytest.param(
+            ok.replace(layer=np.int64(7)),
+            ValueError,
+            r"resolve: layer=7 is outside \[0, 3\)",
+            id="layer_numpy_int",
+        ),
+        pytest.param(
+            ok.replace(layer=jnp.float32(0)),
+            TypeError,
+            r"resolve: layer must be int32, got float32",
+            id="layer_float",
+        ),
+        pytest.param(
+            ok.replace(layer=jnp.zeros((1,), jnp.int32)),
+            ValueError,
+            r"resolve: layer must be a scalar, got shape \(1,\)",
+            id="layer_vector",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("ops, error, message", _bad_resolve_operands())
+def test_resolve_errors(implementation, ops, error, message):
+    with pytest.raises(error, match=message):
+        ops.resolve(implementation)
+
+
+@pytest.mark.parametrize("ops, error, message", _bad_resolve_operands()[:3])
+def test_resolve_errors_under_jit(implementation, ops, error, message):
+    """The same checks run at trace time inside jit, before anything runs."""
+    layer = ops.layer
+
+    @jax.jit
+    def f(cache, pool, selection, sealed):
+        return hs.resolve(cache, pool, selection, sealed, layer, implementation=implementation)
+
+    with pytest.raises(error, match=message):
+        f(ops.cache, ops.host_pool, ops.selection, ops.sealed)
+
+
+@needs_ffi
+def test_ffi_needs_pinned_host_pool():
+    ops = operands()
+    device_pool = to_device(np.zeros(ops.host_pool.shape, np.float32))
+    with pytest.raises(
+        ValueError, match=r"resolve: host_pool must live in pinned_host memory.*alloc_host_pool"
+    ):
+        ops.replace(host_pool=device_pool).resolve("ffi")
+
+
+def test_reference_accepts_a_device_pool():
+    """The reference reads any memory kind; only the handlers need pinned_host."""
+    ops = operands()
+    pool = np.arange(np.prod(ops.host_pool.shape), dtype=np.float32).reshape(ops.host_pool.shape)
+    sel = jnp.array([[0, 5, -1], [7, 7, 2]], jnp.int32)
+    call = jitted_resolve("reference")
+    pinned = call(ops.cache, to_pinned_host(pool), sel, ops.sealed, np.int32(1))
+    device = call(ops.cache, to_device(pool), sel, ops.sealed, np.int32(1))
+    for a, b in zip(jax.tree.leaves(pinned), jax.tree.leaves(device)):
+        np.testing.assert_array_equal(a, b, strict=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        pytest.param(
+            dict(implementation="cuda"),
+            r"implementation must be 'auto', 'ffi' or 'reference', got 'cuda'",
+            id="implementation",
+        ),
+        pytest.param(
+            dict(implementation="reference", launch="fast"),
+            r"launch must be 'auto', 'fused' or 'split', got 'fast'",
+            id="launch",
+        ),
+    ],
+)
+def test_resolve_option_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        operands().resolve(**kwargs)
+
+
+def test_require_ffi_names_the_fix():
+    with pytest.raises(
+        RuntimeError, match=r"no FFI handler for platform 'tpu'.*use implementation='reference'"
+    ):
+        _ffi.require_ffi("tpu")
+    if not _ffi.has_ffi("gpu"):
+        with pytest.raises(RuntimeError, match=r"no FFI handler for platform 'gpu'.*rebuild with CUDA"):
+            _ffi.require_ffi("gpu")
+
+
+def test_gpu_backend_name_maps_to_cuda_platform():
+    """jax.default_backend() says "gpu"; the handlers are registered for "CUDA"."""
+    assert _ffi.platform_of("gpu") == "cuda" and _ffi.platform_of("cpu") == "cpu"
+    assert _ffi.has_ffi("gpu") == ("cuda" in hs.ffi_platforms())
+    assert _ffi.has_ffi("cpu") == ("cpu" in hs.ffi_platforms())
+
+
+# --------------------------------------------------------------------------- checked mode
+
+
+@functools.cache
+def checked_resolve(implementation):
+    def f(cache, pool, selection, sealed, layer):
+        return hs.resolve(cache, pool, selection, sealed, layer, implementation=implementation, checked=True)
+
+    return checkify.checkify(jax.jit(f))
+
+
+@pytest.mark.parametrize(
+    "selection, sealed, layer, invalid",
+    [
+        pytest.param([[0, 1, -1], [7, -1, -1]], [8, 8], 0, 0, id="valid_and_padding"),
+        pytest.param([[0, 1, -1], [7, -1, -1]], [8, 7], 0, 1, id="not_sealed"),
+        pytest.param([[8, -2, -1], [0, 0, 0]], [8, 8], 1, 2, id="past_R_and_negative"),
+        pytest.param([[0, 1, 2], [3, -1, -1]], [8, 8], 3, 4, id="layer_out_of_range"),
+    ],
+)
+def test_checked_mode(implementation, selection, sealed, layer, invalid):
+    ops = operands()
+    err, (result, _) = checked_resolve(implementation)(
+        ops.cache,
+        ops.host_pool,
+        jnp.array(selection, jnp.int32),
+        jnp.array(sealed, jnp.int32),
+        jnp.int32(layer),
+    )
+    assert int(result.invalid.sum()) == invalid
+    if invalid:
+        with pytest.raises(
+            checkify.JaxRuntimeError,
+            match=rf"resolve: {invalid} selected ids were neither -1 nor in \[0, min\(sealed, R\)\)",
+        ):
+            err.throw()
+    else:
+        err.throw()
+
+
+def test_unchecked_mode_emits_no_check(implementation):
+    ops = operands()
+
+    def f(cache, pool, selection, sealed):
+        return hs.resolve(cache, pool, selection, sealed, 0, implementation=implementation)
+
+    err, _ = checkify.checkify(jax.jit(f))(
+        ops.cache, ops.host_pool, jnp.full((2, 3), 99, jnp.int32), ops.sealed
+    )
+    assert err.get() is None
+
+
+# --------------------------------------------------------------------------- write_records
+
+
+def _pool_write_operands(dtype=np.float32, record=(1, 2)):
+    pool = to_pinned_host(np.zeros((2, 3, 8, *record), dtype))
+    records = jnp.zeros((2, 3, 2, *record), dtype)
+    return pool, records, jnp.zeros((3,), jnp.int32), jnp.ones((3,), jnp.int32)
+
+
+def _bad_write_operands():
+    pool, records, start, count = _pool_write_operands()
+    return [
+        pytest.param(
+            (pool, records, start.astype(jnp.float32), count),
+            TypeError,
+            r"write_records: start must be int32, got float32",
+            id="start_dtype",
+        ),
+        pytest.param(
+            (pool, records, start, count.astype(jnp.int16)),
+            TypeError,
+            r"write_records: count must be int32, got int16",
+            id="count_dtype",
+        ),
+        pytest.param(
+            (pool, records, start, jnp.ones((2,), jnp.int32)),
+            ValueError,
+            r"write_records: count has shape \(2,\), expected the shape \(3,\) of start",
+            id="count_shape",
+        ),
+        pytest.param(
+            (pool, records[:, :2], start[:2], count[:2]),
+            ValueError,
+            r"write_records: host_pool has shape \(2, 3, 8, 1, 2\), expected \[L, \*streams, R, \*record\] with streams = \(2,\)",
+            id="pool_streams",
+        ),
+        pytest.param(
+            (pool, records[:1], start, count),
+            ValueError,
+            r"write_records: records has shape \(1, 3, 2, 1, 2\), expected \[L, \*streams, n, \*record\] = \[2, 3, n, 1, 2\]",
+            id="records_layers",
+        ),
+        pytest.param(
+            (pool, jnp.zeros((2, 3, 2, 1, 4)), start, count),
+            ValueError,
+            r"write_records: records has shape \(2, 3, 2, 1, 4\)",
+            id="records_width",
+        ),
+        pytest.param(
+            (pool, records.astype(jnp.bfloat16), start, count),
+            TypeError,
+            r"write_records: records is bfloat16 but host_pool is float32",
+            id="records_dtype",
+        ),
+        pytest.param(
+            (pool, jax.device_put(records, hs.pinned_host_sharding()), start, count),
+            ValueError,
+            r"write_records: records must be on device \(they come from the model\), not in host memory",
+            id="records_in_host_memory",
+        ),
+        pytest.param(
+            _pool_write_operands(record=(1, 3)),
+            ValueError,
+            r"write_records: a record of host_pool is 12 bytes.*pad record_width",
+            id="record_bytes",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("args, error, message", _bad_write_operands())
+def test_write_records_errors(implementation, args, error, message):
+    with pytest.raises(error, match=message):
+        hs.write_records(*args, implementation=implementation)
+
+
+@needs_ffi
+def test_write_records_ffi_needs_pinned_host_pool():
+    pool, records, start, count = _pool_write_operands()
+    device_pool = to_device(np.zeros(pool.shape, np.float32))
+    with pytest.raises(ValueError, match=r"write_records: host_pool must live in pinned_host memory"):
+        hs.write_records(device_pool, records, start, count, implementation="ffi")
+
+
+def test_write_records_implementation_error():
+    with pytest.raises(ValueError, match=r"implementation must be 'auto', 'ffi' or 'reference', got 'fast'"):
+        hs.write_records(*_pool_write_operands(), implementation="fast")
+
+
+# --------------------------------------------------------------------------- the handlers' own checks
+
+
+def _direct_resolve(ops: Operands, selection=None, sealed=None):
+    """The RESOLVE target called without the Python checks, as a careless caller would."""
+    selection = ops.selection if selection is None else selection
+    sealed = ops.sealed if sealed is None else sealed
+    streams, k = selection.shape[:-1], selection.shape[-1]
+    pick = jax.ShapeDtypeStruct((*streams, k), jnp.int32)
+    per_stream = jax.ShapeDtypeStruct(streams, jnp.int32)
+    call = jax.ffi.ffi_call(
+        _targets.RESOLVE,
+        (
+            pick,
+            pick,
+            pick,
+            per_stream,
+            per_stream,
+            jax.typeof(ops.cache.hot),
+            jax.typeof(ops.cache.slot_record),
+            jax.typeof(ops.cache.lru),
+        ),
+        input_output_aliases={4: 5, 5: 6, 6: 7},
+    )
+    out = call(
+        ops.host_pool,
+        selection,
+        sealed,
+        jnp.int32(0),
+        ops.cache.hot,
+        ops.cache.slot_record,
+        ops.cache.lru,
+        fetch=True,
+        launch=np.int32(0),
+    )
+    return jax.block_until_ready(out)
+
+
+@needs_ffi
+@pytest.mark.parametrize(
+    "ops, kwargs, message",
+    [
+        pytest.param(operands(B=4, k=5), {}, r"hisparse_resolve: hot_slots B must be >= k", id="B_below_k"),
+        pytest.param(
+            operands(record=(1, 3)),
+            {},
+            r"hisparse_resolve: record bytes must be a positive multiple of 8",
+            id="record_bytes",
+        ),
+        pytest.param(
+            operands(),
+            dict(selection=jnp.zeros((2, 3), jnp.float32)),
+            r"hisparse_resolve: selection must be int32",
+            id="selection_dtype",
+        ),
+        pytest.param(
+            operands(),
+            dict(sealed=jnp.zeros((3,), jnp.int32)),
+            r"hisparse_resolve: sealed must have the stream dims of selection",
+            id="sealed_dims",
+        ),
+        pytest.param(
+            operands(),
+            dict(selection=jnp.zeros((3, 3), jnp.int32), sealed=jnp.zeros((3,), jnp.int32)),
+            r"hisparse_resolve: host_pool \[3, 2, 8, 1, 2\] must be \[L, \*streams, R, ...record\]",
+            id="pool_dims",
+        ),
+    ],
+)
+def test_handler_refuses_malformed_operands(ops, kwargs, message):
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+        _direct_resolve(ops, **kwargs)
+
+
+@needs_ffi
+def test_pool_write_handler_refuses_malformed_operands():
+    pool, records, start, count = _pool_write_operands()
+    call = jax.ffi.ffi_call(_targets.POOL_WRITE, jax.typeof(pool), input_output_aliases={0: 0})
+    with pytest.raises(
+        jax.errors.JaxRuntimeError,
+        match=r"hisparse_pool_write: records .* must be \[L, \*streams, n, ...record of host_pool\]",
+    ):
+        jax.block_until_ready(call(pool, jnp.zeros((2, 3, 2, 1, 4), jnp.float32), start, count))
