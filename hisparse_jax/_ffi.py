@@ -79,3 +79,18 @@ def require_ffi(platform: str) -> None:
             f"hisparse_jax has no FFI handler for platform {platform!r} "
             f"(built for {ffi_platforms()}); {hint}."
         )
+
+
+IMPLEMENTATIONS = ("auto", "ffi", "reference")
+
+
+def choose_implementation(implementation: str) -> str:
+    """"ffi" or "reference" for an `implementation=` argument ("auto": the FFI
+    handler when one is registered for the default backend)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"implementation must be 'auto', 'ffi' or 'reference', got {implementation!r}"
+        )
+    if implementation != "auto":
+        return implementation
+    return "ffi" if has_ffi() else "reference"

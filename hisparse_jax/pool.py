@@ -54,21 +54,11 @@ def write_records(
     n = records.shape[start.ndim + 1]
     if count is None:
         count = jnp.full(start.shape, n, jnp.int32)
-    impl = "ffi" if implementation == "auto" and _ffi.has_ffi() else implementation
-    if impl == "auto":
-        impl = "reference"
-    if impl not in ("ffi", "reference"):
-        raise ValueError(f"implementation must be 'auto', 'ffi' or 'reference', got {implementation!r}")
+    impl = _ffi.choose_implementation(implementation)
     _checks.check_pool_write(host_pool, records, start, count, need_host=impl == "ffi")
-    R = host_pool.shape[1 + len(start.shape)]
+    R = host_pool.shape[1 + start.ndim]
     if not isinstance(start, jax.core.Tracer) and not isinstance(count, jax.core.Tracer):
-        outside = jax.device_get(rows_outside_pool(R, start, count, n))
-        if outside.any():
-            raise ValueError(
-                f"write_records: {int(outside.sum())} rows would land outside the pool "
-                f"[0, R={R}) or past the n={n} records given (start={jax.device_get(start)}, "
-                f"count={jax.device_get(count)}); grow pool_records or fix start/count"
-            )
+        _raise_if_outside("write_records", R, start, count, n)
     if checked:
         outside = rows_outside_pool(R, start, count, n)
         checkify.check(
@@ -85,30 +75,37 @@ def write_records(
     return call(host_pool, records, start, count)
 
 
-@functools.partial(jax.jit, donate_argnums=0, static_argnames=("implementation",))
-def _write_donated(host_pool, records, start, count, implementation):
-    return write_records(host_pool, records, start, count, implementation=implementation)
+def _raise_if_outside(op: str, R: int, start, count, n: int) -> None:
+    outside = jax.device_get(rows_outside_pool(R, start, count, n))
+    if outside.any():
+        raise ValueError(
+            f"{op}: {int(outside.sum())} rows would land outside the pool [0, R={R}) or past the "
+            f"n={n} records given (start={jax.device_get(start)}, count={jax.device_get(count)}); "
+            "grow pool_records or fix start/count"
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def _donating_writer(out_sharding):
+    """write_records jitted with the pool donated and its output kept on `out_sharding`
+    (pinned_host): one compiled program per sharding, shapes and implementation."""
+    return jax.jit(
+        write_records,
+        donate_argnums=0,
+        static_argnames=("implementation", "checked"),
+        out_shardings=out_sharding,
+    )
 
 
 def write_records_inplace(host_pool, records, start, count=None, *, implementation="auto"):
     """Eager form of write_records: jitted with the pool donated and kept pinned.
 
-    The pool passed in is consumed (donated); use the returned array.
+    The pool passed in is consumed (donated); use the returned array. Rows that
+    would land outside the pool are a ValueError before anything runs.
     """
     start = jnp.asarray(start, jnp.int32)
     n = records.shape[start.ndim + 1]
     count = jnp.full(start.shape, n, jnp.int32) if count is None else jnp.asarray(count, jnp.int32)
-    R = host_pool.shape[1 + start.ndim]
-    outside = jax.device_get(rows_outside_pool(R, start, count, n))
-    if outside.any():
-        raise ValueError(
-            f"write_records_inplace: {int(outside.sum())} rows would land outside the pool "
-            f"[0, R={R}) or past the n={n} records given; grow pool_records or fix start/count"
-        )
-    jitted = jax.jit(
-        _write_donated.__wrapped__,
-        donate_argnums=0,
-        static_argnames=("implementation",),
-        out_shardings=host_pool.sharding,
-    )
-    return jitted(host_pool, records, start, count, implementation=implementation)
+    _raise_if_outside("write_records_inplace", host_pool.shape[1 + start.ndim], start, count, n)
+    writer = _donating_writer(host_pool.sharding)
+    return writer(host_pool, records, start, count, implementation=implementation)

@@ -40,16 +40,6 @@ class ResolveResult:
     invalid: jax.Array
 
 
-def _pick(implementation: str) -> str:
-    if implementation not in ("auto", "ffi", "reference"):
-        raise ValueError(
-            f"implementation must be 'auto', 'ffi' or 'reference', got {implementation!r}"
-        )
-    if implementation != "auto":
-        return implementation
-    return "ffi" if _ffi.has_ffi() else "reference"
-
-
 def resolve(
     cache: HotCache,
     host_pool: jax.Array,
@@ -84,7 +74,7 @@ def resolve(
       (ResolveResult, new HotCache). Under jit with the cache donated, the
       state is updated in place (the FFI call aliases it).
     """
-    impl = _pick(implementation)
+    impl = _ffi.choose_implementation(implementation)
     _checks.check_resolve(cache, host_pool, selection, sealed, layer, need_host=impl == "ffi")
     if launch not in _LAUNCH:
         raise ValueError(f"launch must be 'auto', 'fused' or 'split', got {launch!r}")

@@ -94,7 +94,7 @@ def _row(kind, timing, cap: Capacity, record_bytes: int, config) -> dict:
         device_bytes_by_category=cap.device_per_request_by_category,
         host_bytes_per_request=cap.host_per_request,
         max_batch=cap.max_batch,
-        limited_by=cap.limited_by,
+        limited_by=cap.limited_by if kind == "capacity" else "baseline's batch",
         top_k=config.top_k,
         hot_slots=config.hot_slots,
     )
@@ -203,6 +203,9 @@ def write_plots(report: dict, out: Path) -> list[Path]:
                 ax.plot([r["context"] for r in rows], [r[key] for r in rows], marker="o",
                         label=f"{mode} (batch at capacity)")
         ax.set_xscale("log", base=2)
+        contexts = sorted({r["context"] for r in report["rows"]})
+        ax.set_xticks(contexts, labels=[str(c) for c in contexts])
+        ax.minorticks_off()
         ax.set_xlabel("context (tokens)")
         ax.set_ylabel(label)
         ax.set_title(f"{report['family']} {report['preset']} on {report['device']}")

@@ -10,14 +10,16 @@ Stream-shaped arguments ([*S]) must already be broadcast to the stream shape.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import kv_store
+from ..config import CacheConfig
 from ..kv_store import RecordStore
 
 # --------------------------------------------------------------------------- config checks
@@ -61,6 +63,42 @@ def pool_records(config: Any) -> int:
     return explicit if explicit is not None else config.max_context // config.page_size
 
 
+def check_dtype(config: Any) -> None:
+    """config.dtype (already normalized) must be float32 or bfloat16."""
+    require(
+        config.dtype in (np.dtype(np.float32), np.dtype(jnp.bfloat16)), config, "dtype",
+        f"must be float32 or bfloat16, got {config.dtype}",
+    )
+
+
+def check_model_fields(config: Any, *positive: str) -> None:
+    """The checks every family's Config starts with (call first in __post_init__).
+
+    Normalizes dtype (float32 or bfloat16), checks vocab, d_model, n_layers, d_ff,
+    prefill_chunk and the `positive` family fields are positive ints, then the cache fields.
+    """
+    normalize_dtypes(config, "dtype")
+    check_positive_ints(config, "vocab", "d_model", "n_layers", *positive, "d_ff", "prefill_chunk")
+    check_cache_fields(config)
+    check_dtype(config)
+
+
+def check_record_layout(config: Any, field: str, layout: str) -> None:
+    """prefill_chunk a multiple of page_size; record_bytes a multiple of 8 (else: adjust `field`).
+
+    `layout` spells a record's shape for the message, e.g. "page_size x 2 x head_dim".
+    """
+    require(
+        config.prefill_chunk % config.page_size == 0, config, "prefill_chunk",
+        f"prefill_chunk={config.prefill_chunk} must be a multiple of page_size={config.page_size}",
+    )
+    require(
+        config.record_bytes % 8 == 0, config, field,
+        f"a record is {config.record_bytes} bytes ({layout} x itemsize); it must be a multiple "
+        f"of 8: adjust {field}",
+    )
+
+
 def check_cache_fields(config: Any) -> None:
     """Checks top_k, hot_slots, max_context, page_size (and pool_records if present)."""
     check_positive_ints(config, "top_k", "hot_slots", "max_context", "page_size")
@@ -102,35 +140,114 @@ def make_preset(cls: type, name: str, presets: Mapping[str, Mapping[str, Any]], 
     return cls(**{**presets[name], **overrides})
 
 
+class PresetMixin:
+    """`preset`, `tiny` and `realistic` constructors for a frozen Config dataclass.
+
+    The Config sets `PRESETS: ClassVar = {name: {field: value}}`; its docstring says what
+    each preset is.
+    """
+
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+
+    @classmethod
+    def preset(cls, name: str, **overrides):
+        """cls(**PRESETS[name], **overrides), with errors naming the unknown preset or field."""
+        return make_preset(cls, name, cls.PRESETS, overrides)
+
+    @classmethod
+    def tiny(cls, **overrides):
+        """CPU-test shapes (PRESETS["tiny"]): a decode compiles and runs in seconds."""
+        return cls.preset("tiny", **overrides)
+
+    @classmethod
+    def realistic(cls, **overrides):
+        """GPU benchmark shapes (PRESETS["realistic"])."""
+        return cls.preset("realistic", **overrides)
+
+    @property
+    def record_bytes(self) -> int:
+        """Bytes of one record: page_size x record_width x itemsize."""
+        return self.page_size * self.record_width * self.dtype.itemsize
+
+    @property
+    def num_records(self) -> int:
+        """Records (pages) a stream can seal: max_context // page_size."""
+        return context_records(self)
+
+    def store_config(self, num_layers: int, stream_shape: tuple[int, ...]) -> CacheConfig:
+        """The CacheConfig of a store of `num_layers` layers over streams of `stream_shape`."""
+        return CacheConfig(
+            num_layers=num_layers,
+            stream_shape=stream_shape,
+            pool_records=pool_records(self),
+            hot_slots=self.hot_slots,
+            top_k=self.top_k,
+            record_width=self.record_width,
+            page_size=self.page_size,
+            dtype=self.dtype,
+        )
+
+
 # --------------------------------------------------------------------------- weight init
 
 
-def param_rngs(seed: int, names: tuple[str, ...]) -> dict[str, np.random.Generator]:
-    """One NumPy generator per parameter name, seeded by (seed, position in `names`).
+def init_normal(seed: int, specs: dict[str, tuple[tuple[int, ...], int]], dtype) -> dict[str, jax.Array]:
+    """Normal(0, 1/fan_in) parameters from one seeded jax.random draw: {name: (shape, fan_in)} -> {name: array}.
 
-    Weights are drawn on the host: jax.random would compile a threefry kernel
-    per shape, which costs more than the draw itself at these sizes.
+    One flat draw instead of one per parameter: XLA:CPU compiles each threefry kernel for
+    seconds, so a draw per parameter costs tens of seconds of compile in CPU tests. The jitted
+    draw is keyed on the shapes alone, so configs that differ only in cache sizes share it.
     """
-    return {name: np.random.default_rng([int(seed), i]) for i, name in enumerate(names)}
+    names = tuple(specs)
+    shapes = tuple(tuple(int(d) for d in specs[n][0]) for n in names)
+    scales = tuple(1.0 / math.sqrt(specs[n][1]) for n in names)
+    arrays = _draw(shapes, scales, np.dtype(dtype), seed)
+    return dict(zip(names, arrays))
 
 
-def dense_init(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int, dtype) -> jax.Array:
-    """Normal(0, 1/fan_in) weights in `dtype`, on the default device."""
-    values = rng.standard_normal(shape, dtype=np.float32) / np.float32(math.sqrt(fan_in))
-    return jnp.asarray(values.astype(dtype))
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _draw(shapes, scales, dtype, seed):
+    sizes = [math.prod(s) for s in shapes]
+    flat = jax.random.normal(jax.random.key(seed), (sum(sizes),), jnp.float32)
+    offsets = np.cumsum([0] + sizes)
+    return tuple(
+        (flat[o : o + n] * scale).astype(dtype).reshape(s)
+        for o, n, s, scale in zip(offsets, sizes, shapes, scales)
+    )
 
 
-def commit(tree):
-    """Every array of `tree` committed to its current sharding (memory kind kept).
+def init_normal_host(seed: int, specs: dict[str, tuple[tuple[int, ...], int]], dtype) -> dict[str, jax.Array]:
+    """init_normal's contract, drawn on the host with NumPy (no compile at all).
+
+    Parameter i of `specs` comes from np.random.default_rng([seed, i]), so its values depend
+    on its position in `specs`, not on the other parameters' shapes. (DSA's weights; the GQA
+    families use init_normal. The two draw different values for one seed.)
+    """
+    out = {}
+    for i, (name, (shape, fan_in)) in enumerate(specs.items()):
+        rng = np.random.default_rng([int(seed), i])
+        values = rng.standard_normal(shape, dtype=np.float32) / np.float32(math.sqrt(fan_in))
+        out[name] = jnp.asarray(values.astype(dtype))
+    return out
+
+
+def commit(tree, sharding=None):
+    """Every array of `tree` committed: device-memory leaves to `sharding` (default: where
+    they are), host-memory leaves (the pinned pool) where they are.
 
     Fresh jnp arrays are uncommitted while arrays out of a jitted prefill are
     committed; jit keys its cache on that, so a state built by init_state must
     match what prefill and generate return, or the first generate compiles twice.
     Tracers (init_state under jax.eval_shape, for byte accounts) pass through.
     """
-    return jax.tree.map(
-        lambda x: x if isinstance(x, jax.core.Tracer) else jax.device_put(x, x.sharding), tree
-    )
+
+    def place(x):
+        if isinstance(x, jax.core.Tracer):
+            return x
+        stay = sharding is None or jax.typeof(x).memory_space == jax.memory.Space.Host
+        return jax.device_put(x, x.sharding if stay else sharding)
+
+    return jax.tree.map(place, tree)
 
 
 def stack_for_scan(tree, groups: int):
@@ -177,6 +294,17 @@ def embed(table: jax.Array, tokens: jax.Array) -> jax.Array:
 def unembed(x: jax.Array, table: jax.Array) -> jax.Array:
     """x [..., D] @ table [D, V] -> logits [..., V] float32."""
     return jnp.einsum("...d,dv->...v", x, table, preferred_element_type=jnp.float32)
+
+
+def lm_head(weights: Any, x: jax.Array, eps: float) -> jax.Array:
+    """x [..., D] -> logits [..., V] float32: weights.final_norm [D], then weights.unembed [D, V]."""
+    with jax.named_scope("unembed"):
+        return unembed(rms_norm(x, weights.final_norm, eps), weights.unembed)
+
+
+def mlp(w: Any, x: jax.Array, eps: float) -> jax.Array:
+    """The MLP branch of a layer: SwiGLU(rms_norm(x, w.mlp_norm)) with w.w_gate, w.w_up, w.w_down."""
+    return swiglu(rms_norm(x, w.mlp_norm, eps), w.w_gate, w.w_up, w.w_down)
 
 
 def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
@@ -350,6 +478,27 @@ def prefill_layout(T: int, page_size: int, chunk: int) -> tuple[int, int]:
     pages = -(-T // page_size) * page_size
     chunk = min(chunk, pages)
     return -(-pages // chunk) * chunk, chunk
+
+
+class Prompts(NamedTuple):
+    """Embedded prompts, padded for a chunked prefill (see embed_prompts)."""
+
+    x: jax.Array  # [b, T_pad, D] embedded tokens (padding included)
+    lengths: jax.Array  # [b] int32 valid tokens per row
+    positions: jax.Array  # [T_pad] int32
+    chunk: int  # queries per block of the prefill attention
+    keep: int  # positions a state stores: min(T_pad, max_context)
+
+
+def embed_prompts(config: Any, table: jax.Array, prompts: jax.Array, lengths: jax.Array) -> Prompts:
+    """Checks T <= max_context, pads prompts [b, T] to prefill_layout's length and embeds them."""
+    T = prompts.shape[1]
+    require(T <= config.max_context, config, "max_context", f"prompts of T={T} tokens exceed it")
+    T_pad, chunk = prefill_layout(T, config.page_size, config.prefill_chunk)
+    with jax.named_scope("embed"):
+        x = embed(table, jnp.pad(prompts, ((0, 0), (0, T_pad - T))))
+    positions = jnp.arange(T_pad, dtype=jnp.int32)
+    return Prompts(x, lengths.astype(jnp.int32), positions, chunk, min(T_pad, config.max_context))
 
 
 def last_token(x: jax.Array, lengths: jax.Array) -> jax.Array:

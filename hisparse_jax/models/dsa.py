@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -57,8 +57,12 @@ PRESETS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(common.PresetMixin):
     """Static DSA model configuration (hashable: a static jit argument).
+
+    Presets (`Config.preset(name)`, `Config.tiny()`, `Config.realistic()`): "tiny", CPU-test
+    shapes: 4 layers, d_model 64, vocab 256, context 256, float32; "realistic", GPU benchmark
+    shapes: MLA 512 + 64 records in bf16, 16 heads, k = 2048.
 
     Attributes:
       vocab, d_model, n_layers, d_ff: transformer sizes (SwiGLU MLP).
@@ -95,54 +99,23 @@ class Config:
     norm_eps: float = 1e-6
     dtype: Any = "float32"
 
+    PRESETS: ClassVar = PRESETS
+
     def __post_init__(self):
-        common.normalize_dtypes(self, "dtype")
-        common.check_positive_ints(
-            self, "vocab", "d_model", "n_layers", "n_heads", "qk_nope_dim", "qk_rope_dim",
-            "v_head_dim", "kv_lora_rank", "d_ff", "index_heads", "index_dim", "index_share",
-            "prefill_chunk",
-        )
-        common.check_cache_fields(self)
-        common.require(
-            self.dtype in (np.dtype(np.float32), np.dtype(jnp.bfloat16)), self, "dtype",
-            f"must be float32 or bfloat16, got {self.dtype}",
+        common.check_model_fields(
+            self, "n_heads", "qk_nope_dim", "qk_rope_dim", "v_head_dim", "kv_lora_rank", "index_heads",
+            "index_dim", "index_share",
         )
         common.require(self.qk_rope_dim % 2 == 0, self, "qk_rope_dim", f"must be even, got {self.qk_rope_dim}")
         common.require(
             self.n_layers % self.index_share == 0, self, "index_share",
             f"index_share={self.index_share} must divide n_layers={self.n_layers}",
         )
-        common.require(
-            self.prefill_chunk % self.page_size == 0, self, "prefill_chunk",
-            f"prefill_chunk={self.prefill_chunk} must be a multiple of page_size={self.page_size}",
-        )
-        common.require(
-            self.record_bytes % 8 == 0, self, "kv_lora_rank",
-            f"a record is {self.record_bytes} bytes (page_size x (kv_lora_rank + qk_rope_dim) x "
-            f"itemsize); it must be a multiple of 8: adjust kv_lora_rank",
-        )
-
-    @classmethod
-    def preset(cls, name: str, **overrides) -> "Config":
-        return common.make_preset(cls, name, PRESETS, overrides)
-
-    @classmethod
-    def tiny(cls, **overrides) -> "Config":
-        """CPU-test shapes: 4 layers, d_model 64, vocab 256, context 256, float32."""
-        return cls.preset("tiny", **overrides)
-
-    @classmethod
-    def realistic(cls, **overrides) -> "Config":
-        """GPU benchmark shapes: MLA 512 + 64 records in bf16, 16 heads, k = 2048."""
-        return cls.preset("realistic", **overrides)
+        common.check_record_layout(self, "kv_lora_rank", "page_size x (kv_lora_rank + qk_rope_dim)")
 
     @property
     def record_width(self) -> int:
         return self.kv_lora_rank + self.qk_rope_dim
-
-    @property
-    def record_bytes(self) -> int:
-        return self.page_size * self.record_width * self.dtype.itemsize
 
     @property
     def groups(self) -> int:
@@ -155,22 +128,8 @@ class Config:
         (metadata that grows with context; stored in `dtype`, not fp8 as in DeepSeek)."""
         return self.groups * self.index_dim * self.dtype.itemsize
 
-    @property
-    def num_records(self) -> int:
-        """Records a stream can seal: max_context // page_size."""
-        return common.context_records(self)
-
     def cache_config(self, batch: int) -> CacheConfig:
-        return CacheConfig(
-            num_layers=self.n_layers,
-            stream_shape=(batch,),
-            pool_records=common.pool_records(self),
-            hot_slots=self.hot_slots,
-            top_k=self.top_k,
-            record_width=self.record_width,
-            page_size=self.page_size,
-            dtype=self.dtype,
-        )
+        return self.store_config(self.n_layers, (batch,))
 
 
 # --------------------------------------------------------------------------- weights and state
@@ -255,8 +214,7 @@ def init_weights(config: Config, seed: int = 0) -> Weights:
         "i_k": ((G, D, dI), D),
         "unembed": ((D, c.vocab), D),
     }
-    rngs = common.param_rngs(seed, tuple(shapes))
-    w = {name: common.dense_init(rngs[name], shape, fan_in, dt) for name, (shape, fan_in) in shapes.items()}
+    w = common.init_normal_host(seed, shapes, dt)
     ones = lambda *shape: jnp.asarray(np.ones(shape, dt))
     layers = LayerWeights(
         attn_norm=ones(L, D), w_q=w["w_q"], w_kv=w["w_kv"], kv_norm=ones(L, dc), w_uk=w["w_uk"],
@@ -309,10 +267,6 @@ def _attention_out(config: Config, w: LayerWeights, latent: jax.Array) -> jax.Ar
 
 def _scale(config: Config) -> float:
     return 1.0 / math.sqrt(config.qk_nope_dim + config.qk_rope_dim)
-
-
-def _mlp(config: Config, w: LayerWeights, x: jax.Array) -> jax.Array:
-    return common.swiglu(common.rms_norm(x, w.mlp_norm, config.norm_eps), w.w_gate, w.w_up, w.w_down)
 
 
 # --------------------------------------------------------------------------- lightning indexer
@@ -374,7 +328,7 @@ def _decode_layer(config, store, selection, pos, carry: _Carry, layer, w: LayerW
         latent = common.attend(q, kv, kv[..., :dc], valid, _scale(config))  # [b, H, dc]
         x = carry.x + _attention_out(config, w, latent)
     with jax.named_scope("mlp"):
-        x = x + _mlp(config, w, x)
+        x = x + common.mlp(w, x, config.norm_eps)
     tails = jax.lax.dynamic_update_index_in_dim(carry.tail, tail, layer, 0)
     return dataclasses.replace(carry, x=x, cache=store.cache, tail=tails), misses
 
@@ -411,8 +365,7 @@ def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array, w
 
     xs = (jnp.arange(G, dtype=jnp.int32), common.stack_for_scan(weights.layers, G), weights.indexer)
     carry, (misses, selection) = jax.lax.scan(group_step, carry, xs)
-    with jax.named_scope("unembed"):
-        logits = common.unembed(common.rms_norm(carry.x, weights.final_norm, config.norm_eps), weights.unembed)
+    logits = common.lm_head(weights, carry.x, config.norm_eps)
     with jax.named_scope("seal"):
         store = dataclasses.replace(state.store, cache=carry.cache)
         store = common.seal_full_pages(store, carry.tail, pos + 1)
@@ -456,7 +409,7 @@ def _prefill_layer(config, positions, chunk, x, w: LayerWeights):
         latent = common.causal_attention(q_fn, record, record[..., : config.kv_lora_rank], _scale(config), chunk)
         x = x + _attention_out(config, w, latent)
     with jax.named_scope("mlp"):
-        x = x + _mlp(config, w, x)
+        x = x + common.mlp(w, x, config.norm_eps)
     return x, record
 
 
@@ -469,14 +422,8 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
     Returns:
       (state, logits [b, V] float32 of each prompt's last token).
     """
-    b, T = prompts.shape
-    common.require(T <= config.max_context, config, "max_context", f"prompts of T={T} tokens exceed it")
-    T_pad, chunk = common.prefill_layout(T, config.page_size, config.prefill_chunk)
-    keep = min(T_pad, config.max_context)
-    lengths = lengths.astype(jnp.int32)
-    positions = jnp.arange(T_pad, dtype=jnp.int32)
-    with jax.named_scope("embed"):
-        x = common.embed(weights.embed, jnp.pad(prompts, ((0, 0), (0, T_pad - T))))
+    x, lengths, positions, chunk, keep = common.embed_prompts(config, weights.embed, prompts, lengths)
+    b, T_pad = x.shape[:2]
 
     def group_step(x, xs):
         layer_w, iw = xs
@@ -494,7 +441,5 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
     written = (positions[:keep] < lengths[:, None])[None, :, :, None]
     keys = jnp.where(written, keys[:, :, :keep], jnp.zeros((), keys.dtype))
     index_keys = jax.lax.dynamic_update_slice(state.index_keys, keys, (0, 0, 0, 0))
-    with jax.named_scope("unembed"):
-        last = common.rms_norm(common.last_token(x, lengths), weights.final_norm, config.norm_eps)
-        logits = common.unembed(last, weights.unembed)
+    logits = common.lm_head(weights, common.last_token(x, lengths), config.norm_eps)
     return State(store=store, tail=tail, index_keys=index_keys, lengths=lengths), logits

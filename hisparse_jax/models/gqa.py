@@ -7,39 +7,40 @@ per KV head (G = n_heads // n_kv_heads). A token's record of one KV head is [rop
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from . import common
 
 
-def init_normal(seed: int, specs: dict[str, tuple[tuple[int, ...], int]], dtype) -> dict[str, jax.Array]:
-    """Normal(0, 1/fan_in) parameters from one seeded draw: {name: (shape, fan_in)} -> {name: array}.
+class GQAConfigMixin(common.PresetMixin):
+    """PresetMixin plus the GQA shape properties of a Config with n_heads, n_kv_heads, head_dim."""
 
-    One flat draw instead of one per parameter: XLA:CPU compiles each threefry kernel for
-    seconds, so a draw per parameter costs tens of seconds of compile in CPU tests. The jitted
-    draw is keyed on the shapes alone, so configs that differ only in cache sizes share it.
-    """
-    names = tuple(specs)
-    shapes = tuple(tuple(int(d) for d in specs[n][0]) for n in names)
-    scales = tuple(1.0 / math.sqrt(specs[n][1]) for n in names)
-    arrays = _draw(shapes, scales, np.dtype(dtype), seed)
-    return dict(zip(names, arrays))
+    @property
+    def group_size(self) -> int:
+        """G: query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def record_width(self) -> int:
+        """Keys then values of one token of one KV head: 2 * head_dim."""
+        return 2 * self.head_dim
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _draw(shapes, scales, dtype, seed):
-    sizes = [math.prod(s) for s in shapes]
-    flat = jax.random.normal(jax.random.key(seed), (sum(sizes),), jnp.float32)
-    offsets = np.cumsum([0] + sizes)
-    return tuple(
-        (flat[o : o + n] * scale).astype(dtype).reshape(s)
-        for o, n, s, scale in zip(offsets, sizes, shapes, scales)
+def check_heads(config) -> None:
+    """n_kv_heads divides n_heads (GQA groups); head_dim is even (rope)."""
+    common.require(
+        config.n_heads % config.n_kv_heads == 0, config, "n_kv_heads",
+        f"n_kv_heads={config.n_kv_heads} must divide n_heads={config.n_heads} (GQA groups)",
     )
+    common.require(config.head_dim % 2 == 0, config, "head_dim", f"must be even (rope), got {config.head_dim}")
+
+
+def scale(config) -> float:
+    """Attention logit scale 1 / sqrt(head_dim)."""
+    return 1.0 / math.sqrt(config.head_dim)
 
 
 def query(h: jax.Array, w_q: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -58,19 +59,6 @@ def kv_record(h: jax.Array, w_k: jax.Array, w_v: jax.Array, positions: jax.Array
 def attention_out(heads: jax.Array, w_o: jax.Array, dtype) -> jax.Array:
     """heads [..., h, g, hd] (float32), w_o [h, g, hd, D] -> [..., D] in dtype."""
     return jnp.einsum("...hgk,hgkd->...d", heads.astype(dtype), w_o)
-
-
-def commit(state, sharding=None):
-    """`state` with every device-memory leaf committed to `sharding` (default: the first device).
-
-    jnp.zeros makes uncommitted arrays, and a jit's outputs are uncommitted when all its inputs
-    are: a state from init_state would then reach decode.generate uncommitted on its first call
-    and committed on the next, two compile-cache keys for one program (the second call would
-    recompile). Leaves in host memory (the pinned pool) are already committed and stay put.
-    """
-    target = sharding if sharding is not None else jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    on_host = lambda x: jax.typeof(x).memory_space == jax.memory.Space.Host
-    return jax.tree.map(lambda x: x if on_host(x) else jax.device_put(x, target), state)
 
 
 def per_stream(x: jax.Array, kv_heads: int) -> jax.Array:

@@ -26,12 +26,10 @@ queries at a time.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import kv_store
 from ..config import CacheConfig
@@ -56,8 +54,13 @@ _BRANCHES = 3  # gate order: compressed, selected, window
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(gqa.GQAConfigMixin):
     """Static NSA model configuration (hashable: a static jit argument).
+
+    Presets (`Config.preset(name)`, `Config.tiny()`, `Config.realistic()`): "tiny", CPU-test
+    shapes: l=8, d=4, l'=16, top-n=4 (k=3), w=32, context 256 (16 blocks), float32;
+    "realistic", GPU benchmark shapes: NSA paper attention (64 q / 4 kv heads of 128, l=32,
+    d=16, l'=64, top-n=16, w=512) in bf16, context 32K.
 
     Attributes:
       vocab, d_model, n_layers, d_ff: transformer sizes (SwiGLU MLP).
@@ -92,19 +95,12 @@ class Config:
     norm_eps: float = 1e-6
     dtype: Any = "float32"
 
+    PRESETS: ClassVar = PRESETS
+
     def __post_init__(self):
-        common.normalize_dtypes(self, "dtype")
-        common.check_positive_ints(
-            self, "vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-            "cmp_block", "cmp_stride", "window", "prefill_chunk",
-        )
-        common.check_cache_fields(self)
+        common.check_model_fields(self, "n_heads", "n_kv_heads", "head_dim", "cmp_block", "cmp_stride", "window")
+        gqa.check_heads(self)
         req = lambda ok, field, msg: common.require(ok, self, field, msg)
-        req(self.dtype in (np.dtype(np.float32), np.dtype(jnp.bfloat16)), "dtype",
-            f"must be float32 or bfloat16, got {self.dtype}")
-        req(self.n_heads % self.n_kv_heads == 0, "n_kv_heads",
-            f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} (GQA groups)")
-        req(self.head_dim % 2 == 0, "head_dim", f"must be even (rope), got {self.head_dim}")
         l, d, P = self.cmp_block, self.cmp_stride, self.page_size
         req(l % d == 0, "cmp_stride", f"cmp_stride d={d} must divide cmp_block l={l}")
         req(P % d == 0, "cmp_stride",
@@ -115,30 +111,7 @@ class Config:
             f"window w={self.window} must be >= cmp_block l={l}: a block is compressed from the window ring")
         req(self.top_k >= 2, "top_k",
             f"top_k={self.top_k} must be >= 2: the initial and the latest sealed block are always selected")
-        req(self.prefill_chunk % P == 0, "prefill_chunk",
-            f"prefill_chunk={self.prefill_chunk} must be a multiple of page_size={P}")
-        req(self.record_bytes % 8 == 0, "head_dim",
-            f"a record is {self.record_bytes} bytes (page_size x 2 x head_dim x itemsize); it must be a multiple of 8")
-
-    @classmethod
-    def preset(cls, name: str, **overrides) -> "Config":
-        return common.make_preset(cls, name, PRESETS, overrides)
-
-    @classmethod
-    def tiny(cls, **overrides) -> "Config":
-        """CPU-test shapes: l=8, d=4, l'=16, top-n=4 (k=3), w=32, context 256 (16 blocks), float32."""
-        return cls.preset("tiny", **overrides)
-
-    @classmethod
-    def realistic(cls, **overrides) -> "Config":
-        """GPU benchmark shapes: NSA paper attention (64 q / 4 kv heads of 128, l=32, d=16,
-        l'=64, top-n=16, w=512) in bf16, context 32K."""
-        return cls.preset("realistic", **overrides)
-
-    @property
-    def group_size(self) -> int:
-        """G: query heads per KV head."""
-        return self.n_heads // self.n_kv_heads
+        common.check_record_layout(self, "head_dim", "page_size x 2 x head_dim")
 
     @property
     def top_n(self) -> int:
@@ -146,34 +119,12 @@ class Config:
         return self.top_k + 1
 
     @property
-    def record_width(self) -> int:
-        return 2 * self.head_dim
-
-    @property
-    def record_bytes(self) -> int:
-        return self.page_size * self.record_width * self.dtype.itemsize
-
-    @property
-    def num_records(self) -> int:
-        """Selection blocks a stream can seal: max_context // page_size."""
-        return common.context_records(self)
-
-    @property
     def num_compressed(self) -> int:
         """Nc: compressed blocks of a full context, (max_context - l) // d + 1."""
         return _compressed_count(self, self.max_context)
 
     def cache_config(self, batch: int) -> CacheConfig:
-        return CacheConfig(
-            num_layers=self.n_layers,
-            stream_shape=(batch, self.n_kv_heads),
-            pool_records=common.pool_records(self),
-            hot_slots=self.hot_slots,
-            top_k=self.top_k,
-            record_width=self.record_width,
-            page_size=self.page_size,
-            dtype=self.dtype,
-        )
+        return self.store_config(self.n_layers, (batch, self.n_kv_heads))
 
     def device_bytes(self, batch: int, mode: str = "hisparse") -> dict[str, int]:
         """HBM held by the decode state of `batch` requests, by part (weights excluded).
@@ -272,7 +223,7 @@ def init_weights(config: Config, seed: int = 0) -> Weights:
         "w_down": ((L, F, D), F),
         "unembed": ((D, c.vocab), D),
     }
-    w = gqa.init_normal(seed, specs, dt)
+    w = common.init_normal(seed, specs, dt)
     mean_pool = (jnp.eye(hd, dtype=jnp.float32) / l).astype(dt)  # + noise: a learned map near mean pooling
     ones = jnp.ones((L, D), dt)
     layers = LayerWeights(
@@ -294,18 +245,10 @@ def init_state(config: Config, batch: int, mode: kv_store.Mode, sharding=None) -
         compressed=buffer(config.num_compressed),
         lengths=jnp.zeros((batch,), jnp.int32),
     )
-    return gqa.commit(state, sharding)
+    return common.commit(state, sharding)
 
 
 # --------------------------------------------------------------------------- branches
-
-
-def _scale(config: Config) -> float:
-    return 1.0 / math.sqrt(config.head_dim)
-
-
-def _mlp(config: Config, w: LayerWeights, x: jax.Array) -> jax.Array:
-    return common.swiglu(common.rms_norm(x, w.mlp_norm, config.norm_eps), w.w_gate, w.w_up, w.w_down)
 
 
 def _branch_gates(w: LayerWeights, h: jax.Array) -> jax.Array:
@@ -381,7 +324,7 @@ def _compressed_branch(config: Config, q, compressed, pos):
     """q [b, kvh, G, hd] -> (out [b, kvh, G, hd] f32, probs [b, kvh, G, Nc] f32)."""
     hd = config.head_dim
     keys, values = compressed[..., :hd], compressed[..., hd:]
-    logits = jnp.einsum("bhgk,bhnk->bhgn", q, keys, preferred_element_type=jnp.float32) * _scale(config)
+    logits = jnp.einsum("bhgk,bhnk->bhgn", q, keys, preferred_element_type=jnp.float32) * gqa.scale(config)
     valid = jnp.arange(compressed.shape[2]) < _compressed_count(config, pos + 1)[:, None]  # [b, Nc]
     probs = masked_softmax(logits, valid[:, None, None, :])
     out = jnp.einsum("bhgn,bhnk->bhgk", probs, values.astype(jnp.float32))
@@ -421,15 +364,15 @@ def _decode_layer(config: Config, store: RecordStore, pos, carry, layer, w: Laye
         selection = _select(config, store, probs)
         store = dataclasses.replace(store, cache=cache)
         kv, valid, misses, store = common.gather_with_tail(store, layer, selection, tail, common.tail_valid(pos_s, P))
-        out_slc = common.attend(q, kv[..., :hd], kv[..., hd:], valid, _scale(config))
+        out_slc = common.attend(q, kv[..., :hd], kv[..., hd:], valid, gqa.scale(config))
     with jax.named_scope("window"):
         in_window = jnp.arange(config.window) <= pos_s[..., None]  # slot s holds position <= pos once pos >= s
-        out_win = common.attend(q, ring[..., :hd], ring[..., hd:], in_window, _scale(config))
+        out_win = common.attend(q, ring[..., :hd], ring[..., hd:], in_window, gqa.scale(config))
     gates = _branch_gates(w, h)  # [b, kvh, G, 3]
     heads = gates[..., 0:1] * out_cmp + gates[..., 1:2] * out_slc + gates[..., 2:3] * out_win
     x = x + gqa.attention_out(heads, w.w_o, config.dtype)
     with jax.named_scope("mlp"):
-        x = x + _mlp(config, w, x)
+        x = x + common.mlp(w, x, config.norm_eps)
     put = lambda full, one: jax.lax.dynamic_update_index_in_dim(full, one, layer, 0)
     carry = (x, store.cache, put(tails, tail), put(windows, ring), put(compressed, cmp))
     return carry, (misses, selection)
@@ -450,8 +393,7 @@ def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array):
     (x, cache, tails, windows, compressed), (misses, selections) = jax.lax.scan(
         layer_step, carry, (layers, weights.layers)
     )
-    with jax.named_scope("unembed"):
-        logits = common.unembed(common.rms_norm(x, weights.final_norm, config.norm_eps), weights.unembed)
+    logits = common.lm_head(weights, x, config.norm_eps)
     with jax.named_scope("seal"):
         store = dataclasses.replace(state.store, cache=cache)
         store = common.seal_full_pages(store, tails, gqa.per_stream(pos + 1, config.n_kv_heads))
@@ -495,7 +437,7 @@ def _prefill_chunk(config: Config, mode: str, q, t, keys, values, compressed):
     keys, values: [b, T, kvh, hd]; compressed: [b, kvh, n, 2hd]. Returns three [b, C, kvh, G, hd] f32.
     """
     hd, P, T = config.head_dim, config.page_size, keys.shape[1]
-    f32, scale = jnp.float32, _scale(config)
+    f32, scale = jnp.float32, gqa.scale(config)
     # Compressed: block i is visible once its last token i d + l - 1 <= t.
     n = compressed.shape[2]
     logits = jnp.einsum("bchgk,bhnk->bhgcn", q, compressed[..., :hd], preferred_element_type=f32) * scale
@@ -542,7 +484,7 @@ def _prefill_layer(config: Config, mode: str, positions, chunk, x, w: LayerWeigh
     gates = _branch_gates(w, h)  # [b, T, kvh, G, 3]
     heads = gates[..., 0:1] * out_cmp + gates[..., 1:2] * out_slc + gates[..., 2:3] * out_win
     x = x + gqa.attention_out(heads, w.w_o, config.dtype)
-    x = x + _mlp(config, w, x)
+    x = x + common.mlp(w, x, config.norm_eps)
     return x, (records, compressed)
 
 
@@ -563,14 +505,7 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
     Returns:
       (state, logits [b, V] float32 of each prompt's last token).
     """
-    b, T = prompts.shape
-    common.require(T <= config.max_context, config, "max_context", f"prompts of T={T} tokens exceed it")
-    T_pad, chunk = common.prefill_layout(T, config.page_size, config.prefill_chunk)
-    keep = min(T_pad, config.max_context)
-    lengths = lengths.astype(jnp.int32)
-    positions = jnp.arange(T_pad, dtype=jnp.int32)
-    with jax.named_scope("embed"):
-        x = common.embed(weights.embed, jnp.pad(prompts, ((0, 0), (0, T_pad - T))))
+    x, lengths, positions, chunk, keep = common.embed_prompts(config, weights.embed, prompts, lengths)
     layer = lambda x, w: _prefill_layer(config, state.store.mode, positions, chunk, x, w)
     x, (records, compressed) = jax.lax.scan(layer, x, weights.layers)
     records = jnp.swapaxes(records[:, :, :keep], 2, 3)  # [L, b, kvh, keep, 2hd]
@@ -584,7 +519,5 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
         compressed = jnp.where(done[None, :, None, :, None], compressed[:, :, :, :n], jnp.zeros((), config.dtype))
         compressed = jax.lax.dynamic_update_slice(state.compressed, compressed, (0, 0, 0, 0, 0))
     window = _prompt_window(config, records, lengths)
-    with jax.named_scope("unembed"):
-        last = common.rms_norm(common.last_token(x, lengths), weights.final_norm, config.norm_eps)
-        logits = common.unembed(last, weights.unembed)
+    logits = common.lm_head(weights, common.last_token(x, lengths), config.norm_eps)
     return State(store, tails, window, compressed, lengths), logits

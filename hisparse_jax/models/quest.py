@@ -23,8 +23,7 @@ Prefill is dense causal attention over the prompt (Quest only sparsifies decode)
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -50,8 +49,13 @@ PRESETS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(gqa.GQAConfigMixin):
     """Static Quest model configuration (hashable: a static jit argument).
+
+    Presets (`Config.preset(name)`, `Config.tiny()`, `Config.realistic()`): "tiny", CPU-test
+    shapes: 2 dense + 2 sparse layers, 4 q / 2 kv heads of 16, context 256 (16 pages);
+    "realistic", GPU benchmark shapes: Llama-3-8B GQA (32 q / 8 kv heads of 128) in bf16,
+    k = 256 pages.
 
     Attributes:
       vocab, d_model, n_layers, d_ff: transformer sizes (SwiGLU MLP).
@@ -82,87 +86,27 @@ class Config:
     norm_eps: float = 1e-6
     dtype: Any = "float32"
 
+    PRESETS: ClassVar = PRESETS
+
     def __post_init__(self):
-        common.normalize_dtypes(self, "dtype")
-        common.check_positive_ints(
-            self, "vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-            "prefill_chunk",
-        )
-        common.check_cache_fields(self)
-        common.require(
-            self.dtype in (np.dtype(np.float32), np.dtype(jnp.bfloat16)), self, "dtype",
-            f"must be float32 or bfloat16, got {self.dtype}",
-        )
-        common.require(
-            self.n_heads % self.n_kv_heads == 0, self, "n_kv_heads",
-            f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} (GQA groups)",
-        )
-        common.require(self.head_dim % 2 == 0, self, "head_dim", f"must be even (rope), got {self.head_dim}")
+        common.check_model_fields(self, "n_heads", "n_kv_heads", "head_dim")
+        gqa.check_heads(self)
         dense = self.dense_layers
         common.require(
             isinstance(dense, (int, np.integer)) and not isinstance(dense, bool) and 0 <= dense < self.n_layers,
             self, "dense_layers",
             f"must be an int in [0, n_layers={self.n_layers}): at least one layer must be sparse, got {dense!r}",
         )
-        common.require(
-            self.prefill_chunk % self.page_size == 0, self, "prefill_chunk",
-            f"prefill_chunk={self.prefill_chunk} must be a multiple of page_size={self.page_size}",
-        )
-        common.require(
-            self.record_bytes % 8 == 0, self, "head_dim",
-            f"a record is {self.record_bytes} bytes (page_size x 2 x head_dim x itemsize); "
-            "it must be a multiple of 8",
-        )
-
-    @classmethod
-    def preset(cls, name: str, **overrides) -> "Config":
-        return common.make_preset(cls, name, PRESETS, overrides)
-
-    @classmethod
-    def tiny(cls, **overrides) -> "Config":
-        """CPU-test shapes: 2 dense + 2 sparse layers, 4 q / 2 kv heads of 16, context 256 (16 pages)."""
-        return cls.preset("tiny", **overrides)
-
-    @classmethod
-    def realistic(cls, **overrides) -> "Config":
-        """GPU benchmark shapes: Llama-3-8B GQA (32 q / 8 kv heads of 128) in bf16, k = 256 pages."""
-        return cls.preset("realistic", **overrides)
+        common.check_record_layout(self, "head_dim", "page_size x 2 x head_dim")
 
     @property
     def sparse_layers(self) -> int:
         return self.n_layers - self.dense_layers
 
-    @property
-    def group_size(self) -> int:
-        """G: query heads per KV head."""
-        return self.n_heads // self.n_kv_heads
-
-    @property
-    def record_width(self) -> int:
-        """Keys then values of one token of one KV head: 2 * head_dim."""
-        return 2 * self.head_dim
-
-    @property
-    def record_bytes(self) -> int:
-        return self.page_size * self.record_width * self.dtype.itemsize
-
-    @property
-    def num_records(self) -> int:
-        """Pages a stream can seal: max_context // page_size."""
-        return common.context_records(self)
-
     def cache_config(self, batch: int, num_layers: int | None = None) -> CacheConfig:
         """The sparse layers' store (num_layers overrides the layer count: the dense store)."""
-        return CacheConfig(
-            num_layers=self.sparse_layers if num_layers is None else num_layers,
-            stream_shape=(batch, self.n_kv_heads),
-            pool_records=common.pool_records(self),
-            hot_slots=self.hot_slots,
-            top_k=self.top_k,
-            record_width=self.record_width,
-            page_size=self.page_size,
-            dtype=self.dtype,
-        )
+        layers = self.sparse_layers if num_layers is None else num_layers
+        return self.store_config(layers, (batch, self.n_kv_heads))
 
     def device_bytes(self, batch: int, mode: str = "hisparse") -> dict[str, int]:
         """HBM held by the decode state of `batch` requests, by part (weights excluded).
@@ -258,7 +202,7 @@ def init_weights(config: Config, seed: int = 0) -> Weights:
     specs = {"embed": ((V, D), D), "unembed": ((D, V), D)}
     for stack, L in stacks.items():
         specs.update({f"{stack}.{n}": spec for n, spec in _layer_specs(config, L).items()})
-    w = gqa.init_normal(seed, specs, dt)
+    w = common.init_normal(seed, specs, dt)
 
     def layers(stack: str) -> LayerWeights:
         ones = jnp.ones((stacks[stack], D), dt)
@@ -282,14 +226,10 @@ def init_state(config: Config, batch: int, mode: kv_store.Mode, sharding=None) -
         page_min=bounds(),
         lengths=jnp.zeros((batch,), jnp.int32),
     )
-    return gqa.commit(state, sharding)
+    return common.commit(state, sharding)
 
 
 # --------------------------------------------------------------------------- layers
-
-
-def _scale(config: Config) -> float:
-    return 1.0 / math.sqrt(config.head_dim)
 
 
 def _query(config: Config, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
@@ -300,10 +240,6 @@ def _query(config: Config, w: LayerWeights, h: jax.Array, positions: jax.Array) 
 def _kv_record(config: Config, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
     """h [b, ..., D] at positions [b, ...] -> record [b, ..., kvh, 2hd] = [rope(k), v], config.dtype."""
     return gqa.kv_record(h, w.w_k, w.w_v, positions, config.rope_theta, config.dtype)
-
-
-def _mlp(config: Config, w: LayerWeights, x: jax.Array) -> jax.Array:
-    return common.swiglu(common.rms_norm(x, w.mlp_norm, config.norm_eps), w.w_gate, w.w_up, w.w_down)
 
 
 # --------------------------------------------------------------------------- Quest indexer
@@ -362,10 +298,10 @@ def _decode_layer(config: Config, store: RecordStore, select, pos, carry, layer,
             store, layer, selection, tail, common.tail_valid(pos_s, P)
         )
     with jax.named_scope("attention"):
-        heads = common.attend(q, kv[..., :hd], kv[..., hd:], valid, _scale(config))  # [b, kvh, G, hd]
+        heads = common.attend(q, kv[..., :hd], kv[..., hd:], valid, gqa.scale(config))  # [b, kvh, G, hd]
         x = x + gqa.attention_out(heads, w.w_o, config.dtype)
     with jax.named_scope("mlp"):
-        x = x + _mlp(config, w, x)
+        x = x + common.mlp(w, x, config.norm_eps)
     tails = jax.lax.dynamic_update_index_in_dim(tails, tail, layer, 0)
     return (x, store.cache, tails), (misses, selection)
 
@@ -431,8 +367,7 @@ def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array):
         x, store, sparse_tails, misses, selections = _layer_loop(
             config, state.store, select_pages, pos, x, tails[Ld:], weights.sparse_layers
         )
-    with jax.named_scope("unembed"):
-        logits = common.unembed(common.rms_norm(x, weights.final_norm, config.norm_eps), weights.unembed)
+    logits = common.lm_head(weights, x, config.norm_eps)
     with jax.named_scope("seal"):
         tails = jnp.concatenate([dense_tails, sparse_tails], axis=0) if Ld else sparse_tails
         state = _seal(config, state, store, dense_store, tails)
@@ -472,10 +407,10 @@ def _prefill_layer(config: Config, positions, chunk, x, w: LayerWeights):
         return _query(config, w, h_chunk, q_pos[None, :])  # [b, C, kvh, G, hd]
 
     with jax.named_scope("attention"):
-        heads = common.causal_attention(q_fn, keys, values, _scale(config), chunk)  # [b, T, kvh, G, hd]
+        heads = common.causal_attention(q_fn, keys, values, gqa.scale(config), chunk)  # [b, T, kvh, G, hd]
         x = x + gqa.attention_out(heads, w.w_o, config.dtype)
     with jax.named_scope("mlp"):
-        x = x + _mlp(config, w, x)
+        x = x + common.mlp(w, x, config.norm_eps)
     return x, record
 
 
@@ -493,15 +428,8 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
     Returns:
       (state, logits [b, V] float32 of each prompt's last token).
     """
-    b, T = prompts.shape
     Ld, hd = config.dense_layers, config.head_dim
-    common.require(T <= config.max_context, config, "max_context", f"prompts of T={T} tokens exceed it")
-    T_pad, chunk = common.prefill_layout(T, config.page_size, config.prefill_chunk)
-    keep = min(T_pad, config.max_context)
-    lengths = lengths.astype(jnp.int32)
-    positions = jnp.arange(T_pad, dtype=jnp.int32)
-    with jax.named_scope("embed"):
-        x = common.embed(weights.embed, jnp.pad(prompts, ((0, 0), (0, T_pad - T))))
+    x, lengths, positions, chunk, keep = common.embed_prompts(config, weights.embed, prompts, lengths)
     layer = lambda x, w: _prefill_layer(config, positions, chunk, x, w)
     x, records = jax.lax.scan(layer, x, _all_layers(weights))  # records [L, b, T, kvh, 2hd]
     with jax.named_scope("write_sealed"):
@@ -517,7 +445,5 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
             meta, jnp.where(sealed, new, jnp.zeros((), new.dtype)), (0, 0, 0, 0, 0)
         )
         page_max, page_min = put(state.page_max, page_max), put(state.page_min, page_min)
-    with jax.named_scope("unembed"):
-        last = common.rms_norm(common.last_token(x, lengths), weights.final_norm, config.norm_eps)
-        logits = common.unembed(last, weights.unembed)
+    logits = common.lm_head(weights, common.last_token(x, lengths), config.norm_eps)
     return State(store, dense_store, tails, page_max, page_min, lengths), logits

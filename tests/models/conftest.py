@@ -8,21 +8,39 @@ shapes, so their lowering reuses those compilations.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+import os
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
-from hisparse_jax import decode
-from hisparse_jax.models import dsa
+sys.path.insert(0, str(Path(__file__).parent))  # model_helpers, whatever pytest's import mode
+
+from model_helpers import Run, assert_bitwise_equal, make_prompts, weights_for  # noqa: E402
+from model_helpers import decode_run as _decode_run  # noqa: E402
+
+from hisparse_jax.models import dsa  # noqa: E402
 
 PROMPT_LENGTHS = (37, 20, 5)  # ragged batch of 3: long, middle, shorter than k
 PROMPT_T = 40
 STEPS = 64
 K = 8
+
+_FULL_OPT = os.environ.get("HISPARSE_TEST_FULL_OPT") == "1"
+
+
+def pytest_configure(config):
+    """XLA:CPU compile time dominates the model tests; most optimizations off halves it.
+
+    Set once, before anything compiles, for the whole process: jit's cache is not keyed on
+    jax_disable_most_optimizations, so flipping it per module would let one module reuse a
+    program compiled under the other setting. Every compared run is thus compiled under one
+    setting. HISPARSE_TEST_FULL_OPT=1 keeps the optimizations (the bitwise claims hold there too).
+    """
+    if not _FULL_OPT:
+        jax.config.update("jax_disable_most_optimizations", True)
 
 
 def small_cache_config(**overrides) -> dsa.Config:
@@ -30,59 +48,9 @@ def small_cache_config(**overrides) -> dsa.Config:
     return dsa.Config.tiny(**{"n_layers": 2, "top_k": K, "hot_slots": K + 4, **overrides})
 
 
-def make_prompts(seed: int = 0, lengths=PROMPT_LENGTHS, T: int = PROMPT_T, vocab: int = 256):
-    """[b, T] int32 prompts (random tokens past each length too) and lengths [b]."""
-    rng = np.random.default_rng(seed)
-    prompts = rng.integers(0, vocab, (len(lengths), T)).astype(np.int32)
-    return jnp.asarray(prompts), jnp.asarray(lengths, jnp.int32)
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """What one prefill + generate produced, as NumPy."""
-
-    prefill_logits: np.ndarray  # [b, V]
-    tokens: np.ndarray  # [STEPS, b]
-    logits: np.ndarray  # [STEPS, b, V]
-    misses: np.ndarray  # [STEPS, L, b]
-    lengths: np.ndarray  # [b] after decoding
-    pool_memory_kind: Any  # memory kind of the host pool after generate (None off hisparse)
-
-
-_WEIGHTS: dict = {}
-_RUNS: dict = {}
-
-
-def weights_for(config: dsa.Config, seed: int = 0):
-    key = (config, seed)
-    if key not in _WEIGHTS:
-        _WEIGHTS[key] = dsa.init_weights(config, seed)
-    return _WEIGHTS[key]
-
-
 def run_decode(config: dsa.Config, mode: str, *, steps: int = STEPS) -> Run:
     """Prefill the shared prompts and greedily decode `steps` tokens (cached)."""
-    key = (config, mode, steps)
-    if key in _RUNS:
-        return _RUNS[key]
-    weights = weights_for(config)
-    prompts, lengths = make_prompts()
-    state = dsa.init_state(config, len(PROMPT_LENGTHS), mode)
-    state, prefill_logits = decode.prefill("dsa", config, weights, state, prompts, lengths)
-    first = jnp.argmax(prefill_logits, axis=-1).astype(jnp.int32)
-    tokens, logits, misses, state = decode.generate(
-        "dsa", config, weights, state, first, steps, return_logits=True
-    )
-    pool = state.store.host_pool
-    _RUNS[key] = Run(
-        prefill_logits=np.asarray(prefill_logits),
-        tokens=np.asarray(tokens),
-        logits=np.asarray(logits),
-        misses=np.asarray(misses),
-        lengths=np.asarray(state.lengths),
-        pool_memory_kind=None if pool is None else pool.sharding.memory_kind,
-    )
-    return _RUNS[key]
+    return _decode_run("dsa", config, mode, steps, PROMPT_LENGTHS, PROMPT_T)
 
 
 @pytest.fixture(scope="session")
@@ -100,23 +68,13 @@ def make_config():
 @pytest.fixture(scope="session")
 def prompts():
     """(prompts [3, 40] int32, lengths [3] int32), the prompts every run prefills."""
-    return make_prompts()
+    return tuple(jnp.asarray(a) for a in make_prompts(0, PROMPT_LENGTHS, PROMPT_T))
 
 
 @pytest.fixture(scope="session")
 def weights():
-    """weights_for(config, seed=0) -> dsa.Weights, cached."""
-    return weights_for
-
-
-def assert_bitwise_equal(a: Run, b: Run) -> None:
-    """Tokens and every logit bit equal, zero tolerance."""
-    np.testing.assert_array_equal(a.prefill_logits.view(np.uint32), b.prefill_logits.view(np.uint32))
-    np.testing.assert_array_equal(a.tokens, b.tokens)
-    assert np.array_equal(a.logits.view(np.uint32), b.logits.view(np.uint32)), (
-        f"logits differ in {int(np.sum(a.logits != b.logits))} entries; first differing step "
-        f"{int(np.argmax(np.any(a.logits != b.logits, axis=(1, 2))))}"
-    )
+    """weights(config, seed=0) -> dsa.Weights, cached."""
+    return lambda config, seed=0: weights_for("dsa", config, seed)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,8 @@
 - a second generate call with equal shapes neither traces nor compiles;
 - the state is donated.
 The shapes match the session runs of conftest.py, so lowering reuses their compilation.
-(Don't flip jax_disable_most_optimizations around these: jit's cache is not keyed on it.)
+(conftest.py sets jax_disable_most_optimizations once for the whole process: jit's cache is
+not keyed on it, so it must never flip between compilations.)
 """
 
 from __future__ import annotations

@@ -7,14 +7,10 @@ compiling is what costs time on CPU, so each program is built once and shared by
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import os
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_helpers import Run, assert_bitwise_equal, decode_run, make_prompts, weights_for
 
 from hisparse_jax import decode
 from hisparse_jax.models import get_family, quest
@@ -25,64 +21,23 @@ T = 240  # prompt buffer: room for a prompt plus every generated token (decode-v
 K = 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fast_compiles():
-    """XLA:CPU compile time dominates these tests; most optimizations off halves it.
-
-    Every compared run is compiled under the same setting. HISPARSE_TEST_FULL_OPT=1 keeps the
-    optimizations (the bitwise claims hold there too).
-    """
-    if os.environ.get("HISPARSE_TEST_FULL_OPT") == "1":
-        yield
-        return
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
-
-
 def config(**overrides) -> quest.Config:
     """Tiny Quest (2 dense + 2 sparse layers, 16 pages of 16), k = 4, B = 6: LRU evicts every step."""
     return quest.Config.tiny(**{"top_k": K, "hot_slots": K + 2, **overrides})
 
 
 def prompts():
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, 256, (len(LENGTHS), T)).astype(np.int32)  # junk past each length too
-    return tokens, np.asarray(LENGTHS, np.int32)
+    return make_prompts(0, LENGTHS, T)
 
 
-@functools.cache
 def weights():
     # Weight shapes do not depend on top_k / hot_slots: one set serves every config here.
-    return quest.init_weights(config(), seed=0)
+    return weights_for("quest", config())
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-    prefill_logits: np.ndarray  # [b, V]
-    tokens: np.ndarray  # [STEPS, b]
-    logits: np.ndarray  # [STEPS, b, V]
-    misses: np.ndarray  # [STEPS, L_sparse, b, kvh]
-    state: quest.State  # after decoding
-
-
-@functools.cache
-def run(cfg: quest.Config, mode: str) -> Run:
+def run(cfg: quest.Config, mode: str):
     """Prefill the shared prompts and decode STEPS greedy tokens (cached per config and mode)."""
-    tokens, lengths = prompts()
-    state = quest.init_state(cfg, len(LENGTHS), mode)
-    state, prefill_logits = decode.prefill("quest", cfg, weights(), state, tokens, lengths)
-    first = jnp.argmax(prefill_logits, axis=-1).astype(jnp.int32)
-    out, logits, misses, state = decode.generate("quest", cfg, weights(), state, first, STEPS, return_logits=True)
-    return Run(np.asarray(prefill_logits), np.asarray(out), np.asarray(logits), np.asarray(misses), state)
-
-
-def assert_bitwise_equal(a: Run, b: Run) -> None:
-    np.testing.assert_array_equal(a.prefill_logits.view(np.uint32), b.prefill_logits.view(np.uint32))
-    np.testing.assert_array_equal(a.tokens, b.tokens)
-    differ = a.logits.view(np.uint32) != b.logits.view(np.uint32)
-    assert not differ.any(), f"logits differ in {differ.sum()} entries from step {np.argmax(differ.any((1, 2)))}"
+    return decode_run("quest", cfg, mode, STEPS, LENGTHS, T)
 
 
 def device_baseline() -> Run:
