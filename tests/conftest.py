@@ -1,9 +1,10 @@
 """Test setup: import the *installed* hisparse_jax (with its compiled extension),
 inject the implementations, and skip GPU-only tests cleanly without a GPU.
 
-Run from the repository root against an installed build:
-  pip install --no-build-isolation --no-deps --target /tmp/site_tests .
-  PYTHONPATH=/tmp/site_tests python -m pytest tests -q
+Run with `./dev test` (builds and installs into .venv first), or against any
+installed build, e.g.:
+  pip install --no-build-isolation --no-deps --target SITE .
+  PYTHONPATH=SITE python -m pytest tests -q
 Knobs: HISPARSE_TEST_SCALE=10 multiplies the random sequences and hypothesis
 examples (soak runs); HYPOTHESIS_PROFILE=hisparse-ci derandomizes hypothesis.
 GPU: on a machine whose default backend is gpu, build with HISPARSE_CUDA=ON;
@@ -42,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # helpers and oracle, whatever p
 import jax  # noqa: E402
 
 _INSTALL = (
-    "Install it first: `pip install --no-build-isolation --no-deps --target /tmp/site_tests .` "
-    "(HISPARSE_CUDA=ON for the CUDA handlers) and run with PYTHONPATH=/tmp/site_tests."
+    "Run the tests with `./dev test`, or install the package first: `pip install "
+    "--no-build-isolation .` (HISPARSE_CUDA=ON for the CUDA handlers)."
 )
 try:
     import hisparse_jax  # noqa: E402
