@@ -1,0 +1,332 @@
+"""Scale-out over a device mesh: streams sharded data-parallel, one pinned host pool per device.
+
+Streams are independent (DESIGN.md section 3): RESOLVE, the pool writes and a
+model's whole decode step touch only their own streams. So the batch (stream)
+axis is split over a mesh axis, every array of the state carries a
+NamedSharding on that axis, each device keeps its shard of the host pool in
+its own pinned_host memory, and the per-stream work runs under `jax.shard_map`:
+every device runs its own RESOLVE custom call on its own streams and its own
+pool shard, with no collective and no copy of the pool.
+
+Two levels:
+
+- Cache level: `shard_cache(config, mesh)` builds a HotCache and a pinned host
+  pool sharded on the first stream dim ([L, *S, ...] arrays: P(None, axis));
+  `sharded_resolve(mesh)` is `hisparse_jax.resolve` under shard_map.
+- Model level: `sharded_family(family, mesh)` is a model family (same protocol,
+  see hisparse_jax.models) whose `prefill` / `decode_step` run the original
+  under shard_map; `hisparse_jax.decode.prefill/generate/decode_step` drive it
+  unchanged. The step loop, sampling and donation are those of decode.generate,
+  outside shard_map under jit's sharding propagation; the batch stays sharded
+  through the loop, so greedy and sampled tokens equal the single-device
+  decode's (threefry draws do not depend on the sharding).
+  `init_sharded_state(family, config, batch, mode, mesh)` builds the family's
+  empty state directly in its shards (each process materializes only the
+  shards of its own devices: the multi-host path).
+
+Rules: the stream axis size (batch) must be a multiple of the mesh axis size;
+weights are replicated (`replicate`). Only the batch axis is sharded: NSA/Quest
+select per KV head, but their KV-head stream dim stays whole on each device.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from .cache import PINNED_HOST, HotCache, alloc_host_pool
+from .config import CacheConfig
+from .models import get_family
+from .resolve import ResolveResult, resolve
+
+DEFAULT_AXIS = "data"
+
+__all__ = [
+    "DEFAULT_AXIS",
+    "cache_spec",
+    "init_sharded_state",
+    "replicate",
+    "shard_cache",
+    "shard_state",
+    "sharded_family",
+    "sharded_resolve",
+    "state_batch_dims",
+    "state_shardings",
+    "state_specs",
+    "stream_mesh",
+]
+
+
+# --------------------------------------------------------------------------- mesh and checks
+
+
+def stream_mesh(devices=None, axis: str = DEFAULT_AXIS) -> Mesh:
+    """A 1-D mesh over `devices` (default: every device of every process) named `axis`."""
+    devices = jax.devices() if devices is None else list(devices)
+    return Mesh(np.asarray(devices), (axis,))
+
+
+def _axis_size(mesh: Mesh, axis: str) -> int:
+    if axis not in mesh.shape:
+        raise ValueError(f"mesh has axes {tuple(mesh.shape)}, no axis named {axis!r}")
+    return int(mesh.shape[axis])
+
+
+def _check_divisible(what: str, streams: int, mesh: Mesh, axis: str) -> None:
+    n = _axis_size(mesh, axis)
+    if streams % n:
+        raise ValueError(
+            f"{what}: {streams} streams on the sharded dim do not split over the {n} devices of mesh "
+            f"axis {axis!r}; use a batch that is a multiple of {n} (pad it with idle streams) or a "
+            "smaller mesh"
+        )
+
+
+def _spec(dim: int, axis: str) -> P:
+    """P with `axis` at `dim` and None before it."""
+    return P(*([None] * dim), axis)
+
+
+# --------------------------------------------------------------------------- cache level
+
+
+def cache_spec(axis: str = DEFAULT_AXIS) -> P:
+    """PartitionSpec of every [L, *S, ...] cache array (hot, slot_record, lru, host_pool)."""
+    return _spec(1, axis)
+
+
+def shard_cache(config: CacheConfig, mesh: Mesh, axis: str = DEFAULT_AXIS) -> tuple[HotCache, jax.Array]:
+    """An empty HotCache and a zeroed pinned_host pool, sharded on the first stream dim.
+
+    Returns (cache, host_pool): cache arrays on NamedSharding(mesh, P(None, axis)) in
+    device memory, the pool on the same sharding with memory_kind="pinned_host": each
+    device holds stream_shape[0] / mesh.shape[axis] streams and the pool shard of
+    those streams in its own pinned host memory. Nothing of the whole batch is ever
+    built on one device.
+    """
+    _check_divisible("shard_cache", config.stream_shape[0], mesh, axis)
+    sharding = NamedSharding(mesh, cache_spec(axis))
+
+    @functools.partial(jax.jit, out_shardings=HotCache(sharding, sharding, sharding))
+    def build():
+        lru = jnp.broadcast_to(jnp.arange(config.hot_slots, dtype=jnp.int32), config.slot_shape)
+        return HotCache(
+            hot=jnp.zeros(config.hot_shape, config.dtype),
+            slot_record=jnp.full(config.slot_shape, -1, jnp.int32),
+            lru=lru,
+        )
+
+    return build(), alloc_host_pool(config, sharding)
+
+
+def sharded_resolve(
+    mesh: Mesh,
+    axis: str = DEFAULT_AXIS,
+    *,
+    implementation: str = "auto",
+    fetch: bool = True,
+    launch: str = "auto",
+):
+    """`hisparse_jax.resolve` under shard_map over `axis`: each device resolves its own streams.
+
+    Returns fn(cache, host_pool, selection, sealed, layer) -> (ResolveResult, HotCache) taking
+    the arrays of `shard_cache` (cache and pool P(None, axis), selection and sealed P(axis),
+    layer replicated). Each device runs one RESOLVE custom call on its shard with its own
+    pinned_host pool shard as a read-only S(5) operand; the program has no collective.
+    Jit it with the cache donated for in-place updates:
+    `jax.jit(sharded_resolve(mesh), donate_argnums=0)`, or call it inside your own jit.
+    """
+    _axis_size(mesh, axis)
+    specs = cache_spec(axis)
+    cache_specs = HotCache(specs, specs, specs)
+    stream = P(axis)
+    result_specs = ResolveResult(stream, stream, stream, stream, stream)
+
+    def body(cache, host_pool, selection, sealed, layer):
+        return resolve(
+            cache, host_pool, selection, sealed, layer, implementation=implementation, fetch=fetch,
+            launch=launch,
+        )
+
+    mapped = jax.shard_map(
+        body, mesh=mesh, in_specs=(cache_specs, specs, stream, stream, P()),
+        out_specs=(result_specs, cache_specs),
+    )
+
+    def call(cache, host_pool, selection, sealed, layer):
+        _check_divisible("sharded_resolve", jnp.shape(selection)[0], mesh, axis)
+        return mapped(cache, host_pool, selection, sealed, jnp.asarray(layer, jnp.int32))
+
+    return call
+
+
+# --------------------------------------------------------------------------- model state
+
+
+@functools.lru_cache(maxsize=None)
+def _batch_dims_cached(family: types.ModuleType, config, mode: str):
+    a = jax.eval_shape(lambda: family.init_state(config, 2, mode))
+    b = jax.eval_shape(lambda: family.init_state(config, 3, mode))
+
+    def dim(x, y):
+        differ = [i for i, (m, n) in enumerate(zip(x.shape, y.shape)) if m != n]
+        if len(differ) != 1:
+            raise ValueError(
+                f"{family.__name__}.init_state: an array of shape {x.shape} at batch 2 and "
+                f"{y.shape} at batch 3 has no single batch dim; it cannot be sharded on the batch"
+            )
+        return differ[0]
+
+    return jax.tree.map(dim, a, b)
+
+
+def state_batch_dims(family, config, mode: str):
+    """The family's State pytree with, at every array, the index of its batch dim.
+
+    Read off jax.eval_shape of init_state at two batch sizes (nothing is allocated):
+    the one dim that changes is the batch dim (0 for lengths and sealed, 1 for
+    [L, b, ...] store arrays, ...).
+    """
+    return _batch_dims_cached(get_family(family), config, mode)
+
+
+def state_specs(family, config, mode: str, axis: str = DEFAULT_AXIS):
+    """The family's State pytree of PartitionSpecs: every array split on its batch dim."""
+    return jax.tree.map(lambda d: _spec(d, axis), state_batch_dims(family, config, mode))
+
+
+def _is_host(x) -> bool:
+    if isinstance(x, jax.ShapeDtypeStruct):  # from jax.eval_shape
+        return getattr(x.sharding, "memory_kind", None) in (PINNED_HOST, "unpinned_host")
+    return jax.typeof(x).memory_space == jax.memory.Space.Host
+
+
+def state_shardings(family, config, mode: str, mesh: Mesh, axis: str = DEFAULT_AXIS, like=None):
+    """NamedShardings of the family's State: split on the batch dim; the host pool's
+    (every array in host memory in `like`, default a one-stream init_state) in pinned_host."""
+    family = get_family(family)
+    # eval_shape drops memory kinds, so the default template is a real one-stream state.
+    like = like if like is not None else family.init_state(config, 1, mode)
+    specs = state_specs(family, config, mode, axis)
+    return jax.tree.map(
+        lambda s, x: NamedSharding(mesh, s, memory_kind=PINNED_HOST if _is_host(x) else "device"),
+        specs, like,
+    )
+
+
+def _host_values(x) -> np.ndarray:
+    """x as NumPy; pinned_host arrays are read through a device copy (on GPU a direct
+    np.asarray keeps a zero-copy view on x)."""
+    if _is_host(x):
+        x = jax.device_put(x, x.sharding.with_memory_kind("device"))
+    return np.asarray(jax.device_get(x))
+
+
+def init_sharded_state(family, config, batch: int, mode: str, mesh: Mesh, axis: str = DEFAULT_AXIS):
+    """The family's empty State for `batch` streams, built directly in its shards.
+
+    Every stream of an empty state starts the same (no tokens, empty slots, lru
+    0..B-1), so the state of one stream is built once and each device's shard is
+    that stream repeated: every process materializes only its own devices' shards
+    (host pool shards straight into pinned_host memory), never the whole batch.
+    """
+    family = get_family(family)
+    _check_divisible("init_sharded_state", batch, mesh, axis)
+    one = family.init_state(config, 1, mode)
+    dims = state_batch_dims(family, config, mode)
+    shardings = state_shardings(family, config, mode, mesh, axis, like=one)
+
+    def build(x, d, sharding):
+        row = _host_values(x)
+        shape = (*row.shape[:d], batch, *row.shape[d + 1 :])
+
+        def shard(index):
+            local = tuple(len(range(*i.indices(n))) for i, n in zip(index, shape))
+            return np.broadcast_to(row, local)
+
+        return jax.make_array_from_callback(shape, sharding, shard)
+
+    return jax.tree.map(build, one, dims, shardings)
+
+
+def shard_state(family, config, state, mesh: Mesh, axis: str = DEFAULT_AXIS):
+    """An existing State (e.g. built or prefilled on one device) moved onto the mesh,
+    split on the batch; host pools stay pinned_host. Single-process only (it reads
+    the whole state)."""
+    family = get_family(family)
+    _check_divisible("shard_state", state.lengths.shape[0], mesh, axis)
+    shardings = state_shardings(family, config, state.store.mode, mesh, axis, like=state)
+    return jax.device_put(state, shardings)
+
+
+def replicate(tree, mesh: Mesh):
+    """Every array of `tree` (weights) replicated on every device of the mesh."""
+    return jax.device_put(tree, NamedSharding(mesh, P()))
+
+
+# --------------------------------------------------------------------------- model family
+
+
+def _misses_spec(axis: str) -> P:
+    return P(None, axis)  # misses [L, *streams]
+
+
+@functools.lru_cache(maxsize=None)
+def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.ModuleType:
+    """A model family whose streams are split over `axis` of `mesh`.
+
+    Same protocol as the family (hisparse_jax.models): `prefill` and `decode_step`
+    run the family's under jax.shard_map (weights replicated, state split on its
+    batch dims, tokens/prompts/lengths/logits split on the batch), `init_state`
+    is init_sharded_state. Pass it to hisparse_jax.decode.prefill / generate /
+    decode_step like any family: generate's lax.scan over steps, its sampling and
+    its state donation run around the shard_mapped step, and every device runs
+    its own RESOLVE and pool-write calls on its own streams and pool shard.
+    Cached per (family, mesh, axis), so jit's cache (keyed on the family) is reused.
+    """
+    base = get_family(family)
+    _axis_size(mesh, axis)
+    module = types.ModuleType(
+        f"{base.__name__}[sharded over {axis!r}]",
+        f"{base.__name__} with its streams split over mesh axis {axis!r} (hisparse_jax.sharding).",
+    )
+    stream = P(axis)
+
+    def init_state(config, batch: int, mode: str, sharding=None):
+        if sharding is not None:
+            raise ValueError("a sharded family places its state on its mesh; pass no sharding")
+        return init_sharded_state(base, config, batch, mode, mesh, axis)
+
+    def prefill(config, weights, state, prompts, lengths):
+        _check_divisible("prefill", lengths.shape[0], mesh, axis)
+        specs = state_specs(base, config, state.store.mode, axis)
+        fn = jax.shard_map(
+            functools.partial(base.prefill, config), mesh=mesh,
+            in_specs=(P(), specs, stream, stream), out_specs=(specs, stream),
+        )
+        return fn(weights, state, prompts, lengths)
+
+    def decode_step(config, weights, state, tokens):
+        _check_divisible("decode_step", tokens.shape[0], mesh, axis)
+        specs = state_specs(base, config, state.store.mode, axis)
+        fn = jax.shard_map(
+            functools.partial(base.decode_step, config), mesh=mesh,
+            in_specs=(P(), specs, stream), out_specs=(specs, stream, _misses_spec(axis)),
+        )
+        return fn(weights, state, tokens)
+
+    module.Config = base.Config
+    module.init_weights = base.init_weights
+    module.init_state = init_state
+    module.prefill = prefill
+    module.decode_step = decode_step
+    module.base = base
+    module.mesh = mesh
+    module.axis = axis
+    return module
