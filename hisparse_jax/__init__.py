@@ -6,7 +6,7 @@ resident and returns their slots; outputs stay bit-identical to keeping the
 whole KV on device.
 """
 
-from . import _ffi, decode, models
+from . import _ffi, decode, models, sharding
 from ._ffi import built_with_cuda, ffi_platforms
 from .cache import HotCache, alloc_host_pool, init_hot_cache, pinned_host_sharding, reset_streams
 from .config import CacheConfig
@@ -17,6 +17,7 @@ from .resolve import ResolveResult, resolve
 __all__ = [
     "decode",
     "models",
+    "sharding",
     "CacheConfig",
     "HotCache",
     "ResolveResult",

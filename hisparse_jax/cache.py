@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -52,10 +53,13 @@ def pinned_host_sharding(sharding: Sharding | None = None) -> Sharding:
 
 
 def init_hot_cache(config: CacheConfig, sharding: Sharding | None = None) -> HotCache:
-    """An empty cache: every slot -1, lru = 0..B-1, hot buffer zeroed, on device."""
+    """An empty cache: every slot -1, lru = 0..B-1, hot buffer zeroed, on device.
+
+    Built straight into `sharding` (each device computes only its own shard).
+    """
     sharding = _device_sharding(sharding)
 
-    @jax.jit
+    @functools.partial(jax.jit, out_shardings=HotCache(sharding, sharding, sharding))
     def build():
         lru = jnp.broadcast_to(jnp.arange(config.hot_slots, dtype=jnp.int32), config.slot_shape)
         return HotCache(
@@ -64,7 +68,7 @@ def init_hot_cache(config: CacheConfig, sharding: Sharding | None = None) -> Hot
             lru=lru,
         )
 
-    return jax.device_put(build(), sharding)
+    return build()
 
 
 def alloc_host_pool(config: CacheConfig, sharding: Sharding | None = None) -> jax.Array:

@@ -46,7 +46,8 @@ _prefill_jit = jax.jit(_prefill_program, static_argnames=("family", "config"), d
 
 
 def _is_concrete(x) -> bool:
-    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+    """A value eager checks may read back: not traced, and (multi-host) all on this process."""
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_fully_addressable
 
 
 def _check_family_config(family: ModuleType, config) -> None:

@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .cache import PINNED_HOST, HotCache, alloc_host_pool
+from .cache import PINNED_HOST, HotCache, alloc_host_pool, init_hot_cache
 from .config import CacheConfig
 from .models import get_family
 from .resolve import ResolveResult, resolve
@@ -112,17 +111,7 @@ def shard_cache(config: CacheConfig, mesh: Mesh, axis: str = DEFAULT_AXIS) -> tu
     """
     _check_divisible("shard_cache", config.stream_shape[0], mesh, axis)
     sharding = NamedSharding(mesh, cache_spec(axis))
-
-    @functools.partial(jax.jit, out_shardings=HotCache(sharding, sharding, sharding))
-    def build():
-        lru = jnp.broadcast_to(jnp.arange(config.hot_slots, dtype=jnp.int32), config.slot_shape)
-        return HotCache(
-            hot=jnp.zeros(config.hot_shape, config.dtype),
-            slot_record=jnp.full(config.slot_shape, -1, jnp.int32),
-            lru=lru,
-        )
-
-    return build(), alloc_host_pool(config, sharding)
+    return init_hot_cache(config, sharding), alloc_host_pool(config, sharding)
 
 
 def sharded_resolve(
@@ -169,10 +158,22 @@ def sharded_resolve(
 # --------------------------------------------------------------------------- model state
 
 
+def _local_sharding():
+    """This process's first device: jax.devices()[0] (the default of init_state) may belong
+    to another process under jax.distributed."""
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+
+def _one_stream_state(family, config, mode: str):
+    """The family's empty state of one stream, on this process's first device."""
+    return family.init_state(config, 1, mode, sharding=_local_sharding())
+
+
 @functools.lru_cache(maxsize=None)
 def _batch_dims_cached(family: types.ModuleType, config, mode: str):
-    a = jax.eval_shape(lambda: family.init_state(config, 2, mode))
-    b = jax.eval_shape(lambda: family.init_state(config, 3, mode))
+    local = _local_sharding()
+    a = jax.eval_shape(lambda: family.init_state(config, 2, mode, sharding=local))
+    b = jax.eval_shape(lambda: family.init_state(config, 3, mode, sharding=local))
 
     def dim(x, y):
         differ = [i for i, (m, n) in enumerate(zip(x.shape, y.shape)) if m != n]
@@ -212,7 +213,7 @@ def state_shardings(family, config, mode: str, mesh: Mesh, axis: str = DEFAULT_A
     (every array in host memory in `like`, default a one-stream init_state) in pinned_host."""
     family = get_family(family)
     # eval_shape drops memory kinds, so the default template is a real one-stream state.
-    like = like if like is not None else family.init_state(config, 1, mode)
+    like = like if like is not None else _one_stream_state(family, config, mode)
     specs = state_specs(family, config, mode, axis)
     return jax.tree.map(
         lambda s, x: NamedSharding(mesh, s, memory_kind=PINNED_HOST if _is_host(x) else "device"),
@@ -238,7 +239,7 @@ def init_sharded_state(family, config, batch: int, mode: str, mesh: Mesh, axis: 
     """
     family = get_family(family)
     _check_divisible("init_sharded_state", batch, mesh, axis)
-    one = family.init_state(config, 1, mode)
+    one = _one_stream_state(family, config, mode)
     dims = state_batch_dims(family, config, mode)
     shardings = state_shardings(family, config, mode, mesh, axis, like=one)
 
@@ -266,8 +267,20 @@ def shard_state(family, config, state, mesh: Mesh, axis: str = DEFAULT_AXIS):
 
 
 def replicate(tree, mesh: Mesh):
-    """Every array of `tree` (weights) replicated on every device of the mesh."""
-    return jax.device_put(tree, NamedSharding(mesh, P()))
+    """Every array of `tree` (weights) replicated on every device of the mesh.
+
+    With several processes every process must pass the same values (e.g. the same
+    init_weights seed or checkpoint); each builds only its own devices' copies.
+    """
+    sharding = NamedSharding(mesh, P())
+    if sharding.is_fully_addressable:
+        return jax.device_put(tree, sharding)
+
+    def place(x):
+        values = np.asarray(jax.device_get(x))
+        return jax.make_array_from_callback(values.shape, sharding, lambda index: values[index])
+
+    return jax.tree.map(place, tree)
 
 
 # --------------------------------------------------------------------------- model family

@@ -245,7 +245,9 @@ def _():
     op has), so a single-device decode of the whole batch differs in the last bits from a
     decode of part of it, sharded or not. The exact claim: every device computes what one
     device computes alone on its streams; the reference is the single-device decode run
-    shard by shard, concatenated on the batch.
+    shard by shard, concatenated on the batch. (Measured on jax 0.10.2 CPU: the whole batch of
+    8 decoded on one device differs from it by up to ~2e-6 in prefill logits and, after a
+    greedy token flips, in tokens.)
     """
     mesh = hsh.stream_mesh()
     weights = dsa.init_weights(DSA, 0)
@@ -273,13 +275,6 @@ def _():
         "pool_kind": pool.sharding.memory_kind,
         "pool_shard_kinds": sorted({s.data.sharding.memory_kind for s in pool.addressable_shards}),
         "pool_shard_devices": sorted(s.device.id for s in pool.addressable_shards),
-    }
-    # Informational: the whole batch decoded on one device (differs in the last bits, see above).
-    whole, _ = run("dsa", dsa.init_state(DSA, len(lengths), "hisparse"), weights, p, lengths)
-    INFO["whole_batch_single_device"] = {
-        "tokens_equal": bool(np.array_equal(whole["tokens"], got["tokens"])),
-        "logits_bitwise_equal": same_bits(whole["logits"], got["logits"]),
-        "logits_max_abs_diff": float(np.max(np.abs(whole["logits"] - got["logits"]))),
     }
     ok = (
         all(equal.values()) and state_equal and placement["pool_kind"] == "pinned_host"

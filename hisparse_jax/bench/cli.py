@@ -16,9 +16,7 @@ a minute. On a GPU, pass the realistic preset, a budget and contexts, e.g.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -26,7 +24,7 @@ import jax
 import numpy as np
 
 from ..models import get_family, known_families
-from .capacity import Capacity, account, capacity
+from .capacity import Capacity, capacity
 from .progress import Progress
 from .runner import decode_timing
 
