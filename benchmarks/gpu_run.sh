@@ -10,6 +10,12 @@
 #   sanitize  compute-sanitizer memcheck + racecheck on the check's --quick cases
 #   pytest    the whole test suite with the CUDA handler as the default implementation
 #   resolve   benchmarks/resolve_bench.cu (ceilings + RESOLVE table), JSON in OUT_DIR
+#   graphs    benchmarks/check_command_buffer.py: is RESOLVE captured in CUDA graphs?
+#   decode-dsa, decode-nsa, decode-quest
+#             hisparse-bench decode at the capacity wall (24 GiB HBM budget for decode
+#             state, 88 GiB pinned host budget for pools), synthetic fill, trace selection,
+#             no-IO and equal-batch runs; DSA at 32K and 128K, NSA and Quest at 128K.
+#             Each context is its own run (own JSON, table and plots under OUT_DIR).
 # Logs of every stage land in OUT_DIR; the script stops at the first failing stage.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,7 +23,20 @@ OUT_DIR="$(mkdir -p "${1:?usage: gpu_run.sh OUT_DIR STAGE...}" && cd "$1" && pwd
 shift
 SITE="${SITE:-/tmp/hisparse-site}"
 PY="${PYTHON:-python3}"
+DECODE_ARGS="${DECODE_ARGS:-}"  # extra hisparse-bench decode arguments, e.g. --set hot_slots=6144
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+
+bench_decode() {  # bench_decode FAMILY CONTEXT...: one hisparse-bench run per context
+  local family=$1; shift
+  for context in "$@"; do
+    # Preallocated: the growing allocator fragments between the baseline and HiSparse runs.
+    run "decode-$family-$context" env PYTHONPATH="$SITE" XLA_PYTHON_CLIENT_PREALLOCATE=true \
+      XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE/bin/hisparse-bench" decode \
+      --family "$family" --preset realistic --contexts "$context" --device-budget-gib 24 \
+      --host-budget-gib 88 --max-batch 1024 --fill synthetic --selection trace --no-io \
+      --steps 16 --reps 3 --out "$OUT_DIR/decode-$family-$context" $DECODE_ARGS
+  done
+}
 
 run() {  # run STAGE_NAME CMD...: tee the output into OUT_DIR/STAGE_NAME.log
   local name=$1; shift
@@ -46,6 +65,14 @@ for stage in "$@"; do
       run resolve_build nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi \
         benchmarks/resolve_bench.cu ffi/resolve_kernels.cu -o build/resolve_bench
       run resolve build/resolve_bench "$OUT_DIR/resolve_bench.json" ;;
+    graphs)
+      run graphs env PYTHONPATH="$SITE" "$PY" benchmarks/check_command_buffer.py ;;
+    decode-dsa)
+      bench_decode dsa 32768 131072 ;;
+    decode-nsa)
+      bench_decode nsa 131072 ;;
+    decode-quest)
+      bench_decode quest 131072 ;;
     *)
       echo "unknown stage $stage" >&2; exit 2 ;;
   esac

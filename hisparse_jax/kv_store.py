@@ -39,6 +39,9 @@ class RecordStore:
       cache: HotCache on device ("hisparse"), else None.
       device_kv: [L, *S, R, P, W] on device ("device", "dense"), else None.
       mode: static.
+      fetch: static; False makes RESOLVE skip copying missed records into the
+        hot buffer (benchmarks of the pure resolve cost: what attention reads is
+        then stale). Slots, misses and LRU state are what they would be.
     """
 
     sealed: jax.Array
@@ -46,6 +49,7 @@ class RecordStore:
     cache: HotCache | None
     device_kv: jax.Array | None
     mode: str = dataclasses.field(metadata=dict(static=True))
+    fetch: bool = dataclasses.field(default=True, metadata=dict(static=True))
 
 
 def init_store(mode: Mode, config: CacheConfig, sharding=None) -> RecordStore:
@@ -122,7 +126,8 @@ def gather_selected(
     valid = (selection >= 0) & (selection < jnp.minimum(store.sealed, R)[..., None])
     if store.mode == "hisparse":
         result, cache = resolve(
-            store.cache, store.host_pool, selection, store.sealed, layer, implementation=implementation
+            store.cache, store.host_pool, selection, store.sealed, layer, implementation=implementation,
+            fetch=store.fetch,
         )
         source, index = cache.hot[layer], result.slots
         store = dataclasses.replace(store, cache=cache)

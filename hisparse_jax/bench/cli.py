@@ -5,28 +5,35 @@ decode state (hisparse_jax.bench.capacity), the largest batch each mode fits
 under the device (HBM) budget for decode state and the host budget for pools,
 runs the jitted decode at that batch, and reports throughput, TPOT, miss rate,
 IO per token, bytes per request and the HiSparse / full-KV ratios. An
-equal-batch run (HiSparse at the baseline's batch) compares TPOT directly.
+equal-batch run (HiSparse at the baseline's batch) compares TPOT directly;
+a no-IO run (--no-io: RESOLVE without the record copy) splits resolve cost
+from IO.
 
 Without arguments it runs a small CPU default (DSA tiny preset) in well under
-a minute. On a GPU, pass the realistic preset, a budget and contexts, e.g.
+a minute. On a GPU, pass the realistic preset, budgets, a synthetic fill (no
+O(T^2) prefill) and the calibrated trace selection, e.g.
   hisparse-bench decode --family dsa --preset realistic --contexts 32768 131072 \\
-      --device-budget-gib 24 --host-budget-gib 100 --steps 32
+      --device-budget-gib 24 --host-budget-gib 88 --fill synthetic --selection trace --no-io
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 
+from .. import traces
 from ..models import get_family, known_families
 from .capacity import Capacity, capacity
 from .progress import Progress
-from .runner import decode_timing
+from .runner import FILLS, decode_timing, decode_timings, tokens_needed
 
 MiB, GiB = 2**20, 2**30
 
@@ -45,6 +52,20 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--top-k", type=int, default=None)
     d.add_argument("--hot-slots", type=int, default=None)
     d.add_argument("--layers", type=int, default=None, help="override n_layers (fewer than the real model)")
+    d.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+                   help="other Config overrides, e.g. index_share=4 d_ff=8192")
+    d.add_argument("--fill", default="prefill", choices=FILLS,
+                   help="prefill: the model's dense prefill of random prompts; synthetic: hashed "
+                        "non-zero records and metadata, no O(T^2) prefill (long contexts)")
+    d.add_argument("--selection", default="indexer", choices=["indexer", "trace", "trace-no-indexer"],
+                   help="indexer: the model's own top-k (random weights: little locality); trace: "
+                        "the calibrated synthetic trace of DESIGN.md section 7 (the indexer still runs); "
+                        "trace-no-indexer: the trace without computing the indexer (shows its cost)")
+    d.add_argument("--trace-beta", type=float, default=traces.TraceConfig.beta)
+    d.add_argument("--trace-rho-e", type=float, default=traces.TraceConfig.rho_e)
+    d.add_argument("--trace-memoryless-layers", type=int, default=0,
+                   help="leading selecting layers with no locality (real models: layers 0-1)")
+    d.add_argument("--no-io", action="store_true", help="also time HiSparse without the record copy")
     d.add_argument("--steps", type=int, default=8, help="decode steps per timed call")
     d.add_argument("--reps", type=int, default=2, help="timed calls (median reported)")
     d.add_argument("--modes", nargs="+", default=["device", "hisparse"], choices=["device", "hisparse"])
@@ -54,8 +75,36 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parse_sets(family, pairs: list[str]) -> dict:
+    """--set FIELD=VALUE pairs -> Config overrides, typed like the preset's value."""
+    fields = {f.name: f for f in dataclasses.fields(family.Config)}
+    out = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or name not in fields:
+            raise SystemExit(f"--set {pair!r}: expected FIELD=VALUE with FIELD one of {', '.join(sorted(fields))}")
+        for cast in (int, float):
+            try:
+                out[name] = cast(text)
+                break
+            except ValueError:
+                continue
+        else:
+            out[name] = None if text == "None" else text
+    return out
+
+
+def _trace(family, args, config) -> traces.TraceConfig | None:
+    if args.selection == "indexer":
+        return None
+    return traces.TraceConfig.for_page_size(
+        config.page_size, beta=args.trace_beta, rho_e=args.trace_rho_e,
+        memoryless_layers=args.trace_memoryless_layers, run_indexer=args.selection == "trace",
+    )
+
+
 def _config(family, args, context: int):
-    overrides = {}
+    overrides = _parse_sets(family, args.set)
     if args.top_k is not None:
         overrides["top_k"] = args.top_k
     if args.hot_slots is not None:
@@ -65,7 +114,7 @@ def _config(family, args, context: int):
     # Room for the prompt plus every decoded token (warm-up and timed calls),
     # rounded up to whole pages.
     page = family.Config.preset(args.preset, **overrides).page_size
-    needed = context + args.steps * (args.reps + 1)
+    needed = tokens_needed(context, args.steps, args.reps, args.no_io) + 1
     overrides["max_context"] = -(-needed // page) * page
     return family.Config.preset(args.preset, **overrides)
 
@@ -85,14 +134,15 @@ def _row(kind, timing, cap: Capacity, record_bytes: int, config) -> dict:
         batch=timing.batch,
         tokens_per_s=timing.tokens_per_second,
         tpot_ms=timing.step_seconds * 1e3,
+        step_ms_all=[t * 1e3 for t in timing.step_seconds_all],
         miss_rate=miss_rate,
-        io_bytes_per_token=timing.misses_per_step * record_bytes / timing.batch,
+        io_bytes_per_token=timing.misses_per_step * record_bytes / timing.batch if timing.fetch else 0.0,
         device_bytes_per_request=cap.device_per_request,
         kv_device_bytes_per_request=cap.device_per_request_by_category.get("kv records", 0),
         device_bytes_by_category=cap.device_per_request_by_category,
         host_bytes_per_request=cap.host_per_request,
         max_batch=cap.max_batch,
-        limited_by=cap.limited_by if kind == "capacity" else "baseline's batch",
+        limited_by=cap.limited_by if kind != "equal batch" else "baseline's batch",
         top_k=config.top_k,
         hot_slots=config.hot_slots,
     )
@@ -101,11 +151,16 @@ def _row(kind, timing, cap: Capacity, record_bytes: int, config) -> dict:
 def run_decode(args) -> dict:
     family = get_family(args.family)
     budget, host_budget = _device_budget(args), int(args.host_budget_gib * GiB)
-    rows, ratios = [], []
-    runs = len(args.contexts) * (len(args.modes) + (0 if args.no_equal_batch else 1))
+    rows, ratios, notes = [], [], []
+    equal_runs = 0 if args.no_equal_batch else 1
+    runs = len(args.contexts) * (len(args.modes) + equal_runs + (1 if args.no_io else 0))
+    options = dict(fill=args.fill)
     with Progress(runs, "decode") as progress:
         for context in args.contexts:
             config = _config(family, args, context)
+            options["trace"] = trace = _trace(family, args, config)
+            if trace is not None and traces.describe(trace) not in notes:
+                notes.append(traces.describe(trace))
             weights = family.init_weights(config, 0)
             record_bytes = config.cache_config(1).record_bytes
             caps = {
@@ -118,13 +173,17 @@ def run_decode(args) -> dict:
                 if caps[mode].max_batch < 1:
                     progress.advance(f"{mode} @ {context}: nothing fits")
                     continue
-                timings[mode] = decode_timing(family, config, weights, mode, caps[mode].max_batch, context,
-                                              args.steps, args.reps)
-                rows.append(_row("capacity", timings[mode], caps[mode], record_bytes, config))
+                measured = decode_timings(family, config, weights, mode, caps[mode].max_batch, context,
+                                          args.steps, args.reps, no_io=args.no_io, **options)
+                timings[mode] = measured[0]
+                rows.append(_row("capacity", measured[0], caps[mode], record_bytes, config))
                 progress.advance(f"{mode} @ {context}, batch {caps[mode].max_batch}")
+                if len(measured) > 1:
+                    rows.append(_row("no-IO", measured[1], caps[mode], record_bytes, config))
+                    progress.advance(f"{mode} @ {context}, batch {caps[mode].max_batch}, no IO")
             if not args.no_equal_batch and {"device", "hisparse"} <= timings.keys():
                 equal = decode_timing(family, config, weights, "hisparse", timings["device"].batch, context,
-                                      args.steps, args.reps)
+                                      args.steps, args.reps, **options)
                 rows.append(_row("equal batch", equal, caps["hisparse"], record_bytes, config))
                 progress.advance(f"hisparse @ {context}, equal batch {equal.batch}")
                 ratios.append(_ratios(context, timings, equal, caps))
@@ -132,7 +191,8 @@ def run_decode(args) -> dict:
         family=args.family, preset=args.preset, device=str(jax.devices()[0].device_kind),
         backend=jax.default_backend(), jax=jax.__version__, device_budget_bytes=budget,
         host_budget_bytes=host_budget, max_batch_cap=args.max_batch, steps=args.steps, reps=args.reps,
-        rows=rows, ratios=ratios,
+        fill=args.fill, selection=args.selection, notes=notes, overrides=_parse_sets(family, args.set),
+        n_layers=config.n_layers, rows=rows, ratios=ratios,
     )
 
 
@@ -171,7 +231,7 @@ def format_table(report: dict) -> str:
         )
     if report["ratios"]:
         lines += ["", "| context | throughput x | batch x | TPOT at equal batch x | KV HBM/request x | "
-                  "device bytes/request x | tokens equal (equal batch) |", "|" + "---|" * 6]
+                  "device bytes/request x | tokens equal (equal batch) |", "|" + "---|" * 7]
         for q in report["ratios"]:
             lines.append(
                 f"| {q['context']} | {q['throughput']:.2f} | {q['batch']:.2f} | {q['tpot_equal_batch']:.2f} | "
@@ -215,8 +275,17 @@ def write_plots(report: dict, out: Path) -> list[Path]:
     return paths
 
 
+def _allow_pinned_host(host_budget: int) -> None:
+    """XLA's GPU client caps pinned host memory at 64 GB unless XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB
+    says otherwise; unless the user set it, lift the cap to the host budget plus headroom. Must run
+    before the backend starts (the first device use)."""
+    if "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB" not in os.environ:
+        os.environ["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] = str(math.ceil(host_budget / 1e9) + 8)
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    _allow_pinned_host(int(args.host_budget_gib * GiB))
     report = run_decode(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -224,6 +293,11 @@ def main(argv=None) -> int:
     print(f"{report['family']} {report['preset']} on {report['device']} (jax {report['jax']}); device budget "
           f"{_fmt_bytes(report['device_budget_bytes'])}, host budget {_fmt_bytes(report['host_budget_bytes'])}, "
           f"batch cap {report['max_batch_cap']}, {report['steps']} steps x {report['reps']} timed calls")
+    print(f"{report['n_layers']} layers (a slice of a real model: per-request bytes scale with layers); "
+          f"state from {report['fill']}, selection by {report['selection']}"
+          + (" (its state on device is not in the byte account)" if report["selection"] != "indexer" else ""))
+    for note in report["notes"]:
+        print(note)
     print(format_table(report))
     written = [] if args.no_plots else write_plots(report, out)
     print(f"wrote {out / 'decode.json'}" + "".join(f", {p}" for p in written))

@@ -21,7 +21,7 @@ Shapes: b = batch, T = prompt length, V = vocab, L = sparse layers.
     Registered pytree with at least `store` (a kv_store.RecordStore in `mode`:
     "hisparse", "device" or "dense"), `tail` (the open page of every layer and
     stream, on device), the family's indexer metadata (on device) and `lengths`
-    ([b] int32 tokens held per stream).
+    ([b] int32 tokens held per stream) and `trace` (None, or a TraceState).
 
 `prefill(config, weights, state, prompts [b, T] int32, lengths [b] int32)`
     `-> (state, logits [b, V] float32)`. Dense causal prefill of ragged prompts
@@ -37,6 +37,12 @@ Shapes: b = batch, T = prompt length, V = vocab, L = sparse layers.
     Every mode runs the same ops on the same shapes; only the selection (dense)
     or the placement of records (hisparse/device) differs, so "hisparse" and
     "device" agree bit for bit.
+
+`trace_layout(config, batch) -> (layers, stream_shape, num_records)`
+    The shape of a `hisparse_jax.traces.TraceState` that steers this family's
+    selection: a State whose `trace` field holds one (default None) ranks
+    records by the calibrated synthetic trace instead of its own indexer scores
+    (which it still computes), for benchmarks with realistic locality.
 
 `decode.generate(family, ...)` runs `decode_step` in a jitted `lax.scan` over
 steps with the state donated; see hisparse_jax/decode.py.
@@ -54,7 +60,7 @@ FAMILIES = {
     "quest": "hisparse_jax.models.quest",
 }
 
-PROTOCOL = ("Config", "init_weights", "init_state", "prefill", "decode_step")
+PROTOCOL = ("Config", "init_weights", "init_state", "prefill", "decode_step", "trace_layout")
 
 
 def known_families() -> tuple[str, ...]:

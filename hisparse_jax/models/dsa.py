@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import kv_store
+from .. import kv_store, traces
 from ..config import CacheConfig
 from ..kv_store import RecordStore
 from . import common
@@ -185,12 +185,14 @@ class State:
       tail: [L, b, P, W] the open page of every layer, on device.
       index_keys: [G, b, max_context, dI] indexer keys of every token, on device.
       lengths: [b] int32 tokens held per stream (the next token's position).
+      trace: a traces.TraceState over [G, b, R] that steers the selection (benchmarks), or None.
     """
 
     store: RecordStore
     tail: jax.Array
     index_keys: jax.Array
     lengths: jax.Array
+    trace: traces.TraceState | None = None
 
 
 def init_weights(config: Config, seed: int = 0) -> Weights:
@@ -287,14 +289,25 @@ def _index_scores(config: Config, iw: IndexerWeights, h: jax.Array, keys: jax.Ar
     return jnp.einsum("bjs,bj->bs", jax.nn.relu(dots), head)
 
 
-def _select(config: Config, store: RecordStore, iw: IndexerWeights, keys: jax.Array, h: jax.Array):
-    """The anchor layer's selection [b, k] (dense: [b, max_context // P]) from h [b, D]."""
+def _select(config: Config, store: RecordStore, iw: IndexerWeights, keys: jax.Array, h: jax.Array,
+            trace: traces.TraceState | None, group):
+    """Anchor layer `group`'s selection [b, k] (dense: [b, max_context // P]) from h [b, D]."""
     if store.mode == "dense":
         return common.dense_selection(store.sealed, config.num_records)
-    token_scores = _index_scores(config, iw, h, keys)  # [b, max_context]
-    b = token_scores.shape[0]
-    page_scores = jnp.max(token_scores.reshape(b, config.num_records, config.page_size), axis=-1)
+
+    def indexer_scores():
+        token_scores = _index_scores(config, iw, h, keys)  # [b, max_context]
+        b = token_scores.shape[0]
+        return jnp.max(token_scores.reshape(b, config.num_records, config.page_size), axis=-1)
+
+    page_scores = traces.steer(indexer_scores, trace, group, store.sealed)
     return common.select_topk(page_scores, store.sealed, config.top_k)
+
+
+def trace_layout(config: Config, batch: int) -> tuple[int, tuple[int, ...], int]:
+    """(selecting layers, stream shape, record ids) of a traces.TraceState for this model:
+    one trace layer per indexer group."""
+    return config.groups, (batch,), config.num_records
 
 
 # --------------------------------------------------------------------------- decode
@@ -333,15 +346,15 @@ def _decode_layer(config, store, selection, pos, carry: _Carry, layer, w: LayerW
     return dataclasses.replace(carry, x=x, cache=store.cache, tail=tails), misses
 
 
-def _decode_group(config, store, pos, carry: _Carry, group, layer_w: LayerWeights, iw: IndexerWeights,
-                  with_selection: bool):
+def _decode_group(config, store, trace, pos, carry: _Carry, group, layer_w: LayerWeights,
+                  iw: IndexerWeights, with_selection: bool):
     """One indexer group: the anchor selects, then every layer of the group attends."""
     n = config.index_share
     with jax.named_scope("indexer"):
         h = common.rms_norm(carry.x, layer_w.attn_norm[0], config.norm_eps)
         b = pos.shape[0]
         keys = carry.index_keys.at[group, jnp.arange(b), pos].set(_index_key(config, iw, h))
-        selection = _select(config, store, iw, keys[group], h)
+        selection = _select(config, store, iw, keys[group], h, trace, group)
     carry = dataclasses.replace(carry, index_keys=keys)
 
     def layer_step(carry, xs):
@@ -355,13 +368,14 @@ def _decode_group(config, store, pos, carry: _Carry, group, layer_w: LayerWeight
 def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array, with_selection: bool):
     """decode_step plus the selection each layer attended, [L, b, k] (None unless with_selection)."""
     G, pos = config.groups, state.lengths
+    trace = None if state.trace is None else traces.advance(state.trace)
     with jax.named_scope("embed"):
         x = common.embed(weights.embed, tokens)
     carry = _Carry(x=x, cache=state.store.cache, tail=state.tail, index_keys=state.index_keys)
 
     def group_step(carry, xs):
         g, layer_w, iw = xs
-        return _decode_group(config, state.store, pos, carry, g, layer_w, iw, with_selection)
+        return _decode_group(config, state.store, trace, pos, carry, g, layer_w, iw, with_selection)
 
     xs = (jnp.arange(G, dtype=jnp.int32), common.stack_for_scan(weights.layers, G), weights.indexer)
     carry, (misses, selection) = jax.lax.scan(group_step, carry, xs)
@@ -369,7 +383,7 @@ def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array, w
     with jax.named_scope("seal"):
         store = dataclasses.replace(state.store, cache=carry.cache)
         store = common.seal_full_pages(store, carry.tail, pos + 1)
-    state = State(store=store, tail=carry.tail, index_keys=carry.index_keys, lengths=pos + 1)
+    state = State(store=store, tail=carry.tail, index_keys=carry.index_keys, lengths=pos + 1, trace=trace)
     per_layer = lambda a: a.reshape(config.n_layers, *a.shape[2:])  # [G, n, ...] -> [L, ...]
     return state, logits, per_layer(misses), None if selection is None else per_layer(selection)
 
@@ -442,4 +456,4 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
     keys = jnp.where(written, keys[:, :, :keep], jnp.zeros((), keys.dtype))
     index_keys = jax.lax.dynamic_update_slice(state.index_keys, keys, (0, 0, 0, 0))
     logits = common.lm_head(weights, common.last_token(x, lengths), config.norm_eps)
-    return State(store=store, tail=tail, index_keys=index_keys, lengths=lengths), logits
+    return State(store=store, tail=tail, index_keys=index_keys, lengths=lengths, trace=state.trace), logits

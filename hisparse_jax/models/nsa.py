@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from .. import kv_store
+from .. import kv_store, traces
 from ..config import CacheConfig
 from ..kv_store import RecordStore
 from . import common, gqa
@@ -196,6 +196,7 @@ class State:
       window: [L, b, kvh, w, 2hd] ring of the last w tokens (slot = position % w), on device.
       compressed: [L, b, kvh, Nc, 2hd] compressed keys then values, zeros until complete, on device.
       lengths: [b] int32 tokens held per stream (the next token's position).
+      trace: a traces.TraceState over [L, b, kvh, R] that steers the selection (benchmarks), or None.
     """
 
     store: RecordStore
@@ -203,6 +204,7 @@ class State:
     window: jax.Array
     compressed: jax.Array
     lengths: jax.Array
+    trace: traces.TraceState | None = None
 
 
 def init_weights(config: Config, seed: int = 0) -> Weights:
@@ -331,15 +333,21 @@ def _compressed_branch(config: Config, q, compressed, pos):
     return out, probs
 
 
-def _select(config: Config, store: RecordStore, probs) -> jax.Array:
+def _select(config: Config, store: RecordStore, probs, trace: traces.TraceState | None, layer) -> jax.Array:
     """Blocks the selected branch attends to: [b, kvh, k] ([b, kvh, R] in "dense" mode)."""
     if store.mode == "dense":
         return common.dense_selection(store.sealed, config.num_records)
-    scores = block_scores(config, jnp.sum(probs, axis=2))  # [b, kvh, R]
+    scores = traces.steer(lambda: block_scores(config, jnp.sum(probs, axis=2)), trace, layer, store.sealed)
     return common.select_topk(forced_scores(scores, store.sealed), store.sealed, config.top_k)
 
 
-def _decode_layer(config: Config, store: RecordStore, pos, carry, layer, w: LayerWeights):
+def trace_layout(config: Config, batch: int) -> tuple[int, tuple[int, ...], int]:
+    """(selecting layers, stream shape, record ids) of a traces.TraceState for this model:
+    every layer selects, per KV head."""
+    return config.n_layers, (batch, config.n_kv_heads), config.num_records
+
+
+def _decode_layer(config: Config, store: RecordStore, trace, pos, carry, layer, w: LayerWeights):
     """One layer of one decode step.
 
     Args:
@@ -361,7 +369,7 @@ def _decode_layer(config: Config, store: RecordStore, pos, carry, layer, w: Laye
         cmp = _compress_new_block(config, w, at(compressed), ring, pos)
         out_cmp, probs = _compressed_branch(config, q, cmp, pos)
     with jax.named_scope("selected"):
-        selection = _select(config, store, probs)
+        selection = _select(config, store, probs, trace, layer)
         store = dataclasses.replace(store, cache=cache)
         kv, valid, misses, store = common.gather_with_tail(store, layer, selection, tail, common.tail_valid(pos_s, P))
         out_slc = common.attend(q, kv[..., :hd], kv[..., hd:], valid, gqa.scale(config))
@@ -381,12 +389,13 @@ def _decode_layer(config: Config, store: RecordStore, pos, carry, layer, w: Laye
 def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array):
     """decode_step plus the blocks every layer selected, [L, b, kvh, k]."""
     pos = state.lengths
+    trace = None if state.trace is None else traces.advance(state.trace)
     with jax.named_scope("embed"):
         x = common.embed(weights.embed, tokens)
 
     def layer_step(carry, xs):
         layer, w = xs
-        return _decode_layer(config, state.store, pos, carry, layer, w)
+        return _decode_layer(config, state.store, trace, pos, carry, layer, w)
 
     carry = (x, state.store.cache, state.tail, state.window, state.compressed)
     layers = jnp.arange(config.n_layers, dtype=jnp.int32)
@@ -397,7 +406,7 @@ def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array):
     with jax.named_scope("seal"):
         store = dataclasses.replace(state.store, cache=cache)
         store = common.seal_full_pages(store, tails, gqa.per_stream(pos + 1, config.n_kv_heads))
-    return State(store, tails, windows, compressed, pos + 1), logits, misses, selections
+    return State(store, tails, windows, compressed, pos + 1, trace), logits, misses, selections
 
 
 def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Array):
@@ -520,4 +529,4 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
         compressed = jax.lax.dynamic_update_slice(state.compressed, compressed, (0, 0, 0, 0, 0))
     window = _prompt_window(config, records, lengths)
     logits = common.lm_head(weights, common.last_token(x, lengths), config.norm_eps)
-    return State(store, tails, window, compressed, lengths), logits
+    return State(store, tails, window, compressed, lengths, state.trace), logits

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import kv_store
+from .. import kv_store, traces
 from ..config import CacheConfig
 from ..kv_store import RecordStore
 from . import common, gqa
@@ -171,6 +171,8 @@ class State:
       tail: [n_layers, b, kvh, P, 2hd] the open page of every layer (dense first), on device.
       page_max, page_min: [L_sparse, b, kvh, R, hd] key bounds of each sealed page, on device.
       lengths: [b] int32 tokens held per stream (the next token's position).
+      trace: a traces.TraceState over [L_sparse, b, kvh, R] that steers the selection
+        (benchmarks), or None.
     """
 
     store: RecordStore
@@ -179,6 +181,7 @@ class State:
     page_max: jax.Array
     page_min: jax.Array
     lengths: jax.Array
+    trace: traces.TraceState | None = None
 
 
 def _layer_specs(config: Config, L: int) -> dict[str, tuple[tuple[int, ...], int]]:
@@ -263,11 +266,19 @@ def page_scores(q: jax.Array, page_max: jax.Array, page_min: jax.Array) -> jax.A
     return upper + lower
 
 
-def _select(config: Config, store: RecordStore, q, page_max, page_min) -> jax.Array:
-    """Pages one sparse layer attends to: [b, kvh, k] ([b, kvh, R] in "dense" mode)."""
+def _select(config: Config, store: RecordStore, q, page_max, page_min, trace: traces.TraceState | None,
+            layer) -> jax.Array:
+    """Pages sparse layer `layer` attends to: [b, kvh, k] ([b, kvh, R] in "dense" mode)."""
     if store.mode == "dense":
         return common.dense_selection(store.sealed, config.num_records)
-    return common.select_topk(page_scores(q, page_max, page_min), store.sealed, config.top_k)
+    scores = traces.steer(lambda: page_scores(q, page_max, page_min), trace, layer, store.sealed)
+    return common.select_topk(scores, store.sealed, config.top_k)
+
+
+def trace_layout(config: Config, batch: int) -> tuple[int, tuple[int, ...], int]:
+    """(selecting layers, stream shape, record ids) of a traces.TraceState for this model:
+    the sparse layers, per KV head."""
+    return config.sparse_layers, (batch, config.n_kv_heads), config.num_records
 
 
 # --------------------------------------------------------------------------- decode
@@ -332,7 +343,7 @@ def _put_page(meta: jax.Array, new: jax.Array, index: jax.Array, write: jax.Arra
     return jax.vmap(jax.vmap(jax.vmap(put)), in_axes=(0, 0, None))(meta, new, at)
 
 
-def _seal(config: Config, state: State, store, dense_store, tails: jax.Array):
+def _seal(config: Config, state: State, store, dense_store, tails: jax.Array, trace):
     """Seals the open pages this step filled (both stores) and records the sparse pages' key bounds."""
     Ld = config.dense_layers
     new_lengths = gqa.per_stream(state.lengths + 1, config.n_kv_heads)
@@ -343,12 +354,13 @@ def _seal(config: Config, state: State, store, dense_store, tails: jax.Array):
     store = common.seal_full_pages(store, tails[Ld:], new_lengths)
     if Ld:
         dense_store = common.seal_full_pages(dense_store, tails[:Ld], new_lengths)
-    return State(store, dense_store, tails, page_max, page_min, state.lengths + 1)
+    return State(store, dense_store, tails, page_max, page_min, state.lengths + 1, trace)
 
 
 def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array):
     """decode_step plus the selection of every sparse layer [L_sparse, b, kvh, k]."""
     Ld, pos = config.dense_layers, state.lengths
+    trace = None if state.trace is None else traces.advance(state.trace)
     with jax.named_scope("embed"):
         x = common.embed(weights.embed, tokens)
     dense_store, tails = state.dense_store, state.tail
@@ -361,7 +373,7 @@ def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array):
 
     def select_pages(q, layer):
         at = lambda a: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False)
-        return _select(config, state.store, q, at(state.page_max), at(state.page_min))
+        return _select(config, state.store, q, at(state.page_max), at(state.page_min), trace, layer)
 
     with jax.named_scope("sparse_layers"):
         x, store, sparse_tails, misses, selections = _layer_loop(
@@ -370,7 +382,7 @@ def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array):
     logits = common.lm_head(weights, x, config.norm_eps)
     with jax.named_scope("seal"):
         tails = jnp.concatenate([dense_tails, sparse_tails], axis=0) if Ld else sparse_tails
-        state = _seal(config, state, store, dense_store, tails)
+        state = _seal(config, state, store, dense_store, tails, trace)
     return state, logits, misses, selections
 
 
@@ -446,4 +458,4 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
         )
         page_max, page_min = put(state.page_max, page_max), put(state.page_min, page_min)
     logits = common.lm_head(weights, common.last_token(x, lengths), config.norm_eps)
-    return State(store, dense_store, tails, page_max, page_min, lengths), logits
+    return State(store, dense_store, tails, page_max, page_min, lengths, state.trace), logits

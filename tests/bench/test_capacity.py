@@ -81,3 +81,27 @@ def test_cli_writes_a_report_whose_numbers_come_from_the_run(tmp_path):
     assert ratio["tokens_equal_at_equal_batch"] is True
     assert ratio["kv_device_bytes_per_request"] > 1
     assert np.isfinite(ratio["throughput"])
+
+
+def test_cli_synthetic_fill_trace_selection_and_no_io_run(tmp_path):
+    out = tmp_path / "decode"
+    rc = main(["decode", "--contexts", "64", "--steps", "2", "--reps", "1", "--max-batch", "2",
+               "--device-budget-mib", "0.5", "--fill", "synthetic", "--selection", "trace", "--no-io",
+               "--set", "index_share=2", "--out", str(out), "--no-plots"])
+    assert rc == 0
+    report = json.loads((out / "decode.json").read_text())
+    assert report["fill"] == "synthetic" and report["selection"] == "trace"
+    assert report["overrides"] == {"index_share": 2}
+    assert any("trace selection" in note for note in report["notes"])
+    rows = {(r["run"], r["mode"]): r for r in report["rows"]}
+    assert set(rows) == {("capacity", "device"), ("capacity", "hisparse"), ("no-IO", "hisparse"),
+                         ("equal batch", "hisparse")}
+    assert rows[("no-IO", "hisparse")]["io_bytes_per_token"] == 0
+    assert rows[("capacity", "hisparse")]["io_bytes_per_token"] > 0
+    (ratio,) = report["ratios"]
+    assert ratio["tokens_equal_at_equal_batch"] is True
+
+
+def test_cli_names_a_bad_override():
+    with pytest.raises(SystemExit, match="--set 'nope=1': expected FIELD=VALUE"):
+        main(["decode", "--set", "nope=1"])

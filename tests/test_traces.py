@@ -1,0 +1,148 @@
+"""The calibrated selection-trace generator (DESIGN.md section 7)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hisparse_jax import traces
+
+
+def _lru_miss_rate(selections, capacity: int, warm: int) -> float:
+    """Misses per selected id of an LRU cache of `capacity` ids, after `warm` steps."""
+    lru, missed, seen = collections.OrderedDict(), 0, 0
+    for step, ids in enumerate(selections):
+        fresh = 0
+        for r in ids.tolist():
+            if r in lru:
+                lru.move_to_end(r)
+            else:
+                fresh += 1
+                lru[r] = None
+        while len(lru) > capacity:
+            lru.popitem(last=False)
+        if step >= warm:
+            missed, seen = missed + fresh, seen + len(ids)
+    return missed / seen
+
+
+def _selections(config, n, k, steps, layers=1, seed=0):
+    """[steps, layers, k] top-k ids of one stream over n sealed records."""
+    trace = traces.init_trace(config, layers, (1,), n, seed=seed)
+    out = []
+    for _ in range(steps):
+        trace, top = _step(trace, k, layers)
+        out.append(np.asarray(top))
+    return np.stack(out)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _step(trace, k, layers):
+    trace = traces.advance(trace)
+    sealed = jnp.full((1,), trace.slow.shape[-1], jnp.int32)
+    tops = [jax.lax.top_k(traces.scores(trace, l, sealed)[0], k)[1] for l in range(layers)]
+    return trace, jnp.stack(tops)
+
+
+def _overlap(a, b) -> float:
+    return len(np.intersect1d(a, b)) / len(a)
+
+
+def test_defaults_reproduce_the_published_locality():
+    """n = 65,536, k = 2048: step overlap ~0.73, LRU misses ~27% / 14.5% / 6.9% at B = k / 2k / 4k."""
+    n, k, steps, warm = 65536, 2048, 100, 40
+    sel = _selections(traces.TraceConfig(), n, k, steps)[:, 0]
+    overlap = np.mean([_overlap(sel[t], sel[t + 1]) for t in range(warm, steps - 1)])
+    assert 0.69 <= overlap <= 0.77, overlap
+    for capacity, low, high in ((k, 0.24, 0.30), (2 * k, 0.125, 0.165), (4 * k, 0.05, 0.085)):
+        rate = _lru_miss_rate(sel, capacity, warm)
+        assert low <= rate <= high, (capacity, rate)
+
+
+def test_memoryless_layers_forget_and_adjacent_layers_agree():
+    n, k = 4096, 256
+    config = traces.TraceConfig(memoryless_layers=1)
+    sel = _selections(config, n, k, steps=12, layers=3)
+    step_overlap = lambda l: np.mean([_overlap(sel[t, l], sel[t + 1, l]) for t in range(4, 11)])
+    # Layer 0 redraws every step: overlap near the sink/local ids plus chance (k / n).
+    chance = (config.sink + config.local) / k + k / n
+    assert step_overlap(0) < chance + 0.1
+    assert step_overlap(1) > 0.5 and step_overlap(2) > 0.5
+    # Innovations chained across layers: adjacent layers select alike, far above chance.
+    assert np.mean([_overlap(sel[t, 1], sel[t, 2]) for t in range(12)]) > 0.5
+
+
+def test_sink_and_local_records_are_always_selected():
+    n, k = 1000, 80
+    config = traces.TraceConfig(sink=4, local=16)
+    sealed = jnp.asarray([n, 500], jnp.int32)
+    trace = traces.advance(traces.init_trace(config, 2, (2,), n, seed=3))
+    for layer in range(2):
+        top = np.asarray(jax.lax.top_k(traces.scores(trace, layer, sealed), k)[1])
+        for stream, count in enumerate((n, 500)):
+            must = set(range(4)) | set(range(count - 16, count))
+            assert must <= set(top[stream].tolist())
+
+
+def test_steer_ignores_the_model_at_weight_zero_and_survives_infinities():
+    config = traces.TraceConfig()
+    trace = traces.advance(traces.init_trace(config, 1, (2,), 64))
+    sealed = jnp.asarray([64, 10], jnp.int32)
+    model = jnp.where(jnp.arange(64) % 5 == 0, -jnp.inf, jnp.arange(64, dtype=jnp.float32))[None].repeat(2, 0)
+    assert traces.steer(lambda: model, None, 0, sealed) is model
+    steered = traces.steer(lambda: model, trace, 0, sealed)
+    np.testing.assert_array_equal(np.asarray(steered), np.asarray(traces.scores(trace, 0, sealed)))
+    weighted = traces.steer(lambda: model, dataclasses.replace(trace, indexer_weight=jnp.float32(1.0)), 0, sealed)
+    finite = np.where(np.isfinite(np.asarray(model)), np.asarray(model), 0.0)
+    np.testing.assert_array_equal(np.asarray(weighted), np.asarray(traces.scores(trace, 0, sealed)) + finite)
+
+
+def test_same_seed_same_trace_and_steps_differ():
+    config = traces.TraceConfig()
+    a = _selections(config, 2048, 128, steps=3, seed=7)
+    b = _selections(config, 2048, 128, steps=3, seed=7)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a[1], a[2])
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(beta=1.5), r"TraceConfig\.beta"),
+        (dict(rho_u=1.0), r"TraceConfig\.rho_u"),
+        (dict(rho_layer=-0.1), r"TraceConfig\.rho_layer"),
+        (dict(sink=-1), r"TraceConfig\.sink"),
+        (dict(memoryless_layers=2.0), r"TraceConfig\.memoryless_layers"),
+    ],
+)
+def test_bad_parameters_name_the_field(fields, match):
+    with pytest.raises(ValueError, match=match):
+        traces.TraceConfig(**fields)
+
+
+def test_init_trace_rejects_more_memoryless_layers_than_layers():
+    with pytest.raises(ValueError, match="memoryless_layers=3 exceeds the 2 selecting layers"):
+        traces.init_trace(traces.TraceConfig(memoryless_layers=3), 2, (1,), 16)
+
+
+def test_for_page_size_counts_sink_and_local_in_tokens():
+    config = traces.TraceConfig.for_page_size(16)
+    assert (config.sink, config.local) == (1, 4)
+    assert traces.TraceConfig.for_page_size(1) == traces.TraceConfig()
+
+
+def test_run_indexer_false_never_computes_the_model_scores():
+    trace = traces.advance(traces.init_trace(traces.TraceConfig(run_indexer=False), 1, (1,), 32))
+    sealed = jnp.asarray([32], jnp.int32)
+
+    def model_scores():
+        raise AssertionError("the indexer ran")
+
+    np.testing.assert_array_equal(np.asarray(traces.steer(model_scores, trace, 0, sealed)),
+                                  np.asarray(traces.scores(trace, 0, sealed)))
