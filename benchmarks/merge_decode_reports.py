@@ -19,8 +19,9 @@ from hisparse_jax.bench.cli import format_table, write_plots
 def merge(reports: list[dict]) -> dict:
     first = reports[0]
     for r in reports[1:]:
-        for key in ("family", "preset", "device", "jax", "device_budget_bytes", "host_budget_bytes"):
-            if r[key] != first[key]:
+        for key in ("family", "preset", "device", "jax", "device_budget_bytes", "host_budget_bytes",
+                    "max_batch_cap", "steps", "reps", "fill", "selection", "overrides", "notes"):
+            if r.get(key) != first.get(key):
                 raise SystemExit(f"reports differ in {key}: {first[key]!r} vs {r[key]!r}")
     merged = dict(first)
     merged["rows"] = sorted((row for r in reports for row in r["rows"]), key=lambda row: row["context"])

@@ -26,6 +26,10 @@
 //  6. slots[j] = slot holding selection[j].
 // A layer index outside [0, L) resolves nothing: the state is left untouched,
 // every non-padding id counts as invalid and every slot is -1.
+// The rules assume a well-formed state: every lru row a permutation of [0, B),
+// no record held by two slots, slot records in [-1, R). init_hot_cache makes
+// one and every implementation keeps it so; states built by other means are
+// outside the contract (results unspecified, and the CPU code indexes by them).
 #ifndef HISPARSE_FFI_RESOLVE_H_
 #define HISPARSE_FFI_RESOLVE_H_
 

@@ -68,13 +68,15 @@ inline constexpr int kFetchBlocksPerSm = 4;
 inline constexpr int64_t kAutoSplitBelowStreams = 4;
 
 // Dynamic shared memory of one resolve block for (k, B): the id table
-// (keys and words, 2 x int32 x pow2 >= 2k), the miss plan (int2 x k) and the
-// hit bitmap (B bits).
-// At most kMaxResolveSharedBytes; above 48 KiB the launcher opts the kernel
-// in once per device.
+// (keys and words, 2 x int32 x cap, cap a power of two >= 4k while the block
+// stays within 96 KiB, else >= 2k), then max(B, 2k) int32 (slot_record
+// staged, later the miss plan).
+// At most kMaxResolveSharedBytes (192 KiB, at k = 8192 and B = 16384); above
+// 48 KiB in all the launcher opts the kernels in once per device.
 int64_t ResolveSharedBytes(int64_t top_k, int64_t hot_slots);
 inline constexpr int64_t kMaxResolveSharedBytes =
-    2 * kMaxResolveTopK * 8 + kMaxResolveTopK * 8 + kMaxResolveHotSlots / 8;
+    2 * kMaxResolveTopK * 8 +
+    (kMaxResolveHotSlots > 2 * kMaxResolveTopK ? kMaxResolveHotSlots : 2 * kMaxResolveTopK) * 4;
 
 // The plan `plan` resolves to for `streams` streams (never kAuto).
 ResolveLaunchPlan ChooseResolvePlan(ResolveLaunchPlan plan, int64_t streams);

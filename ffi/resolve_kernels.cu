@@ -3,45 +3,77 @@
 //
 // Resolve kernel: one block per stream, of kResolveThreads (32 warps), or of
 // kResolveThreadsSmall (16 warps) when there are more streams than SMs and
-// B <= kResolveSmallBlockMaxSlots. The kernel is latency-bound (dependent
-// global and shared-memory round trips between barriers, a few items per
-// thread) and a 1024-thread block at 64 registers takes a whole SM, so 256
-// streams on 132 SMs ran in two waves; 512-thread blocks let two streams
-// share an SM in one wave instead.
-// Shared memory holds an open-addressing table of the selected ids as two
-// arrays (keys[cap], words[cap], cap = pow2 >= 2k: 4-byte strides spread
-// random probes over all 32 banks, where int2 entries used only 16), the miss
-// plan (int2 {slot, record} x k) and a hit bitmap (B bits). Ids hash by the
-// high bits of a Fibonacci product, so ids that share their low bits (strided
-// page ids) do not pile up in one probe run. Per-item values live in
-// registers: lane l of warp w owns the selection positions
-// j = w * 32 * rk + 32 * c + l (c < rk rounds) and the lru positions
-// i = w * 32 * rb + 32 * c + l, so ballots plus one scan of the warp totals
-// rank items in their global order. Only set membership, min and max go
-// through atomics, so every result is independent of thread timing (and of
-// the table layout):
-//   1. table <- empty (key -1, word INT_MAX); miss plan <- -1
-//   2. insert each valid id; word = atomicMin(position)      (rule 0, 1)
-//   3. item j is its id's first appearance iff word == j (word < k)
-//   4. slot b holding a selected id: word = atomicMax(k + b), hit bit of b
-//      (max b, like the CPU's last-writer-wins scan; k + b > any position,
-//      so no pass resets the word in between)
-//   5. count per warp: misses (first appearance, word still < k) and
-//      evictables (lru items whose slot is not hit); warp 0 scans the totals
-//   6. evictable of rank r: new lru position r - M (kept) or E - M + r
-//      (taken by miss r, plan[r].slot); hit of rank h: position E + h.
-//      Miss of rank m: word = -(m + 2), plan[m].record = id  (rules 2-4)
-//   7. slots[j] from the word (>= k: hit slot word - k; <= -2: plan[m].slot),
-//      miss_records / miss_slots / slot_record from the plan      (rule 6)
-//   8. fused plan: the block's warps copy its misses               (rule 5)
+// B <= kResolveSmallBlockMaxSlots (a 1024-thread block at 64 registers takes
+// a whole SM, so 256 streams on 132 SMs would run in two waves; 512-thread
+// blocks let two streams share an SM in one wave instead).
+//
+// A block is latency-bound: its time is the chain of dependent global round
+// trips, shared-memory probe runs and barriers, not bandwidth. The kernel is
+// laid out to keep that chain short:
+//  - the inserts of the selected ids overlap the second global round trip
+//    (slot_record and lru can only be addressed once the layer is read):
+//    slot_record is staged into shared memory with cp.async, which holds no
+//    registers while it flies;
+//  - every lane probes all of its items in lock step, so one item's latency
+//    hides the others' (a lane's items used to probe one after the other);
+//  - the table is sparse (load <= 1/4 when shared memory allows, else <= 1/2)
+//    and lookups read 4 keys per 16-byte load, so a warp's longest probe run
+//    is ~2 loads instead of ~14 (linear probing at load 1/2);
+//  - the lru side probes the record of lru[i] directly (from the staged
+//    slot_record), so the hit and evictable flags come out in lru order
+//    without a hit bitmap and the barrier it needed;
+//  - the number of misses is known from counts alone, M = distinct ids -
+//    hit slots (no record is held twice), so the lru can be rewritten right
+//    after the probes, and a stream without misses finishes there (3
+//    barriers: the common steady state). Misses take one barrier more, and a
+//    second one only when an id that misses appears twice or the block
+//    copies its own misses;
+//  - block totals and exclusive warp offsets are single __reduce_add_sync
+//    over the warp totals, computed by every warp (no scan, no extra barrier).
+//
+// Shared memory: keys[cap] (-1 = empty) and words[cap] of an open-addressing
+// table of the selected ids (cap = power of two, see TableCapacity); then a
+// region of max(B, 2k) ints holding the staged slot_record until the probes
+// are done, then the miss plan (plan_slot[k], plan_record[k]). A word holds
+// either 0xffff << 16 | (first position of its id in the selection) or
+// slot << 16 | 0xffff for the slot holding the id; both are merged with
+// atomicMin, where a slot always wins (slot < 0xffff). Only the keys are
+// cleared: the item that inserts an id writes its word. Ids hash by the high
+// bits of a Fibonacci product, so ids that share their low bits (strided page
+// ids) do not pile up in one probe run. Only membership and min go through
+// atomics, so every result is independent of thread timing (and of the table
+// layout). Per-item values live in registers: lane l of warp w owns
+// the selection positions j = w * 32 * rk + 32 * c + l (c < rk rounds) and
+// the lru positions i = w * 32 * rb + 32 * c + l, so ballots plus the warp
+// offsets rank items in their global order. Phases, between barriers:
+//   0. keys <- -1; load the selection, sealed, layer; cp.async slot_record;
+//      load lru (variants with many lru rounds per lane load it after the
+//      inserts, to bound registers)                                   [bar 1]
+//   1. rule 0; insert each valid id with atomicCAS; the item whose CAS put
+//      the key in (one per distinct id) writes the word (its position);
+//      count distinct and invalid ids per warp                        [bar 2]
+//   2. later copies of an id: atomicMin(word, their position). Lru side: the
+//      record of slot lru[i]; found in the table -> hit, atomicMin(word,
+//      slot), else evictable; count evictables per warp                [bar 3]
+//   3. totals; M = distinct - (B - evictables). New lru (rule 4): evictable
+//      of rank r goes to r - M (kept) or E - M + r (taken by miss r,
+//      plan_slot[r]); a hit after h hits to E + h. slots[j] of hits and
+//      padding (rule 6). M = 0: done. Else flag misses (first position, no
+//      slot) and count them per warp                                  [bar 4]
+//   4. miss of rank m: slot plan_slot[m]; slots, miss_records, miss_slots,
+//      slot_record (rules 2, 3, 5)                 [bar 5: only if needed]
+//   5. later copies of a missing id read its slot; fused plan: the block's
+//      warps copy its misses                                          (rule 5)
 // Fetch kernel (split plan): blocks of kFetchThreads, spread over
 // (chunks x streams); warp g of a stream takes misses g, g + G, ... .
 // Copies move 16 B (8 B when the record or a base pointer does not allow it)
 // per lane: ld.global.nc from the pinned pool, st.global.cg into hot. A warp
 // keeps several rows in flight (RowBatch: up to 32 x unroll vectors) so the
 // host link stays busy; few misses are spread one row per warp instead.
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -57,8 +89,11 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kFetchWarps = kFetchThreads / kWarp;
 static_assert(kResolveThreads == 1024 && kResolveThreadsSmall % kWarp == 0 &&
                   kResolveThreadsSmall <= kResolveThreads,
-              "the warp-total scan holds one warp total per lane of warp 0");
-constexpr int kLargeSharedBytes = 48 * 1024;  // above this a kernel must opt in
+              "warp totals are read one per lane of a warp");
+// Above this, static plus dynamic shared memory, a kernel must opt in.
+constexpr int kLargeSharedBytes = 48 * 1024;
+// Static shared memory of the largest resolve block: four int per warp.
+constexpr int kResolveStaticSharedBytes = 4 * (kResolveThreads / kWarp) * 4;
 constexpr int kMaxDevices = 64;
 
 // Vectors in flight per lane in one copy batch: fused copies run inside the
@@ -66,9 +101,18 @@ constexpr int kMaxDevices = 64;
 constexpr int kFusedCopyUnroll = 4;
 constexpr int kFetchCopyUnroll = 8;
 
-// Item flags packed with the table entry index (entries < 2^15).
-constexpr int kEntryMask = (1 << 16) - 1;
-constexpr int kFirstAppearance = 1 << 16;
+// Items of a lane that probe the table in lock step: enough to overlap the
+// latencies, few enough to keep their probe state in registers.
+constexpr int kProbeBatch = 4;
+
+// A bigger table (load <= 1/4) is used while the block's shared memory stays
+// within this, so that two 512-thread blocks still fit on one SM.
+constexpr int64_t kLowLoadSharedBytes = 96 * 1024;
+
+// Table words: 16-bit slot (high) and first position (low) fields.
+constexpr uint32_t kNoSlot = 0xffffu;
+static_assert(kMaxResolveHotSlots < kNoSlot && kMaxResolveTopK < kNoSlot,
+              "slots and positions fit 16 bits below the kNoSlot sentinel");
 
 // ---------------------------------------------------------------------------
 // Kernel arguments.
@@ -125,37 +169,127 @@ __device__ __forceinline__ uint32_t HashId(int32_t id, uint32_t shift) {
   return (static_cast<uint32_t>(id) * 2654435761u) >> shift;
 }
 
-// The id table in shared memory: keys[e] (-1 = empty) and words[e].
-struct IdTable {
-  int* keys;
-  int* words;
-  uint32_t mask, shift;
+// Word of an id whose first position in the selection is j, and of an id
+// held by `slot` (slot < 0: by none). atomicMin of the two keeps the slot.
+__device__ __forceinline__ uint32_t PositionWord(int j) {
+  return (kNoSlot << 16) | static_cast<uint32_t>(j);
+}
+__device__ __forceinline__ uint32_t SlotWord(int slot) {
+  return slot >= 0 ? (static_cast<uint32_t>(slot) << 16) | 0xffffu : 0xffffffffu;
+}
+// The slot a word names, or -1.
+__device__ __forceinline__ int WordSlot(uint32_t word) {
+  const uint32_t slot = word >> 16;
+  return slot == kNoSlot ? -1 : static_cast<int>(slot);
+}
+__device__ __forceinline__ int WordPosition(uint32_t word) {
+  return static_cast<int>(word & 0xffffu);
+}
 
-  // Inserts a valid id (>= 0) and lowers its word to `position`.
-  __device__ __forceinline__ void Insert(int32_t id, int32_t position) const {
-    uint32_t i = HashId(id, shift);
-    while (true) {
-      const int prev = atomicCAS(&keys[i], -1, id);
-      if (prev == -1 || prev == id) {
-        atomicMin(&words[i], position);
-        return;
+// Inserts the ids of the items in `todo` (bit c: item c) by linear probing
+// with atomicCAS, kProbeBatch items of the lane in lock step so that their
+// CAS latencies overlap. entry[c] = index of the id's key. Returns the items
+// whose CAS put the key in: exactly one item per distinct id. Keys are only
+// touched by atomics during the inserts.
+template <int N>
+__device__ __forceinline__ unsigned InsertIds(int* keys, uint32_t mask, uint32_t shift,
+                                              const int (&id)[N], unsigned todo,
+                                              int (&entry)[N]) {
+  constexpr int kBatch = N < kProbeBatch ? N : kProbeBatch;
+  static_assert(N % kBatch == 0, "whole batches");
+  unsigned won = 0;
+#pragma unroll
+  for (int c0 = 0; c0 < N; c0 += kBatch) {
+    unsigned left = (todo >> c0) & ((1u << kBatch) - 1u);
+    uint32_t at[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) at[u] = HashId(id[c0 + u], shift);
+    while (left != 0) {
+      int prev[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if ((left >> u) & 1u) prev[u] = atomicCAS(&keys[at[u]], -1, id[c0 + u]);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (!((left >> u) & 1u)) continue;
+        if (prev[u] == -1 || prev[u] == id[c0 + u]) {
+          entry[c0 + u] = static_cast<int>(at[u]);
+          if (prev[u] == -1) won |= 1u << (c0 + u);
+          left &= ~(1u << u);
+        } else {
+          at[u] = (at[u] + 1) & mask;
+        }
       }
-      i = (i + 1) & mask;
     }
   }
+  return won;
+}
 
-  // Entry index of a valid id, or -1 when absent. Keys are stable (called
-  // after the insert phase and a barrier).
-  __device__ __forceinline__ int Find(int32_t id) const {
-    uint32_t i = HashId(id, shift);
-    while (true) {
-      const int key = keys[i];
-      if (key == id) return static_cast<int>(i);
-      if (key == -1) return -1;
-      i = (i + 1) & mask;
+// Bit q set where key q of the group equals v.
+__device__ __forceinline__ unsigned GroupEquals(int4 g, int v) {
+  return unsigned{g.x == v} | unsigned{g.y == v} << 1 | unsigned{g.z == v} << 2 |
+         unsigned{g.w == v} << 3;
+}
+
+// Looks up the records of the items in `todo` (bit u: item u) in the
+// finished table (keys are read-only after the inserts). Each step reads the
+// aligned group of 4 keys holding the probe position with one 16-byte load
+// and scans it from there: linear probing never leaves an empty key between
+// an id's hash and the id. entry[u] = index of the record's key; returns the
+// items found.
+template <int N>
+__device__ __forceinline__ unsigned FindRecords(const int* keys, uint32_t mask, uint32_t shift,
+                                                const int (&rec)[N], unsigned todo,
+                                                int (&entry)[N]) {
+  uint32_t at[N];
+#pragma unroll
+  for (int u = 0; u < N; ++u) at[u] = HashId(rec[u], shift);
+  unsigned found = 0;
+  while (todo != 0) {
+    int4 group[N];
+#pragma unroll
+    for (int u = 0; u < N; ++u)
+      if ((todo >> u) & 1u) group[u] = *reinterpret_cast<const int4*>(keys + (at[u] & ~3u));
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      if (!((todo >> u) & 1u)) continue;
+      const unsigned from = 0xfu << (at[u] & 3u);  // the probe position and after
+      const unsigned match = GroupEquals(group[u], rec[u]) & from;
+      if (match != 0) {
+        entry[u] = static_cast<int>((at[u] & ~3u) + __ffs(match) - 1);
+        found |= 1u << u;
+        todo &= ~(1u << u);
+      } else if ((GroupEquals(group[u], -1) & from) != 0) {
+        todo &= ~(1u << u);
+      } else {
+        at[u] = ((at[u] | 3u) + 1) & mask;
+      }
     }
   }
-};
+  return found;
+}
+
+// Starts copying src[0, n) (global) into dst (shared) with cp.async, which
+// holds no register while the loads fly; WaitStaged() before the barrier
+// that publishes dst. 16-byte copies when n and both addresses allow them.
+__device__ __forceinline__ void StageAsync(int* dst, const int* src, int n, int tid,
+                                           int threads) {
+  const bool wide = n % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  if (wide) {
+    for (int q = tid; q < n / 4; q += threads) __pipeline_memcpy_async(dst + 4 * q, src + 4 * q, 16);
+  } else {
+    for (int b = tid; b < n; b += threads) __pipeline_memcpy_async(dst + b, src + b, 4);
+  }
+  __pipeline_commit();
+}
+__device__ __forceinline__ void WaitStaged() { __pipeline_wait_prior(0); }
+
+// Sum of v over the warp, and over the lanes below `below`.
+__device__ __forceinline__ int WarpTotal(int v) { return __reduce_add_sync(kFullMask, v); }
+__device__ __forceinline__ int WarpTotalBelow(int v, int lane, int below) {
+  return __reduce_add_sync(kFullMask, lane < below ? v : 0);
+}
 
 __device__ __forceinline__ unsigned LanesBelow(int lane) { return (1u << lane) - 1u; }
 
@@ -213,12 +347,13 @@ __host__ __device__ __forceinline__ int RowBatch(int64_t vectors_per_row, int un
 
 // Copies misses [0, M) of one stream with `warps` warps, warp g taking the
 // misses g + t * warps of each batch of rows_per_warp * warps. The plan is
-// read through `plan_at(m) -> int2 {slot, record}`.
+// read through `plan_at(m) -> int2 {slot, record}`; an entry outside the hot
+// buffer or the pool (only a malformed state leaves one) is skipped.
 template <typename V, int kUnroll, typename PlanAt>
 __device__ __forceinline__ void CopyMisses(const uint8_t* src_base, uint8_t* dst_base,
-                                           int64_t record_bytes, int hot_slots, int max_batch,
-                                           int misses, int warp, int warps, int lane,
-                                           PlanAt plan_at) {
+                                           int64_t record_bytes, int hot_slots, int pool_records,
+                                           int max_batch, int misses, int warp, int warps,
+                                           int lane, PlanAt plan_at) {
   if (misses <= 0) return;
   const int n = static_cast<int>(record_bytes / static_cast<int64_t>(sizeof(V)));
   // Few misses: one row per warp spreads them over more warps (and SMs).
@@ -229,7 +364,7 @@ __device__ __forceinline__ void CopyMisses(const uint8_t* src_base, uint8_t* dst
     const int m = first + warp + lane * warps;
     if (lane < rows && m < misses) {
       const int2 p = plan_at(m);
-      if (p.x >= 0 && p.x < hot_slots && p.y >= 0) {
+      if (p.x >= 0 && p.x < hot_slots && p.y >= 0 && p.y < pool_records) {
         lane_slot = p.x;
         lane_rec = p.y;
       }
@@ -301,31 +436,44 @@ __device__ void ResolveNothing(const ResolveArgs& a, int stream, int* warp_count
 
 // ---------------------------------------------------------------------------
 // Resolve kernel. kThreads: threads of the block; kRounds: most lru items per
-// lane (B <= kThreads * kRounds). Selection items per lane are at most
-// min(kRounds, 8): k <= B, and k <= 8192 = 1024 x 8.
+// lane (B <= kThreads * kRounds); kSelRounds: most selection items per lane
+// (k <= kThreads * kSelRounds; k <= B and k <= 8192 = 1024 x 8, so at most
+// min(kRounds, 8)). Sizing both to the shape keeps the per-item registers of
+// the common shapes (k = B/2 .. B/4) within 64 without spilling. See the file
+// comment for the phases.
 
-template <int kThreads, int kRounds>
+template <int kThreads, int kRounds, int kSelRounds>
 __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
     ResolveKernel(const ResolveArgs a) {
   constexpr int kWarps = kThreads / kWarp;
-  constexpr int kSelRounds = kRounds < 8 ? kRounds : 8;
+  constexpr int kLruBatch = kRounds < kProbeBatch ? kRounds : kProbeBatch;
   static_assert(kThreads == kResolveThreads || kRounds <= 8,
                 "smaller blocks only serve B <= 8 x kThreads (so k <= 8 x kThreads)");
-  extern __shared__ int2 shared[];
-  __shared__ int warp_misses[kWarps];
-  __shared__ int warp_evictables[kWarps];
+  static_assert(kSelRounds <= kRounds && kSelRounds <= 8, "k <= B and k <= 8192");
+  static_assert(kRounds <= 32 && kRounds % kLruBatch == 0, "item bits fit one word");
+  // The lane's lru slot ids: up to 8 are loaded before the inserts, so that
+  // the loads fly while the inserts run, and the largest variant loads its
+  // 16 after them; from 8 on they are kept two per register. Both keep the
+  // registers within 64.
+  constexpr bool kEarlyLru = kRounds <= 8;
+  constexpr bool kPackedLru = kRounds >= 8;
+  extern __shared__ int4 shared[];
+  __shared__ int warp_distinct[kWarps];
   __shared__ int warp_invalid[kWarps];
-  __shared__ int block_totals[3];  // misses, evictables, invalid
+  __shared__ int warp_evictable[kWarps];
+  __shared__ int warp_misses[kWarps];
 
   const int stream = blockIdx.x;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const unsigned lanes_below = LanesBelow(lane);
   const int k = a.top_k, B = a.hot_slots;
-  const uint32_t mask = a.table_mask;
-  int* keys = reinterpret_cast<int*>(shared);                     // [mask + 1]
-  int* words = keys + mask + 1;                                   // [mask + 1]
-  int2* plan = reinterpret_cast<int2*>(words + mask + 1);         // [k] {slot, record}
-  uint32_t* hit_bits = reinterpret_cast<uint32_t*>(plan + k);     // [ceil(B / 32)]
-  const IdTable table{keys, words, mask, a.table_shift};
+  const uint32_t mask = a.table_mask, capacity = a.table_mask + 1;
+  int* keys = reinterpret_cast<int*>(shared);                      // [capacity]
+  uint32_t* words = reinterpret_cast<uint32_t*>(keys + capacity);  // [capacity]
+  int* region = reinterpret_cast<int*>(words + capacity);          // [max(B, 2k)]
+  int* staged_record = region;    // [B] slot_record, phases 0-2
+  int* plan_slot = region;        // [k] slot taken by miss m, phases 3-5
+  int* plan_record = region + k;  // [k] record of miss m, phases 4-5
 
   // Lane-owned positions (see the file comment).
   const int sel_rounds = (k + kThreads - 1) / kThreads;
@@ -333,8 +481,8 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   const int j0 = warp * kWarp * sel_rounds + lane;
   const int i0 = warp * kWarp * lru_rounds + lane;
 
-  // Issue every global read up front; their latency overlaps steps 1-2. The
-  // selection and sealed do not depend on the layer: load them with it.
+  // 0. Loads that do not depend on the layer, with the layer; the key clear
+  // overlaps them.
   const int32_t* sel = a.selection + int64_t{stream} * k;
   int id[kSelRounds];
 #pragma unroll
@@ -344,6 +492,7 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   }
   const int sealed = a.sealed[stream];
   const int layer = *a.layer;
+  for (uint32_t q = tid; q < capacity / 4; q += kThreads) shared[q] = make_int4(-1, -1, -1, -1);
   if (layer < 0 || layer >= a.layers) {
     ResolveNothing<kThreads>(a, stream, warp_invalid);
     return;
@@ -352,214 +501,208 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   int32_t* slot_record = a.slot_record + ls * B;
   int32_t* lru = a.lru + ls * B;
   const int limit = max(0, min(sealed, a.pool_records));
-  // slot_record[b], b = c * threads + tid, and lru[i], i = i0 + 32 c (-1 past
-  // B). The largest variant loads them later, when other items are dead, and
-  // packs the lru, to stay within 64 registers.
-  constexpr bool kEarly = kRounds <= 8;
-  int held[kRounds];
-  auto load_held = [&] {
-#pragma unroll
-    for (int c = 0; c < kRounds; ++c) {
-      const int b = c * kThreads + tid;
-      held[c] = b < B ? slot_record[b] : -1;
-    }
+  StageAsync(staged_record, slot_record, B, tid, kThreads);
+  auto lru_at = [&](int c) {  // lru[i] of the lane's position c, -1 past B
+    const int i = i0 + c * kWarp;
+    return (c < lru_rounds && i < B) ? lru[i] : -1;
   };
-  if constexpr (kEarly) load_held();
-  SlotList<kRounds, !kEarly> order;
-  auto load_lru = [&] {
+  int early_lru[kEarlyLru ? kRounds : 1];
+  if constexpr (kEarlyLru) {
 #pragma unroll
-    for (int c = 0; c < kRounds; ++c) {
-      const int i = i0 + c * kWarp;
-      order.Set(c, (c < lru_rounds && i < B) ? lru[i] : -1);
-    }
-  };
-  if constexpr (kEarly) load_lru();
-
-  // 1. Empty table and plan.
-  for (uint32_t e = tid; e <= mask; e += kThreads) {
-    keys[e] = -1;
-    words[e] = INT_MAX;
+    for (int c = 0; c < kRounds; ++c) early_lru[c] = lru_at(c);
   }
-  for (int m = tid; m < k; m += kThreads) plan[m] = make_int2(-1, -1);
-  __syncthreads();
+  __syncthreads();  // 1: keys cleared
 
-  // 2. Rule 0 and the distinct ids with their first position.
-  int invalid = 0;
+  // 1. Rule 0, then the distinct valid ids (rule 1).
+  unsigned valid = 0, bad = 0;
 #pragma unroll
   for (int c = 0; c < kSelRounds; ++c) {
     if (id[c] == -1) continue;
     if (id[c] < 0 || id[c] >= limit) {
-      ++invalid;
-      id[c] = -1;  // padding from here on
-      continue;
+      bad |= 1u << c;
+    } else {
+      valid |= 1u << c;
     }
-    table.Insert(id[c], j0 + c * kWarp);
   }
-  __syncthreads();
-
-  // 3. Entry of each valid item; is it the first appearance?
-  // From here on an item is known by its entry (the id is keys[entry]).
-  int entry[kSelRounds];  // entry index | kFirstAppearance, or -1
+  int entry[kSelRounds];
+  const unsigned won = InsertIds(keys, mask, a.table_shift, id, valid, entry);
+  int distinct_in_warp = 0, invalid_in_warp = 0;
 #pragma unroll
   for (int c = 0; c < kSelRounds; ++c) {
-    entry[c] = -1;
-    if (id[c] >= 0) {
-      const int e = table.Find(id[c]);
-      entry[c] = e | (words[e] == j0 + c * kWarp ? kFirstAppearance : 0);
-    }
+    // Only the winner touches the word before the barrier.
+    if ((won >> c) & 1u) words[entry[c]] = PositionWord(j0 + c * kWarp);
+    distinct_in_warp += __popc(__ballot_sync(kFullMask, (won >> c) & 1u));
+    invalid_in_warp += __popc(__ballot_sync(kFullMask, (bad >> c) & 1u));
   }
-  if constexpr (!kEarly) load_held();
-  __syncthreads();
-
-  // 4. Hit slots: word = k + largest slot holding the id (every word is a
-  // position < k before this step). Hit bits of 32 consecutive slots belong
-  // to one warp round.
-#pragma unroll
-  for (int c = 0; c < kRounds; ++c) {
-    const int b = c * kThreads + tid;
-    bool hit = false;
-    if (b < B && held[c] >= 0 && held[c] < limit) {
-      const int e = table.Find(held[c]);
-      if (e >= 0) {
-        atomicMax(&words[e], k + b);
-        hit = true;
-      }
-    }
-    const unsigned bits = __ballot_sync(kFullMask, hit);
-    const int b_warp = c * kThreads + warp * kWarp;
-    if (lane == 0 && b_warp < B) hit_bits[b_warp / kWarp] = bits;
-  }
-  if constexpr (!kEarly) load_lru();
-  __syncthreads();
-
-  // 5. Count misses and evictables per warp, then scan the warp totals.
-  unsigned miss_flags = 0, evict_flags = 0;
-  int misses_in_warp = 0, evictables_in_warp = 0;
-#pragma unroll
-  for (int c = 0; c < kSelRounds; ++c) {
-    const bool miss = entry[c] >= 0 && (entry[c] & kFirstAppearance) &&
-                      words[entry[c] & kEntryMask] < k;
-    miss_flags |= unsigned{miss} << c;
-    misses_in_warp += __popc(__ballot_sync(kFullMask, miss));
-  }
-#pragma unroll
-  for (int c = 0; c < kRounds; ++c) {
-    const int slot = order.Get(c);
-    const bool in_lru = c < lru_rounds && i0 + c * kWarp < B;
-    const bool hit = slot >= 0 && slot < B && ((hit_bits[slot / kWarp] >> (slot % kWarp)) & 1u);
-    const bool evictable = in_lru && !hit;
-    evict_flags |= unsigned{evictable} << c;
-    evictables_in_warp += __popc(__ballot_sync(kFullMask, evictable));
-  }
-  invalid = WarpSum(invalid);
   if (lane == 0) {
-    warp_misses[warp] = misses_in_warp;
-    warp_evictables[warp] = evictables_in_warp;
-    warp_invalid[warp] = invalid;
+    warp_distinct[warp] = distinct_in_warp;
+    warp_invalid[warp] = invalid_in_warp;
   }
-  __syncthreads();
-  if (warp == 0) {
-    const bool owner = lane < kWarps;  // lanes past the warp count add zeros
-    const int mv = owner ? warp_misses[lane] : 0, ev = owner ? warp_evictables[lane] : 0;
-    int mi = mv, ei = ev;  // inclusive scans
-#pragma unroll
-    for (int d = 1; d < kWarp; d *= 2) {
-      const int mu = __shfl_up_sync(kFullMask, mi, d), eu = __shfl_up_sync(kFullMask, ei, d);
-      if (lane >= d) {
-        mi += mu;
-        ei += eu;
-      }
-    }
-    const int total_invalid = WarpSum(owner ? warp_invalid[lane] : 0);
-    if (owner) {
-      warp_misses[lane] = mi - mv;
-      warp_evictables[lane] = ei - ev;
-    }
-    if (lane == kWarp - 1) {
-      block_totals[0] = mi;
-      block_totals[1] = ei;
-      block_totals[2] = total_invalid;
-    }
-  }
-  __syncthreads();
-  const int M = block_totals[0], E = block_totals[1];
-
-  // 6a. New lru, and the slot each miss takes (rules 3, 4).
-  int evict_rank = warp_evictables[warp];
+  SlotList<kRounds, kPackedLru> order;
 #pragma unroll
   for (int c = 0; c < kRounds; ++c) {
-    const bool evictable = (evict_flags >> c) & 1u;
-    const unsigned bits = __ballot_sync(kFullMask, evictable);
+    if constexpr (kEarlyLru) {
+      order.Set(c, early_lru[c]);
+    } else {
+      order.Set(c, lru_at(c));
+    }
+  }
+  WaitStaged();
+  __syncthreads();  // 2: table complete, slot_record staged
+
+  // 2. First positions (rule 2 orders misses by them), and the hit slots.
+#pragma unroll
+  for (int c = 0; c < kSelRounds; ++c) {
+    if (((valid & ~won) >> c) & 1u) atomicMin(&words[entry[c]], PositionWord(j0 + c * kWarp));
+  }
+  unsigned evictable = 0;
+  int evictables_in_warp = 0;
+#pragma unroll
+  for (int c0 = 0; c0 < kRounds; c0 += kLruBatch) {
+    int rec[kLruBatch], at[kLruBatch];
+    unsigned listed = 0, probe = 0;
+#pragma unroll
+    for (int u = 0; u < kLruBatch; ++u) {
+      const int slot = order.Get(c0 + u);
+      rec[u] = -1;
+      // Out-of-range slots only come from a malformed lru.
+      if (slot >= 0 && slot < B) {
+        listed |= 1u << u;
+        rec[u] = staged_record[slot];
+      }
+      if (rec[u] >= 0 && rec[u] < limit) probe |= 1u << u;
+    }
+    const unsigned hit = FindRecords(keys, mask, a.table_shift, rec, probe, at);
+#pragma unroll
+    for (int u = 0; u < kLruBatch; ++u) {
+      // The smallest slot wins if a malformed state holds a record twice.
+      if ((hit >> u) & 1u) atomicMin(&words[at[u]], SlotWord(order.Get(c0 + u)));
+    }
+    evictable |= (listed & ~hit) << c0;
+  }
+#pragma unroll
+  for (int c = 0; c < kRounds; ++c)
+    evictables_in_warp += __popc(__ballot_sync(kFullMask, (evictable >> c) & 1u));
+  if (lane == 0) warp_evictable[warp] = evictables_in_warp;
+  __syncthreads();  // 3: words final (first position or hit slot)
+
+  // 3. Totals. In a well-formed state every lru position is a hit or an
+  // evictable slot and distinct slots hold distinct records, so the hit
+  // slots are the hit ids and M = distinct - hits. The clamp only matters
+  // for a malformed state; it keeps every index below in bounds.
+  const bool owner = lane < kWarps;
+  const int lane_distinct = owner ? warp_distinct[lane] : 0;
+  const int lane_invalid = owner ? warp_invalid[lane] : 0;
+  const int lane_evictable = owner ? warp_evictable[lane] : 0;
+  const int distinct = WarpTotal(lane_distinct);
+  const int total_invalid = WarpTotal(lane_invalid);
+  const int E = WarpTotal(lane_evictable);
+  const int M = max(0, min(distinct - (B - E), E));
+
+  // New lru (rule 4) and the slot each miss takes (rule 3).
+  int evict_rank = WarpTotalBelow(lane_evictable, lane, warp);
+#pragma unroll
+  for (int c = 0; c < kRounds; ++c) {
+    const bool is_evictable = (evictable >> c) & 1u;
+    const unsigned bits = __ballot_sync(kFullMask, is_evictable);
     const int i = i0 + c * kWarp;
     if (c < lru_rounds && i < B) {
-      const int r = evict_rank + __popc(bits & LanesBelow(lane));
+      const int r = evict_rank + __popc(bits & lanes_below);  // evictables before i
+      const int slot = order.Get(c);
       int position;
-      if (evictable) {
+      if (is_evictable) {
         position = r >= M ? r - M : E - M + r;
-        if (r < M) plan[r].x = order.Get(c);
+        if (r < M) plan_slot[r] = slot;
       } else {
         position = E + (i - r);
       }
-      // Always in [0, B) unless a malformed state holds a record twice.
-      if (position >= 0 && position < B) lru[position] = order.Get(c);
+      // Always in [0, B) unless the state is malformed.
+      if (position >= 0 && position < B) lru[position] = slot;
     }
     evict_rank += __popc(bits);
   }
-  // 6b. Miss ranks in first-appearance order (rule 2).
-  int miss_rank = warp_misses[warp];
-#pragma unroll
-  for (int c = 0; c < kSelRounds; ++c) {
-    const bool miss = (miss_flags >> c) & 1u;
-    const unsigned bits = __ballot_sync(kFullMask, miss);
-    if (miss) {
-      const int m = miss_rank + __popc(bits & LanesBelow(lane));
-      const int e = entry[c] & kEntryMask;
-      plan[m].y = keys[e];
-      words[e] = -(m + 2);
-    }
-    miss_rank += __popc(bits);
-  }
-  __syncthreads();
 
-  // 7. Outputs (rule 6) and the new slot records (rule 5). A valid item's
-  // word is now k + its hit slot, or -(m + 2) for miss m.
+  // slots[j] of hits and padding (rule 6); flag the misses.
   const int64_t out = int64_t{stream} * k;
+  uint32_t word[kSelRounds];
+#pragma unroll
+  for (int c = 0; c < kSelRounds; ++c)
+    if ((valid >> c) & 1u) word[c] = words[entry[c]];
+  unsigned miss = 0, repeat_miss = 0;
 #pragma unroll
   for (int c = 0; c < kSelRounds; ++c) {
     const int j = j0 + c * kWarp;
-    if (c < sel_rounds && j < k) {
-      int slot = -1;
-      if (entry[c] >= 0) {
-        const int word = words[entry[c] & kEntryMask];
-        slot = word >= k ? word - k : (word <= -2 ? plan[-(word + 2)].x : -1);
+    if (c >= sel_rounds || j >= k) continue;
+    int slot = -1;
+    if ((valid >> c) & 1u) {
+      slot = WordSlot(word[c]);
+      if (slot < 0 && M > 0) {
+        if (WordPosition(word[c]) == j) {
+          miss |= 1u << c;
+        } else {
+          repeat_miss |= 1u << c;
+        }
+        continue;  // written in phase 4 or 5
       }
-      a.slots[out + j] = slot;
     }
-  }
-  for (int m = tid; m < k; m += kThreads) {
-    const bool taken = m < M;
-    const int2 p = taken ? plan[m] : make_int2(-1, -1);
-    a.miss_records[out + m] = p.y;
-    a.miss_slots[out + m] = p.x;
-    if (taken && p.x >= 0 && p.x < B) slot_record[p.x] = p.y;
+    a.slots[out + j] = slot;  // -1 for a "miss" without misses: malformed only
   }
   if (tid == 0) {
     a.misses[stream] = M;
-    a.invalid[stream] = block_totals[2];
+    a.invalid[stream] = total_invalid;
   }
+  for (int m = M + tid; m < k; m += kThreads) {
+    a.miss_records[out + m] = -1;
+    a.miss_slots[out + m] = -1;
+  }
+  if (M == 0) return;  // the steady state: every selected id was resident
 
-  // 8. Fused plan: this block copies its own misses.
+  int misses_in_warp = 0;
+#pragma unroll
+  for (int c = 0; c < kSelRounds; ++c)
+    misses_in_warp += __popc(__ballot_sync(kFullMask, (miss >> c) & 1u));
+  if (lane == 0) warp_misses[warp] = misses_in_warp;
+  const bool repeats = __syncthreads_or(repeat_miss != 0);  // 4: plan_slot, miss counts
+
+  // 4. Miss of rank m (first-appearance order, rule 2) takes plan_slot[m].
+  int miss_rank = WarpTotalBelow(owner ? warp_misses[lane] : 0, lane, warp);
+#pragma unroll
+  for (int c = 0; c < kSelRounds; ++c) {
+    const bool is_miss = (miss >> c) & 1u;
+    const unsigned bits = __ballot_sync(kFullMask, is_miss);
+    if (is_miss) {
+      const int m = miss_rank + __popc(bits & lanes_below);  // < k
+      const int slot = m < M ? plan_slot[m] : -1;           // m < M unless malformed
+      const int record = keys[entry[c]];  // the id: not kept in registers past phase 1
+      a.slots[out + j0 + c * kWarp] = slot;
+      a.miss_records[out + m] = record;
+      a.miss_slots[out + m] = slot;
+      if (m < M) plan_record[m] = record;
+      if (slot >= 0 && slot < B) slot_record[slot] = record;
+      if (repeats) words[entry[c]] = SlotWord(slot);
+    }
+    miss_rank += __popc(bits);
+  }
+  if (!repeats && !a.fused_fetch) return;
+  __syncthreads();  // 5: slots of missing ids, miss plan
+
+  // 5. Later copies of a missing id, and the fused plan's copy (rule 5).
+#pragma unroll
+  for (int c = 0; c < kSelRounds; ++c)
+    if ((repeat_miss >> c) & 1u) a.slots[out + j0 + c * kWarp] = WordSlot(words[entry[c]]);
   if (a.fused_fetch) {
     const int64_t W = a.record_bytes;
     const uint8_t* src = a.host_pool + ls * a.pool_records * W;
     uint8_t* dst = a.hot + ls * B * W;
-    auto plan_at = [plan](int m) { return plan[m]; };
+    auto plan_at = [plan_slot, plan_record](int m) {
+      return make_int2(plan_slot[m], plan_record[m]);
+    };
     if (a.copy_vector == 16) {
-      CopyMisses<int4, kFusedCopyUnroll>(src, dst, W, B, a.row_batch, M, warp, kWarps, lane,
-                                         plan_at);
+      CopyMisses<int4, kFusedCopyUnroll>(src, dst, W, B, a.pool_records, a.row_batch, M, warp,
+                                         kWarps, lane, plan_at);
     } else {
-      CopyMisses<uint2, kFusedCopyUnroll>(src, dst, W, B, a.row_batch, M, warp, kWarps, lane,
-                                          plan_at);
+      CopyMisses<uint2, kFusedCopyUnroll>(src, dst, W, B, a.pool_records, a.row_batch, M, warp,
+                                          kWarps, lane, plan_at);
     }
   }
 }
@@ -581,7 +724,7 @@ __global__ void __launch_bounds__(kFetchThreads) FetchKernel(const FetchArgs a) 
   const int32_t* miss_slots = a.miss_slots + out;
   auto plan_at = [=](int m) { return make_int2(miss_slots[m], miss_records[m]); };
   CopyMisses<V, kFetchCopyUnroll>(a.host_pool + ls * a.pool_records * W, a.hot + ls * a.hot_slots * W,
-                                  W, a.hot_slots, a.row_batch, misses,
+                                  W, a.hot_slots, a.pool_records, a.row_batch, misses,
                                   chunk * kFetchWarps + warp, a.chunks * kFetchWarps, lane,
                                   plan_at);
 }
@@ -632,35 +775,42 @@ struct ResolveVariant {
   int threads;
 };
 
-// Every instantiated variant, for the shared-memory opt-in.
-constexpr ResolveKernelFn kResolveKernels[] = {
-    ResolveKernel<kResolveThreadsSmall, 1>, ResolveKernel<kResolveThreadsSmall, 2>,
-    ResolveKernel<kResolveThreadsSmall, 4>, ResolveKernel<kResolveThreadsSmall, 8>,
-    ResolveKernel<kResolveThreads, 1>,      ResolveKernel<kResolveThreads, 2>,
-    ResolveKernel<kResolveThreads, 4>,      ResolveKernel<kResolveThreads, 8>,
-    ResolveKernel<kResolveThreads, 16>};
+// Every instantiated variant, for the shared-memory opt-in:
+// k{Small,Large}Kernels[r][s] has 2^r lru and 2^s selection items per lane
+// (s clamped to r and to 3: k <= B, k <= 8192).
+template <int kThreads, int kRounds>
+constexpr std::array<ResolveKernelFn, 4> SelectionVariants() {
+  return {ResolveKernel<kThreads, kRounds, 1>,
+          ResolveKernel<kThreads, kRounds, (kRounds < 2 ? kRounds : 2)>,
+          ResolveKernel<kThreads, kRounds, (kRounds < 4 ? kRounds : 4)>,
+          ResolveKernel<kThreads, kRounds, (kRounds < 8 ? kRounds : 8)>};
+}
+constexpr std::array<ResolveKernelFn, 4> kSmallKernels[] = {
+    SelectionVariants<kResolveThreadsSmall, 1>(), SelectionVariants<kResolveThreadsSmall, 2>(),
+    SelectionVariants<kResolveThreadsSmall, 4>(), SelectionVariants<kResolveThreadsSmall, 8>()};
+constexpr std::array<ResolveKernelFn, 4> kLargeKernels[] = {
+    SelectionVariants<kResolveThreads, 1>(), SelectionVariants<kResolveThreads, 2>(),
+    SelectionVariants<kResolveThreads, 4>(), SelectionVariants<kResolveThreads, 8>(),
+    SelectionVariants<kResolveThreads, 16>()};
+
+// Index of the smallest power of two >= n (n >= 1).
+int CeilLog2(int64_t n) {
+  int r = 0;
+  while ((int64_t{1} << r) < n) ++r;
+  return r;
+}
 
 // Small blocks (two per SM) when there are more streams than SMs, so that
 // large blocks would queue in a second wave, and B <= kResolveSmallBlockMaxSlots
-// (at most 8 items per lane, the register budget of kEarly). Otherwise large
-// blocks: with an SM each, 32 warps hide more latency than 16 with twice the
-// items per lane.
-ResolveVariant ResolveKernelFor(int64_t hot_slots, int64_t streams, int sms) {
-  if (streams > sms && hot_slots <= kResolveSmallBlockMaxSlots) {
-    constexpr int t = kResolveThreadsSmall;
-    const int64_t rounds = (hot_slots + t - 1) / t;
-    if (rounds <= 1) return {ResolveKernel<t, 1>, t};
-    if (rounds <= 2) return {ResolveKernel<t, 2>, t};
-    if (rounds <= 4) return {ResolveKernel<t, 4>, t};
-    return {ResolveKernel<t, 8>, t};
-  }
-  constexpr int t = kResolveThreads;
-  const int64_t rounds = (hot_slots + t - 1) / t;
-  if (rounds <= 1) return {ResolveKernel<t, 1>, t};
-  if (rounds <= 2) return {ResolveKernel<t, 2>, t};
-  if (rounds <= 4) return {ResolveKernel<t, 4>, t};
-  if (rounds <= 8) return {ResolveKernel<t, 8>, t};
-  return {ResolveKernel<t, 16>, t};
+// (at most 8 lru items per lane). Otherwise large blocks: with an SM each, 32
+// warps hide more latency than 16 with twice the items per lane.
+ResolveVariant ResolveKernelFor(int64_t top_k, int64_t hot_slots, int64_t streams, int sms) {
+  const bool small = streams > sms && hot_slots <= kResolveSmallBlockMaxSlots;
+  const int threads = small ? kResolveThreadsSmall : kResolveThreads;
+  const int r = CeilLog2((hot_slots + threads - 1) / threads);
+  const int s = CeilLog2((top_k + threads - 1) / threads);
+  const int sel = s < 3 ? s : 3;
+  return {small ? kSmallKernels[r][sel] : kLargeKernels[r][sel], threads};
 }
 
 // Lets every resolve kernel use up to kMaxResolveSharedBytes of dynamic
@@ -671,11 +821,17 @@ cudaError_t OptInSharedMemory(int device) {
   if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
   std::call_once(once[device], [device] {
     cudaError_t err = cudaSuccess;
-    for (ResolveKernelFn fn : kResolveKernels) {
-      const cudaError_t e = cudaFuncSetAttribute(
-          fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxResolveSharedBytes));
-      if (err == cudaSuccess) err = e;
-    }
+    auto opt_in = [&err](const auto& table) {
+      for (const auto& row : table) {
+        for (ResolveKernelFn fn : row) {
+          const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(kMaxResolveSharedBytes));
+          if (err == cudaSuccess) err = e;
+        }
+      }
+    };
+    opt_in(kSmallKernels);
+    opt_in(kLargeKernels);
     result[device] = err;
   });
   return result[device];
@@ -685,11 +841,31 @@ bool Aligned(const void* p, int bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
 }
 
-int64_t TableCapacity(int64_t top_k) {
+// Dynamic shared memory of a resolve block with a table of `capacity`
+// entries (keys and words), then the staged slot_record / miss plan region.
+constexpr int64_t SharedBytesWith(int64_t capacity, int64_t top_k, int64_t hot_slots) {
+  return capacity * 8 + (hot_slots > 2 * top_k ? hot_slots : 2 * top_k) * 4;
+}
+
+// Table capacity for k selected ids: a power of two >= 4k (load <= 1/4) while
+// the block stays within kLowLoadSharedBytes, else >= 2k (load <= 1/2). At
+// load 1/4 a warp's longest probe run (32 lanes x 4 items) is about 2 group
+// loads and its longest insert run about 3 CAS, against about 4 and 7 at 1/2
+// (simulated with random ids).
+constexpr int64_t TableCapacity(int64_t top_k, int64_t hot_slots) {
   int64_t capacity = 16;
   while (capacity < 2 * top_k) capacity *= 2;
+  if (SharedBytesWith(2 * capacity, top_k, hot_slots) <= kLowLoadSharedBytes) capacity *= 2;
   return capacity;
 }
+// The largest shapes need the most: a table at load <= 1/2 is at most
+// 2 x pow2(2 x 8192) x 4 bytes there, and a low-load table stays within
+// kLowLoadSharedBytes.
+static_assert(SharedBytesWith(TableCapacity(kMaxResolveTopK, kMaxResolveHotSlots),
+                              kMaxResolveTopK, kMaxResolveHotSlots) == kMaxResolveSharedBytes &&
+                  kLowLoadSharedBytes <= kMaxResolveSharedBytes &&
+                  kMaxResolveSharedBytes + kResolveStaticSharedBytes <= 227 * 1024,
+              "kMaxResolveSharedBytes bounds every shape and fits an sm_90 block");
 
 cudaError_t Fail(cudaError_t err, const char* kernel, const char** failed_kernel) {
   if (err != cudaSuccess && failed_kernel != nullptr) *failed_kernel = kernel;
@@ -699,7 +875,7 @@ cudaError_t Fail(cudaError_t err, const char* kernel, const char** failed_kernel
 }  // namespace
 
 int64_t ResolveSharedBytes(int64_t top_k, int64_t hot_slots) {
-  return TableCapacity(top_k) * 8 + top_k * 8 + (hot_slots + 31) / 32 * 4;
+  return SharedBytesWith(TableCapacity(top_k, hot_slots), top_k, hot_slots);
 }
 
 ResolveLaunchPlan ChooseResolvePlan(ResolveLaunchPlan plan, int64_t streams) {
@@ -723,7 +899,7 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
   const int64_t shared_bytes = ResolveSharedBytes(d.top_k, d.hot_slots);
-  if (shared_bytes > kLargeSharedBytes) {
+  if (shared_bytes + kResolveStaticSharedBytes > kLargeSharedBytes) {
     err = OptInSharedMemory(device);
     if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
   }
@@ -753,14 +929,14 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   a.top_k = static_cast<int32_t>(d.top_k);
   a.hot_slots = static_cast<int32_t>(d.hot_slots);
   a.pool_records = static_cast<int32_t>(d.pool_records);
-  const int64_t capacity = TableCapacity(d.top_k);
+  const int64_t capacity = TableCapacity(d.top_k, d.hot_slots);
   a.table_mask = static_cast<uint32_t>(capacity - 1);
   a.table_shift = 32;
   for (int64_t c = capacity; c > 1; c /= 2) --a.table_shift;
   a.copy_vector = vector;
   a.row_batch = RowBatch(d.record_bytes / vector, kFusedCopyUnroll);
   a.fused_fetch = fetch && !split;
-  const ResolveVariant variant = ResolveKernelFor(d.hot_slots, d.streams, SmCount(device));
+  const ResolveVariant variant = ResolveKernelFor(d.top_k, d.hot_slots, d.streams, SmCount(device));
   variant.kernel<<<static_cast<unsigned>(d.streams), variant.threads,
                    static_cast<size_t>(shared_bytes), stream>>>(a);
   err = cudaGetLastError();

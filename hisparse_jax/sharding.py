@@ -290,6 +290,21 @@ def _misses_spec(axis: str) -> P:
     return P(None, axis)  # misses [L, *streams]
 
 
+_SINGLE_DEVICE_ONLY = (
+    "selection traces (state.trace) and no-IO stores (store.fetch=False) are single-device "
+    "benchmark features: run them with the base family, not a sharded one"
+)
+
+
+def _check_single_device_features(op: str, state) -> None:
+    if getattr(state, "trace", None) is not None or not state.store.fetch:
+        raise ValueError(f"{op}: {_SINGLE_DEVICE_ONLY}")
+
+
+def _no_trace_layout(config, batch):
+    raise ValueError(f"trace_layout: {_SINGLE_DEVICE_ONLY}")
+
+
 @functools.lru_cache(maxsize=None)
 def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.ModuleType:
     """A model family whose streams are split over `axis` of `mesh`.
@@ -318,6 +333,7 @@ def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.Module
 
     def prefill(config, weights, state, prompts, lengths):
         _check_divisible("prefill", lengths.shape[0], mesh, axis)
+        _check_single_device_features("prefill", state)
         specs = state_specs(base, config, state.store.mode, axis)
         fn = jax.shard_map(
             functools.partial(base.prefill, config), mesh=mesh,
@@ -327,6 +343,7 @@ def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.Module
 
     def decode_step(config, weights, state, tokens):
         _check_divisible("decode_step", tokens.shape[0], mesh, axis)
+        _check_single_device_features("decode_step", state)
         specs = state_specs(base, config, state.store.mode, axis)
         fn = jax.shard_map(
             functools.partial(base.decode_step, config), mesh=mesh,
@@ -339,6 +356,7 @@ def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.Module
     module.init_state = init_state
     module.prefill = prefill
     module.decode_step = decode_step
+    module.trace_layout = _no_trace_layout
     module.base = base
     module.mesh = mesh
     module.axis = axis

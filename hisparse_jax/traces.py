@@ -14,10 +14,11 @@ flicker (rho_e = 0.8) per layer whose innovations are chained across layers
 N(0, 1). The first `memoryless_layers` layers use beta = 0 and rho_e = 0, as
 the first layers of real models barely repeat themselves.
 
-With the defaults at n = 65,536 and k = 2048 this gives a step overlap of
-about 0.73 and LRU miss rates near 27% / 14.5% / 6.9% at B = k / 2k / 4k,
-close to the published GLM-5.1 traces; beta = 0.55, rho_e = 0.5 matches
-DeepSeek-V3.2's 44% overlap.
+With the defaults at n = 65,536 and k = 2048, one stream, 100 steps after 40
+of warm-up, four seeds gave a step overlap of 0.72-0.73 and LRU miss rates of
+27.0-27.7% / 13.8-14.4% / 6.0-6.4% at B = k / 2k / 4k (DESIGN.md quotes 0.73
+and 27% / 14.5% / 6.9%), close to the published GLM-5.1 traces; beta = 0.55,
+rho_e = 0.5 matches DeepSeek-V3.2's 44% overlap.
 
 A model keeps computing its own indexer scores, so a decode step costs what
 it would with the real selection: `steer` adds them with `indexer_weight`, a
@@ -106,7 +107,6 @@ def init_trace(
     num_records: int,
     seed: int = 0,
     indexer_weight: float = 0.0,
-    sharding=None,
 ) -> TraceState:
     """A stationary trace state (u, e ~ N(0, 1)) for `layers` selecting layers.
 
@@ -114,7 +114,6 @@ def init_trace(
       layers: selecting layers (e.g. DSA's indexer groups, Quest's sparse layers).
       stream_shape: [*S], the streams of one layer's selection.
       num_records: R, the record ids a selection ranges over.
-      sharding: where the arrays live (default: the first device).
     """
     if not isinstance(layers, int) or layers < 1:
         raise ValueError(f"init_trace: layers must be an int >= 1, got {layers!r}")
@@ -137,10 +136,9 @@ def init_trace(
             config=config,
         )
 
-    # Committed, like the arrays a jitted decode returns: the first and later
-    # decode calls then share one compiled program.
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0]) if sharding is None else sharding
-    return jax.device_put(build(jax.random.key(seed)), sharding)
+    # On the first device and committed, like the arrays a jitted decode returns: the
+    # first and later decode calls then share one compiled program.
+    return jax.device_put(build(jax.random.key(seed)), jax.sharding.SingleDeviceSharding(jax.devices()[0]))
 
 
 def _ar1(previous: jax.Array, innovation: jax.Array, rho) -> jax.Array:

@@ -9,6 +9,7 @@ Run it by hand: JAX_NUM_CPU_DEVICES=4 PYTHONPATH=/tmp/site_shard python tests/sh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -338,6 +339,28 @@ def _():
     except ValueError as err:
         return "multiple of" in str(err), {"message": str(err)}
     return False, {"message": "no error"}
+
+
+@check("sharded_family_refuses_benchmark_only_state")
+def _():
+    """Traces and no-IO stores are single-device benchmark features: a named error, not a
+    shard_map pytree mismatch."""
+    mesh = hsh.stream_mesh()
+    family = hsh.sharded_family("dsa", mesh)
+    messages = []
+    try:
+        family.trace_layout(DSA, DEVICES)
+    except ValueError as err:
+        messages.append(str(err))
+    state = hsh.init_sharded_state("dsa", DSA, DEVICES, "hisparse", mesh)
+    quiet = dataclasses.replace(state, store=dataclasses.replace(state.store, fetch=False))
+    try:
+        family.decode_step(DSA, hsh.replicate(dsa.init_weights(DSA, 0), mesh), quiet,
+                           jnp.zeros((DEVICES,), jnp.int32))
+    except ValueError as err:
+        messages.append(str(err))
+    ok = len(messages) == 2 and all("single-device benchmark features" in m for m in messages)
+    return ok, {"messages": messages}
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ CHECKS = (
     "sharded_dsa_decode_hlo",
     "sharded_sampling_draws",
     "sharded_state_checks",
+    "sharded_family_refuses_benchmark_only_state",
 )
 
 

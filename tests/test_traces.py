@@ -55,12 +55,13 @@ def _overlap(a, b) -> float:
 
 
 def test_defaults_reproduce_the_published_locality():
-    """n = 65,536, k = 2048: step overlap ~0.73, LRU misses ~27% / 14.5% / 6.9% at B = k / 2k / 4k."""
+    """n = 65,536, k = 2048: step overlap ~0.73, LRU misses ~27% / 14% / 6% at B = k / 2k / 4k
+    (four seeds measured 27.0-27.7%, 13.8-14.4%, 6.0-6.4%; DESIGN.md section 7 quotes 27 / 14.5 / 6.9)."""
     n, k, steps, warm = 65536, 2048, 100, 40
     sel = _selections(traces.TraceConfig(), n, k, steps)[:, 0]
     overlap = np.mean([_overlap(sel[t], sel[t + 1]) for t in range(warm, steps - 1)])
     assert 0.69 <= overlap <= 0.77, overlap
-    for capacity, low, high in ((k, 0.24, 0.30), (2 * k, 0.125, 0.165), (4 * k, 0.05, 0.085)):
+    for capacity, low, high in ((k, 0.25, 0.30), (2 * k, 0.125, 0.16), (4 * k, 0.052, 0.072)):
         rate = _lru_miss_rate(sel, capacity, warm)
         assert low <= rate <= high, (capacity, rate)
 
@@ -74,8 +75,11 @@ def test_memoryless_layers_forget_and_adjacent_layers_agree():
     chance = (config.sink + config.local) / k + k / n
     assert step_overlap(0) < chance + 0.1
     assert step_overlap(1) > 0.5 and step_overlap(2) > 0.5
-    # Innovations chained across layers: adjacent layers select alike, far above chance.
-    assert np.mean([_overlap(sel[t, 1], sel[t, 2]) for t in range(12)]) > 0.5
+    # Innovations chained across layers (rho_layer 0.9): adjacent layers select more alike
+    # than with independent innovations (rho_layer 0), where only the shared u aligns them.
+    adjacent = lambda s: np.mean([_overlap(s[t, 1], s[t, 2]) for t in range(12)])
+    unchained = _selections(dataclasses.replace(config, rho_layer=0.0), n, k, steps=12, layers=3)
+    assert adjacent(sel) > adjacent(unchained) + 0.1
 
 
 def test_sink_and_local_records_are_always_selected():

@@ -90,6 +90,9 @@ class DeviceBuffer {
   size_t bytes() const { return count_ * sizeof(T); }
   void Upload(const T* host) {
     if (bytes() > 0) CUDA_OK(cudaMemcpy(get(), host, bytes(), cudaMemcpyHostToDevice));
+    // A pageable cudaMemcpy may return before its DMA lands, and the kernels run on a
+    // non-blocking stream that does not wait for the legacy stream.
+    CUDA_OK(cudaDeviceSynchronize());
   }
   void Download(T* host) const {
     if (bytes() > 0) CUDA_OK(cudaMemcpy(host, get(), bytes(), cudaMemcpyDeviceToHost));

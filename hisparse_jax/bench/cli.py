@@ -75,22 +75,33 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_sets(family, pairs: list[str]) -> dict:
-    """--set FIELD=VALUE pairs -> Config overrides, typed like the preset's value."""
-    fields = {f.name: f for f in dataclasses.fields(family.Config)}
+def _parse_sets(family, args) -> dict:
+    """--set FIELD=VALUE pairs -> Config overrides, each cast to the type of the field's value
+    in the chosen preset (bool from true/false, "None" for optional fields)."""
+    fields = {f.name for f in dataclasses.fields(family.Config)}
+    preset = family.Config.preset(args.preset)
     out = {}
-    for pair in pairs:
+    for pair in args.set:
         name, sep, text = pair.partition("=")
         if not sep or name not in fields:
             raise SystemExit(f"--set {pair!r}: expected FIELD=VALUE with FIELD one of {', '.join(sorted(fields))}")
-        for cast in (int, float):
-            try:
-                out[name] = cast(text)
-                break
-            except ValueError:
-                continue
-        else:
-            out[name] = None if text == "None" else text
+        current = getattr(preset, name)
+        try:
+            if text == "None":
+                out[name] = None
+            elif isinstance(current, bool):
+                if text.lower() not in ("true", "false"):
+                    raise ValueError(text)
+                out[name] = text.lower() == "true"
+            elif isinstance(current, (int, float)):
+                out[name] = type(current)(text)
+            elif current is None:  # optional int fields (e.g. pool_records)
+                out[name] = int(text)
+            else:
+                out[name] = text
+        except ValueError:
+            raise SystemExit(f"--set {pair!r}: {name} takes a {type(current).__name__} "
+                             f"(the preset has {current!r})") from None
     return out
 
 
@@ -104,7 +115,7 @@ def _trace(family, args, config) -> traces.TraceConfig | None:
 
 
 def _config(family, args, context: int):
-    overrides = _parse_sets(family, args.set)
+    overrides = _parse_sets(family, args)
     if args.top_k is not None:
         overrides["top_k"] = args.top_k
     if args.hot_slots is not None:
@@ -191,7 +202,7 @@ def run_decode(args) -> dict:
         family=args.family, preset=args.preset, device=str(jax.devices()[0].device_kind),
         backend=jax.default_backend(), jax=jax.__version__, device_budget_bytes=budget,
         host_budget_bytes=host_budget, max_batch_cap=args.max_batch, steps=args.steps, reps=args.reps,
-        fill=args.fill, selection=args.selection, notes=notes, overrides=_parse_sets(family, args.set),
+        fill=args.fill, selection=args.selection, notes=notes, overrides=_parse_sets(family, args),
         n_layers=config.n_layers, rows=rows, ratios=ratios,
     )
 
@@ -276,11 +287,11 @@ def write_plots(report: dict, out: Path) -> list[Path]:
 
 
 def _allow_pinned_host(host_budget: int) -> None:
-    """XLA's GPU client caps pinned host memory at 64 GB unless XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB
+    """XLA's GPU client caps pinned host memory at 64 GiB unless XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB
     says otherwise; unless the user set it, lift the cap to the host budget plus headroom. Must run
     before the backend starts (the first device use)."""
     if "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB" not in os.environ:
-        os.environ["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] = str(math.ceil(host_budget / 1e9) + 8)
+        os.environ["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] = str(math.ceil(host_budget / 2**30) + 8)
 
 
 def main(argv=None) -> int:
