@@ -146,8 +146,11 @@ def _ar1(previous: jax.Array, innovation: jax.Array, rho) -> jax.Array:
     return rho * previous + jnp.sqrt(1.0 - rho * rho) * innovation
 
 
-def advance(trace: TraceState) -> TraceState:
-    """One decode step: new u, and new e for every selecting layer."""
+def advance(trace: TraceState | None) -> TraceState | None:
+    """One decode step: new u, and new e for every selecting layer (None stays None: a state
+    without a trace, as `steer` takes it)."""
+    if trace is None:
+        return None
     c = trace.config
     layers = trace.flicker.shape[0]
     key = jax.random.fold_in(trace.key, trace.step)

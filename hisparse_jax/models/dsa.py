@@ -368,7 +368,7 @@ def _decode_group(config, store, trace, pos, carry: _Carry, group, layer_w: Laye
 def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array, with_selection: bool):
     """decode_step plus the selection each layer attended, [L, b, k] (None unless with_selection)."""
     G, pos = config.groups, state.lengths
-    trace = None if state.trace is None else traces.advance(state.trace)
+    trace = traces.advance(state.trace)
     with jax.named_scope("embed"):
         x = common.embed(weights.embed, tokens)
     carry = _Carry(x=x, cache=state.store.cache, tail=state.tail, index_keys=state.index_keys)

@@ -389,7 +389,7 @@ def _decode_layer(config: Config, store: RecordStore, trace, pos, carry, layer, 
 def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array):
     """decode_step plus the blocks every layer selected, [L, b, kvh, k]."""
     pos = state.lengths
-    trace = None if state.trace is None else traces.advance(state.trace)
+    trace = traces.advance(state.trace)
     with jax.named_scope("embed"):
         x = common.embed(weights.embed, tokens)
 

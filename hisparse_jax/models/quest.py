@@ -360,7 +360,7 @@ def _seal(config: Config, state: State, store, dense_store, tails: jax.Array, tr
 def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array):
     """decode_step plus the selection of every sparse layer [L_sparse, b, kvh, k]."""
     Ld, pos = config.dense_layers, state.lengths
-    trace = None if state.trace is None else traces.advance(state.trace)
+    trace = traces.advance(state.trace)
     with jax.named_scope("embed"):
         x = common.embed(weights.embed, tokens)
     dense_store, tails = state.dense_store, state.tail
