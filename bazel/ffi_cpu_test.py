@@ -51,9 +51,9 @@ def resolve_ffi(hot, slot_record, lru, host_pool, selection, sealed, layer):
     per_stream = jax.ShapeDtypeStruct(selection.shape[:-1], jnp.int32)
     call = jax.ffi.ffi_call(
         RESOLVE,
-        (per_pick, per_pick, per_pick, per_stream, per_stream,
+        (per_pick, per_pick, per_pick, per_stream, per_stream, per_stream,
          jax.typeof(hot), jax.typeof(slot_record), jax.typeof(lru)),
-        input_output_aliases={4: 5, 5: 6, 6: 7},
+        input_output_aliases={4: 6, 5: 7, 6: 8},
     )
     return call(host_pool, selection, sealed, layer, hot, slot_record, lru,
                 fetch=True, launch=np.int32(0))
@@ -61,7 +61,8 @@ def resolve_ffi(hot, slot_record, lru, host_pool, selection, sealed, layer):
 
 resolve_reference = jax.jit(hj.resolve_reference)
 
-NAMES = ("slots", "miss_records", "miss_slots", "misses", "invalid", "hot", "slot_record", "lru")
+NAMES = ("slots", "miss_records", "miss_slots", "misses", "invalid", "malformed", "hot",
+         "slot_record", "lru")
 
 
 class FfiCpuTest(unittest.TestCase):
@@ -91,8 +92,33 @@ class FfiCpuTest(unittest.TestCase):
                 np.testing.assert_array_equal(
                     np.asarray(g), np.asarray(w), err_msg=f"step {step} (layer {layer}): {name}"
                 )
-            ffi_state, ref_state = got[5:], want[5:]
+            ffi_state, ref_state = got[6:], want[6:]
         self.assertGreater(int(np.asarray(ffi_state[1]).max()), -1, "nothing was ever resident")
+
+    def test_malformed_streams_match_reference(self):
+        """Streams whose rows break the state's invariants resolve nothing, the same in
+        the library and the reference; the others resolve as usual."""
+        pool = self.host_pool()
+        cache = hj.init_hot_cache(CONFIG)
+        S, k, R = CONFIG.stream_shape, CONFIG.top_k, CONFIG.pool_records
+        lru = np.array(cache.lru)
+        slot_record = np.array(cache.slot_record)
+        lru[1, 0, 0, 2] = 1 << 30          # layer 1, stream (0, 0): lru out of range
+        lru[1, 0, 1, 3] = -1               # stream (0, 1): lru negative
+        slot_record[1, 1, 0, :2] = 5       # stream (1, 0): record 5 in two slots
+        slot_record[1, 1, 1, 0] = R        # stream (1, 1): record past the pool
+        state = (cache.hot, jnp.asarray(slot_record), jnp.asarray(lru))
+        selection = self.rng.integers(-1, R, size=(*S, k), dtype=np.int32)
+        args = (pool, jnp.asarray(selection), jnp.full(S, R, jnp.int32), jnp.int32(1))
+        got = resolve_ffi(*state, *args)
+        want = resolve_reference(*state, *args)
+        for name, g, w in zip(NAMES, got, want):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=name)
+        np.testing.assert_array_equal(np.asarray(got[5]), [[1, 1, 0], [1, 1, 0]])
+        # Malformed streams (the first two of each row): nothing resolved, rows untouched.
+        self.assertTrue((np.asarray(got[0])[:, :2] == -1).all())
+        np.testing.assert_array_equal(np.asarray(got[7])[:, :, :2], slot_record[:, :, :2])
+        np.testing.assert_array_equal(np.asarray(got[8])[:, :, :2], lru[:, :, :2])
 
     def test_pool_write_matches_reference(self):
         pool = self.host_pool()

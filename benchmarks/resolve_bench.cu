@@ -1,5 +1,5 @@
 // RESOLVE on the GPU, against the ceilings of the host link measured in the
-// same run (DESIGN.md section 8).
+// same run (docs/benchmarks.md).
 //
 // Ceilings: cudaMemcpy H2D of 1 GiB from pinned memory; D2D of 1 GiB (HBM);
 // and, per configuration, a zero-copy gather of exactly the rows that
@@ -53,18 +53,9 @@
 
 #include "resolve.h"
 #include "resolve_cuda.h"
+#include "tests/cuda_ok.h"
 
 namespace {
-
-#define CUDA_OK(expr)                                                                       \
-  do {                                                                                      \
-    const cudaError_t err_ = (expr);                                                        \
-    if (err_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                    \
-                   cudaGetErrorString(err_));                                               \
-      std::exit(2);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 using hisparse::ResolveBuffers;
 using hisparse::ResolveDims;
@@ -175,7 +166,7 @@ struct Buffers {
   int32_t *pristine_record = nullptr, *pristine_lru = nullptr;    // [S, B]
   int32_t *selection = nullptr, *sealed = nullptr, *layer = nullptr;
   int32_t *slots = nullptr, *miss_records = nullptr, *miss_slots = nullptr;
-  int32_t *misses = nullptr, *invalid = nullptr;
+  int32_t *misses = nullptr, *invalid = nullptr, *malformed = nullptr;
   int64_t *gather_src = nullptr, *gather_dst = nullptr;  // [S * k]
 };
 
@@ -230,7 +221,7 @@ void BuildState(const Config& c, int64_t misses, std::mt19937_64& rng,
 ResolveBuffers Io(const Buffers& b) {
   return ResolveBuffers{b.pool,        b.selection,    b.sealed,     b.hot,
                         b.slot_record, b.lru,          b.slots,      b.miss_records,
-                        b.miss_slots,  b.misses,       b.invalid};
+                        b.miss_slots,  b.misses,       b.invalid,    b.malformed};
 }
 
 void Restore(const Buffers& b, const Config& c, cudaStream_t stream) {
@@ -516,6 +507,7 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaMalloc(&b.miss_slots, max_streams * kTopK * 4));
   CUDA_OK(cudaMalloc(&b.misses, max_streams * 4));
   CUDA_OK(cudaMalloc(&b.invalid, max_streams * 4));
+  CUDA_OK(cudaMalloc(&b.malformed, max_streams * 4));
   CUDA_OK(cudaMalloc(&b.sealed, max_streams * 4));
   CUDA_OK(cudaMalloc(&b.layer, 4));
   CUDA_OK(cudaMalloc(&b.gather_src, max_streams * kTopK * 8));
@@ -657,7 +649,8 @@ int main(int argc, char** argv) {
                   static_cast<void*>(b.pristine_lru), static_cast<void*>(b.selection),
                   static_cast<void*>(b.slots), static_cast<void*>(b.miss_records),
                   static_cast<void*>(b.miss_slots), static_cast<void*>(b.misses),
-                  static_cast<void*>(b.invalid), static_cast<void*>(b.sealed),
+                  static_cast<void*>(b.invalid), static_cast<void*>(b.malformed),
+                  static_cast<void*>(b.sealed),
                   static_cast<void*>(b.layer), static_cast<void*>(b.gather_src),
                   static_cast<void*>(b.gather_dst)})
     cudaFree(p);

@@ -41,13 +41,6 @@ inline bool SameDims(ffi::AnyBuffer::Dimensions a, size_t a0, ffi::AnyBuffer::Di
   return true;
 }
 
-// How the CUDA handler spreads one call over launches (ignored on the CPU).
-enum class ResolveLaunch : int32_t {
-  kAuto = 0,   // pick by stream count (see resolve_cuda.h)
-  kFused = 1,  // one launch: one block per stream resolves and copies its misses
-  kSplit = 2,  // resolve launch, then a copy launch spread over many blocks
-};
-
 // Validates the RESOLVE operands and derives their sizes. Stream dims are the
 // leading dims of `selection` (all but the last), so no reshape of the host
 // pool is ever needed on the Python side.
@@ -130,6 +123,7 @@ inline ResolveBuffers ResolveIo(ffi::AnyBuffer pool, ffi::AnyBuffer selection,
                                 ffi::Result<ffi::AnyBuffer> miss_slots,
                                 ffi::Result<ffi::AnyBuffer> misses,
                                 ffi::Result<ffi::AnyBuffer> invalid,
+                                ffi::Result<ffi::AnyBuffer> malformed,
                                 ffi::Result<ffi::AnyBuffer> hot,
                                 ffi::Result<ffi::AnyBuffer> slot_record,
                                 ffi::Result<ffi::AnyBuffer> lru) {
@@ -148,6 +142,7 @@ inline ResolveBuffers ResolveIo(ffi::AnyBuffer pool, ffi::AnyBuffer selection,
   io.miss_slots = i32(miss_slots);
   io.misses = i32(misses);
   io.invalid = i32(invalid);
+  io.malformed = i32(malformed);
   return io;
 }
 
@@ -168,11 +163,12 @@ auto BindResolveOperands(Binding binding) {
       .template Ret<ffi::AnyBuffer>()              // miss_slots  [*S, k] int32
       .template Ret<ffi::AnyBuffer>()              // misses      [*S] int32
       .template Ret<ffi::AnyBuffer>()              // invalid     [*S] int32
-      .template Ret<ffi::AnyBuffer>()              // hot         (aliases operand 4)
-      .template Ret<ffi::AnyBuffer>()              // slot_record (aliases operand 5)
-      .template Ret<ffi::AnyBuffer>()              // lru         (aliases operand 6)
+      .template Ret<ffi::AnyBuffer>()              // malformed   [*S] int32, 1 = state malformed
+      .template Ret<ffi::AnyBuffer>()              // hot         (result 6 aliases operand 4)
+      .template Ret<ffi::AnyBuffer>()              // slot_record (result 7 aliases operand 5)
+      .template Ret<ffi::AnyBuffer>()              // lru         (result 8 aliases operand 6)
       .template Attr<bool>("fetch")                // false: skip the record copy (benchmarks)
-      .template Attr<int32_t>("launch");           // CUDA launch plan, see ResolveLaunch
+      .template Attr<int32_t>("launch");           // CUDA launch plan, see ResolveLaunchPlan
 }
 
 template <typename Binding>

@@ -14,7 +14,8 @@ ffi::Error ResolveCpuImpl(ffi::AnyBuffer pool, ffi::AnyBuffer selection, ffi::An
                           ffi::Result<ffi::AnyBuffer> miss_records,
                           ffi::Result<ffi::AnyBuffer> miss_slots,
                           ffi::Result<ffi::AnyBuffer> misses,
-                          ffi::Result<ffi::AnyBuffer> invalid, ffi::Result<ffi::AnyBuffer> hot,
+                          ffi::Result<ffi::AnyBuffer> invalid,
+                          ffi::Result<ffi::AnyBuffer> malformed, ffi::Result<ffi::AnyBuffer> hot,
                           ffi::Result<ffi::AnyBuffer> slot_record,
                           ffi::Result<ffi::AnyBuffer> lru, bool fetch,
                           int32_t /*launch: CUDA only*/) {
@@ -31,7 +32,7 @@ ffi::Error ResolveCpuImpl(ffi::AnyBuffer pool, ffi::AnyBuffer selection, ffi::An
   const int32_t layer_index = *static_cast<const int32_t*>(layer.untyped_data());
   ResolveCpu(*dims, layer_index,
              ResolveIo(pool, selection, sealed, slots, miss_records, miss_slots, misses,
-                       invalid, hot, slot_record, lru),
+                       invalid, malformed, hot, slot_record, lru),
              fetch);
   return ffi::Error::Success();
 }

@@ -46,8 +46,8 @@ ffi::Error CheckCudaLimits(const ResolveDims& d, int32_t launch) {
                                       " exceeds the CUDA kernel's limit of " +
                                       std::to_string(kMaxResolveHotSlots));
   if (d.streams > INT32_MAX) return invalid("selection", "has more than 2^31 - 1 streams");
-  if (launch < static_cast<int32_t>(ResolveLaunch::kAuto) ||
-      launch > static_cast<int32_t>(ResolveLaunch::kSplit))
+  if (launch < static_cast<int32_t>(ResolveLaunchPlan::kAuto) ||
+      launch > static_cast<int32_t>(ResolveLaunchPlan::kSplit))
     return invalid("launch", std::to_string(launch) + " is not 0 (auto), 1 (fused) or 2 (split)");
   return ffi::Error::Success();
 }
@@ -59,20 +59,14 @@ ffi::Error ResolveCudaImpl(cudaStream_t stream, ffi::AnyBuffer pool, ffi::AnyBuf
                            ffi::Result<ffi::AnyBuffer> miss_records,
                            ffi::Result<ffi::AnyBuffer> miss_slots,
                            ffi::Result<ffi::AnyBuffer> misses,
-                           ffi::Result<ffi::AnyBuffer> invalid, ffi::Result<ffi::AnyBuffer> hot,
+                           ffi::Result<ffi::AnyBuffer> invalid,
+                           ffi::Result<ffi::AnyBuffer> malformed, ffi::Result<ffi::AnyBuffer> hot,
                            ffi::Result<ffi::AnyBuffer> slot_record,
                            ffi::Result<ffi::AnyBuffer> lru, bool fetch, int32_t launch) {
   constexpr const char* op = "hisparse_resolve";
   auto dims = CheckResolve(pool, selection, sealed, layer, hot_in, slot_record_in, lru_in);
   if (dims.has_error()) return dims.error();
   if (auto err = CheckCudaLimits(*dims, launch); err.failure()) return err;
-  static_assert(static_cast<int32_t>(ResolveLaunch::kAuto) ==
-                        static_cast<int32_t>(ResolveLaunchPlan::kAuto) &&
-                    static_cast<int32_t>(ResolveLaunch::kFused) ==
-                        static_cast<int32_t>(ResolveLaunchPlan::kFused) &&
-                    static_cast<int32_t>(ResolveLaunch::kSplit) ==
-                        static_cast<int32_t>(ResolveLaunchPlan::kSplit),
-                "ResolveLaunch (ffi_checks.h) and ResolveLaunchPlan (resolve_cuda.h) must agree");
 
   for (auto [in, out, name] : {std::tuple{hot_in, &hot, "hot"},
                                {slot_record_in, &slot_record, "slot_record"},
@@ -83,8 +77,8 @@ ffi::Error ResolveCudaImpl(cudaStream_t stream, ffi::AnyBuffer pool, ffi::AnyBuf
   const char* failed_kernel = "hisparse resolve kernel";
   const cudaError_t err = LaunchResolve(
       *dims, static_cast<const int32_t*>(layer.untyped_data()),
-      ResolveIo(pool, selection, sealed, slots, miss_records, miss_slots, misses, invalid, hot,
-                slot_record, lru),
+      ResolveIo(pool, selection, sealed, slots, miss_records, miss_slots, misses, invalid, malformed,
+                hot, slot_record, lru),
       fetch, static_cast<ResolveLaunchPlan>(launch), stream, &failed_kernel);
   if (err != cudaSuccess) return CudaError(op, std::string("launching the ") + failed_kernel, err);
   return ffi::Error::Success();

@@ -15,8 +15,9 @@
 //   miss_slots  [S, k]       int32   slot each miss was written to, -1 after `misses`
 //   misses      [S]          int32   number of misses
 //   invalid     [S]          int32   ids that were neither -1 nor in range
+//   malformed   [S]          int32   1 where the stream's state was malformed, else 0
 //
-// Rules (DESIGN.md section 3; every implementation is bit-identical):
+// Rules (docs/contract.md; every implementation is bit-identical):
 //  0. an id outside [0, min(sealed, R)) other than -1 is padding, counted in `invalid`.
 //  1. H = distinct valid ids. Hit slots: slots whose slot_record is in H.
 //  2. Misses: ids of H held by no slot, in order of first appearance.
@@ -25,11 +26,22 @@
 //  5. hot[slot] = host_pool[record] for each miss; slot_record updated.
 //  6. slots[j] = slot holding selection[j].
 // A layer index outside [0, L) resolves nothing: the state is left untouched,
-// every non-padding id counts as invalid and every slot is -1.
-// The rules assume a well-formed state: every lru row a permutation of [0, B),
-// no record held by two slots, slot records in [-1, R). init_hot_cache makes
-// one and every implementation keeps it so; states built by other means are
-// outside the contract (results unspecified, and the CPU code indexes by them).
+// every non-padding id counts as invalid, every slot is -1 and malformed is 0.
+//
+// Malformed state. The rules need a well-formed stream (of the layer
+// resolved): its lru row a permutation of [0, B), its slot_record row values
+// in [-1, R) with no record id >= 0 held by two slots. init_hot_cache and
+// reset_streams make one and the rules keep it so, but the state is a public
+// type, so a stream may come in malformed. Such a stream resolves nothing: its
+// hot, slot_record and lru rows are untouched, its slots and miss plan are all
+// -1, misses is 0, invalid is counted by rule 0 as usual and malformed is 1.
+// Every implementation validates a stream's rows before it indexes anything
+// by a value they hold, so no state can make it read or write outside that
+// stream's own rows; other streams resolve as usual.
+//
+// k = 0 (an empty selection) is a call like any other: every rule applies to
+// no ids, so each stream has misses 0 and invalid 0, its state is untouched,
+// and malformed is computed as above; the [S, k] outputs are empty.
 #ifndef HISPARSE_FFI_RESOLVE_H_
 #define HISPARSE_FFI_RESOLVE_H_
 
@@ -59,6 +71,7 @@ struct ResolveBuffers {
   int32_t* miss_slots;       // [S, k]
   int32_t* misses;           // [S]
   int32_t* invalid;          // [S]
+  int32_t* malformed;        // [S]
 };
 
 // Resolves every stream of `layer` on the calling thread. `fetch` = false

@@ -1,6 +1,6 @@
 // RESOLVE and the pool write on the CPU: the contract of resolve.h, one stream
-// at a time, in O(k + B) per stream with an open-addressing table of the
-// selected ids.
+// at a time, in O(k + B) per stream with open-addressing tables of the
+// selected ids and of the records the slots hold.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -10,14 +10,14 @@
 namespace hisparse {
 namespace {
 
-// Open-addressing set of the distinct valid ids of one selection, remembering
-// the slot each id ends up in. Capacity is a power of two >= 2k, so probes
-// stay short.
-class SelectedIds {
+// Open-addressing set of up to `max_ids` distinct ids >= 0 (the valid ids of
+// one selection, or the records of one slot_record row), remembering a slot
+// per id. Capacity is a power of two >= 2 x max_ids, so probes stay short.
+class IdTable {
  public:
-  explicit SelectedIds(int64_t top_k) {
+  explicit IdTable(int64_t max_ids) {
     int64_t capacity = 16;
-    while (capacity < 2 * top_k) capacity *= 2;
+    while (capacity < 2 * max_ids) capacity *= 2;
     keys_.assign(capacity, kEmpty);
     slot_.assign(capacity, -1);
     mask_ = capacity - 1;
@@ -59,21 +59,66 @@ class SelectedIds {
 
 struct StreamScratch {
   explicit StreamScratch(const ResolveDims& d)
-      : ids(d.top_k), first_seen(d.top_k), is_hit(d.hot_slots), evictable(d.hot_slots),
-        new_lru(d.hot_slots) {}
-  SelectedIds ids;
+      : ids(d.top_k), held(d.hot_slots), in_lru(d.hot_slots), first_seen(d.top_k),
+        is_hit(d.hot_slots), evictable(d.hot_slots), new_lru(d.hot_slots) {}
+  IdTable ids;                      // distinct valid ids of the selection
+  IdTable held;                     // records of slot_record (the malformed-state check)
+  std::vector<uint8_t> in_lru;      // [B] slot seen in lru (the malformed-state check)
   std::vector<int32_t> first_seen;  // distinct valid ids, first appearance order
   std::vector<uint8_t> is_hit;      // [B]
   std::vector<int32_t> evictable;   // non-hit slots in lru order
   std::vector<int32_t> new_lru;     // [B]
 };
 
+// True when the stream's rows satisfy what the rules assume (resolve.h,
+// "Malformed state"): lru a permutation of [0, B), slot records in [-1, R),
+// no record >= 0 twice. Indexes nothing by a state value before range-checking it.
+bool WellFormed(const ResolveDims& d, const int32_t* slot_record, const int32_t* lru,
+                StreamScratch& s) {
+  const int64_t B = d.hot_slots;
+  std::fill(s.in_lru.begin(), s.in_lru.end(), 0);
+  for (int64_t i = 0; i < B; ++i) {
+    const int32_t slot = lru[i];
+    if (slot < 0 || slot >= B || s.in_lru[slot]) return false;
+    s.in_lru[slot] = 1;
+  }
+  s.held.Clear();
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t rec = slot_record[b];
+    if (rec < -1 || rec >= d.pool_records) return false;
+    if (rec >= 0 && !s.held.Insert(rec)) return false;
+  }
+  return true;
+}
+
+// Rule 0 alone, for a stream that resolves nothing: ids other than -1 outside
+// [0, limit) are counted, every output is -1.
+void ResolveNothing(int64_t k, int64_t limit, const int32_t* selection, int32_t* slots,
+                    int32_t* miss_records, int32_t* miss_slots, int32_t* misses_out,
+                    int32_t* invalid_out) {
+  int32_t invalid = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    const int32_t id = selection[j];
+    invalid += id != -1 && (id < 0 || id >= limit);
+    slots[j] = miss_records[j] = miss_slots[j] = -1;
+  }
+  *misses_out = 0;
+  *invalid_out = invalid;
+}
+
 void ResolveStream(const ResolveDims& d, int64_t sealed, const int32_t* selection,
                    const uint8_t* pool, uint8_t* hot, int32_t* slot_record, int32_t* lru,
                    int32_t* slots, int32_t* miss_records, int32_t* miss_slots,
-                   int32_t* misses_out, int32_t* invalid_out, bool fetch, StreamScratch& s) {
+                   int32_t* misses_out, int32_t* invalid_out, int32_t* malformed_out, bool fetch,
+                   StreamScratch& s) {
   const int64_t k = d.top_k, B = d.hot_slots, W = d.record_bytes;
   const int64_t limit = std::max<int64_t>(0, std::min<int64_t>(sealed, d.pool_records));
+  const bool well_formed = WellFormed(d, slot_record, lru, s);
+  *malformed_out = well_formed ? 0 : 1;
+  if (!well_formed) {
+    ResolveNothing(k, limit, selection, slots, miss_records, miss_slots, misses_out, invalid_out);
+    return;
+  }
 
   // Rule 0 and 1: distinct valid ids in order of first appearance.
   s.ids.Clear();
@@ -145,13 +190,10 @@ void ResolveCpu(const ResolveDims& d, int64_t layer, const ResolveBuffers& io, b
   const int64_t k = d.top_k, B = d.hot_slots, R = d.pool_records, W = d.record_bytes;
   if (layer < 0 || layer >= d.layers) {
     for (int64_t s = 0; s < d.streams; ++s) {
-      int32_t invalid = 0;
-      for (int64_t j = 0; j < k; ++j) {
-        invalid += io.selection[s * k + j] != -1;
-        io.slots[s * k + j] = io.miss_records[s * k + j] = io.miss_slots[s * k + j] = -1;
-      }
-      io.misses[s] = 0;
-      io.invalid[s] = invalid;
+      // limit 0: every id other than -1 is invalid.
+      ResolveNothing(k, 0, io.selection + s * k, io.slots + s * k, io.miss_records + s * k,
+                     io.miss_slots + s * k, io.misses + s, io.invalid + s);
+      io.malformed[s] = 0;
     }
     return;
   }
@@ -161,7 +203,7 @@ void ResolveCpu(const ResolveDims& d, int64_t layer, const ResolveBuffers& io, b
     ResolveStream(d, io.sealed[s], io.selection + s * k, io.host_pool + ls * R * W,
                   io.hot + ls * B * W, io.slot_record + ls * B, io.lru + ls * B,
                   io.slots + s * k, io.miss_records + s * k, io.miss_slots + s * k,
-                  io.misses + s, io.invalid + s, fetch, scratch);
+                  io.misses + s, io.invalid + s, io.malformed + s, fetch, scratch);
   }
 }
 

@@ -1,18 +1,17 @@
 // RESOLVE and the pool write on a CUDA device: launchers on raw pointers, no
 // XLA types. The kernels (resolve_kernels.cu) are bit-identical to
-// resolve_cpu.cc for every input the contract of resolve.h allows, given a
-// well-formed state (every lru row a permutation of [0, B), no record held by
-// two slots), which every implementation preserves. On a malformed state they
-// stay inside their buffers but their results are unspecified.
+// resolve_cpu.cc for every input, malformed states included (resolve.h: such
+// a stream resolves nothing and is reported in `malformed`; both launch plans
+// check it in the resolve kernel, before any write).
 //
-// Launch plans (ResolveLaunchPlan mirrors hisparse::ResolveLaunch of
-// ffi_checks.h without pulling in XLA):
+// Launch plans (ResolveLaunchPlan, the handler's `launch` attribute):
 //   fused: one block per stream (kResolveThreads threads, or
 //          kResolveThreadsSmall when streams > SMs and
 //          B <= kResolveSmallBlockMaxSlots) resolves its selection, then
 //          copies its own misses from the host pool (one warp per miss).
-//          One launch. A single block pulls from pinned host memory at only
-//          ~6-8.5 GB/s (DESIGN.md section 4), so this suits many streams.
+//          One launch. A single block pulls from pinned host memory at only a
+//          fraction of the link (BENCHMARKS.md: fused at one stream reaches about a
+//          third of the zero-copy ceiling), so this suits many streams.
 //   split: the same resolve kernel without the copy, then a fetch kernel that
 //          spreads every stream's misses over ~kFetchBlocksPerSm x SMs blocks;
 //          wins when few streams would leave the link idle.
@@ -68,15 +67,16 @@ inline constexpr int kFetchBlocksPerSm = 4;
 inline constexpr int64_t kAutoSplitBelowStreams = 4;
 
 // Dynamic shared memory of one resolve block for (k, B): the id table
-// (keys and words, 2 x int32 x cap, cap a power of two >= 4k while the block
-// stays within 96 KiB, else >= 2k), then max(B, 2k) int32 (slot_record
-// staged, later the miss plan).
-// At most kMaxResolveSharedBytes (192 KiB, at k = 8192 and B = 16384); above
+// (keys and words, 2 x int32 x cap, cap a power of two >= 4k while table and
+// region stay within 96 KiB, else >= 2k), then max(B, 2k) int32 (slot_record
+// staged, later the miss plan), then the malformed-state check: a bitmap of B
+// bits and, unless B > 8192 with k > 4096 (those shapes lay it over the
+// table), a set of uint16 slot ids of capacity pow2 >= 2B.
+// At most kMaxResolveSharedBytes (225 KiB, at k = 8192 and B = 8192: 128 +
+// 64 + 1 + 32 KiB; resolve_kernels.cu asserts it over every shape); above
 // 48 KiB in all the launcher opts the kernels in once per device.
 int64_t ResolveSharedBytes(int64_t top_k, int64_t hot_slots);
-inline constexpr int64_t kMaxResolveSharedBytes =
-    2 * kMaxResolveTopK * 8 +
-    (kMaxResolveHotSlots > 2 * kMaxResolveTopK ? kMaxResolveHotSlots : 2 * kMaxResolveTopK) * 4;
+inline constexpr int64_t kMaxResolveSharedBytes = 225 * 1024;
 
 // The plan `plan` resolves to for `streams` streams (never kAuto).
 ResolveLaunchPlan ChooseResolvePlan(ResolveLaunchPlan plan, int64_t streams);

@@ -29,12 +29,31 @@
 //    second one only when an id that misses appears twice or the block
 //    copies its own misses;
 //  - block totals and exclusive warp offsets are single __reduce_add_sync
-//    over the warp totals, computed by every warp (no scan, no extra barrier).
+//    over the warp totals, computed by every warp (no scan, no extra barrier);
+//  - the malformed-state check (resolve.h) rides on the loads and barriers
+//    the block has anyway: in phase 1 each lane marks its lru slots in a
+//    bitmap (outside [0, B) or marked twice: malformed); in phase 2 every
+//    staged record is range-checked and its slot inserted into a set keyed
+//    by the record (one there already: held twice). Any lane that finds a
+//    fault sets a shared flag, read after barrier 3, before anything is
+//    written. Cost per block: clearing B/8 bytes plus a set of 4B to 8B
+//    bytes of shared memory, one shared atomicAnd per lru position, one
+//    shared load and one 16-bit atomicCAS per slot (one more load and CAS
+//    per collision, the set at load <= 1/2), in a rolled loop of two slots
+//    per lane and round (a wider lock step spilled registers in the
+//    variants of 8 lru rounds); no extra barrier. The ChecksStateFirst shapes (B >
+//    8192 with k > 4096) have no shared memory left for the set: they check
+//    in a pass of their own before the table is built, with the set laid
+//    over the table's memory, at the price of two more barriers, clearing
+//    the table twice and a second read of the lru and slot_record rows.
 //
 // Shared memory: keys[cap] (-1 = empty) and words[cap] of an open-addressing
 // table of the selected ids (cap = power of two, see TableCapacity); then a
 // region of max(B, 2k) ints holding the staged slot_record until the probes
-// are done, then the miss plan (plan_slot[k], plan_record[k]). A word holds
+// are done, then the miss plan (plan_slot[k], plan_record[k]); then the
+// state check's bitmap of slots not yet seen in lru (B bits) and its set of
+// held records (uint16 slot ids keyed by the record each slot holds,
+// capacity a power of two >= 2B; not for ChecksStateFirst shapes). A word holds
 // either 0xffff << 16 | (first position of its id in the selection) or
 // slot << 16 | 0xffff for the slot holding the id; both are merged with
 // atomicMin, where a slot always wins (slot < 0xffff). Only the keys are
@@ -46,15 +65,20 @@
 // the selection positions j = w * 32 * rk + 32 * c + l (c < rk rounds) and
 // the lru positions i = w * 32 * rb + 32 * c + l, so ballots plus the warp
 // offsets rank items in their global order. Phases, between barriers:
-//   0. keys <- -1; load the selection, sealed, layer; cp.async slot_record;
-//      load lru (variants with many lru rounds per lane load it after the
-//      inserts, to bound registers)                                   [bar 1]
+//   0. keys, bitmap and held set <- -1; load the selection, sealed, layer;
+//      cp.async slot_record; load lru (variants with many lru rounds per
+//      lane load it after the inserts, to bound registers)           [bar 1]
 //   1. rule 0; insert each valid id with atomicCAS; the item whose CAS put
 //      the key in (one per distinct id) writes the word (its position);
-//      count distinct and invalid ids per warp                        [bar 2]
+//      count distinct and invalid ids per warp. Mark the lru slots in the
+//      bitmap (outside [0, B) or already marked: malformed)           [bar 2]
 //   2. later copies of an id: atomicMin(word, their position). Lru side: the
 //      record of slot lru[i]; found in the table -> hit, atomicMin(word,
-//      slot), else evictable; count evictables per warp                [bar 3]
+//      slot), else evictable; count evictables per warp. Slot side: each
+//      record in [-1, R), and, if >= 0, the first of its value in the held
+//      set (else malformed)                                          [bar 3]
+//   M. malformed: slots and miss plan -1, misses 0, invalid as counted; done
+//      (nothing of the state was written).
 //   3. totals; M = distinct - (B - evictables). New lru (rule 4): evictable
 //      of rank r goes to r - M (kept) or E - M + r (taken by miss r,
 //      plan_slot[r]); a hit after h hits to E + h. slots[j] of hits and
@@ -92,8 +116,9 @@ static_assert(kResolveThreads == 1024 && kResolveThreadsSmall % kWarp == 0 &&
               "warp totals are read one per lane of a warp");
 // Above this, static plus dynamic shared memory, a kernel must opt in.
 constexpr int kLargeSharedBytes = 48 * 1024;
-// Static shared memory of the largest resolve block: four int per warp.
-constexpr int kResolveStaticSharedBytes = 4 * (kResolveThreads / kWarp) * 4;
+// Static shared memory of a resolve block: four int per warp and a flag.
+constexpr int ResolveStaticSharedBytes(int threads) { return (4 * (threads / kWarp) + 1) * 4; }
+constexpr int kResolveStaticSharedBytes = ResolveStaticSharedBytes(kResolveThreads);
 constexpr int kMaxDevices = 64;
 
 // Vectors in flight per lane in one copy batch: fused copies run inside the
@@ -104,10 +129,54 @@ constexpr int kFetchCopyUnroll = 8;
 // Items of a lane that probe the table in lock step: enough to overlap the
 // latencies, few enough to keep their probe state in registers.
 constexpr int kProbeBatch = 4;
+// Slots of a lane that go into the held-record set in lock step: the state
+// check runs where the probes' registers are still live, and more than 2
+// spill in the variants of 8 lru rounds.
+constexpr int kHeldBatch = 2;
 
-// A bigger table (load <= 1/4) is used while the block's shared memory stays
-// within this, so that two 512-thread blocks still fit on one SM.
+// A bigger table (load <= 1/4) is used while the table and the region stay
+// within this, so that two 512-thread blocks still fit on one SM (with the
+// state check's memory on top; see the static_assert in the host part).
 constexpr int64_t kLowLoadSharedBytes = 96 * 1024;
+
+// Empty entry of the held-record set (slot ids are < kMaxResolveHotSlots).
+constexpr unsigned short kNoHeldSlot = 0xffffu;
+static_assert(kMaxResolveHotSlots <= kNoHeldSlot, "slot ids fit 16 bits below kNoHeldSlot");
+
+// ---------------------------------------------------------------------------
+// Shared-memory layout of a resolve block, shared by the launcher and the
+// kernel: [keys, words: table capacity each][region][slot bitmap][held set].
+
+__host__ __device__ constexpr int64_t RoundUp4(int64_t n) { return (n + 3) / 4 * 4; }
+
+// Ints of the region (staged slot_record, then the miss plan): max(B, 2k),
+// kept a multiple of 4 so that what follows is 16-byte aligned.
+__host__ __device__ constexpr int64_t RegionInts(int64_t top_k, int64_t hot_slots) {
+  return RoundUp4(hot_slots > 2 * top_k ? hot_slots : 2 * top_k);
+}
+
+// Ints of the bitmap of slots not yet seen in lru (B bits).
+__host__ __device__ constexpr int64_t SlotBitmapInts(int64_t hot_slots) {
+  return RoundUp4((hot_slots + 31) / 32);
+}
+
+// B > 8192 with k > 4096, exactly the shapes of the <1024, 16, 8> variant:
+// the table (load <= 1/2 of 2k ids) and the staged records take 192 KiB, so
+// the held-record set gets no memory of its own; these shapes check the state
+// in a pass before the table is built, with the set laid over the table's
+// memory (2 x capacity >= 4k > B ints).
+__host__ __device__ constexpr bool ChecksStateFirst(int64_t top_k, int64_t hot_slots) {
+  return hot_slots > 8 * kResolveThreads && top_k > 4 * kResolveThreads;
+}
+
+// Capacity of the held-record set: a power of two >= 2B (load <= 1/2, so
+// every insert ends), or 0 for ChecksStateFirst shapes.
+__host__ __device__ constexpr int64_t HeldCapacity(int64_t top_k, int64_t hot_slots) {
+  if (ChecksStateFirst(top_k, hot_slots)) return 0;
+  int64_t capacity = 16;
+  while (capacity < 2 * hot_slots) capacity *= 2;
+  return capacity;
+}
 
 // Table words: 16-bit slot (high) and first position (low) fields.
 constexpr uint32_t kNoSlot = 0xffffu;
@@ -130,10 +199,15 @@ struct ResolveArgs {
   int32_t* miss_slots;       // [S, k]
   int32_t* misses;           // [S]
   int32_t* invalid;          // [S]
+  int32_t* malformed;        // [S]
   int64_t layers, streams, record_bytes;
   int32_t top_k, hot_slots, pool_records;
   uint32_t table_mask;   // table capacity - 1
   uint32_t table_shift;  // 32 - log2(table capacity)
+  uint32_t held_mask;    // held-record set capacity - 1 (0: ChecksStateFirst shape)
+  uint32_t held_shift;   // 32 - log2(held-record set capacity)
+  int32_t check_offset;  // bytes from the start of shared memory to the slot bitmap
+  int32_t check_vectors; // int4 of the slot bitmap and the held set (cleared together)
   int32_t copy_vector;  // 16 or 8: bytes per lane access
   int32_t row_batch;    // rows a warp keeps in flight (fused copy)
   bool fused_fetch;     // copy misses inside the resolve kernel
@@ -269,6 +343,53 @@ __device__ __forceinline__ unsigned FindRecords(const int* keys, uint32_t mask, 
   return found;
 }
 
+// Marks `slot` seen in the bitmap of slots not yet seen in lru (all ones at
+// first). False when the slot lies outside [0, B) or was seen before: the lru
+// row is then not a permutation of [0, B).
+__device__ __forceinline__ bool MarkSlotSeen(uint32_t* unseen, int slot, int hot_slots) {
+  if (slot < 0 || slot >= hot_slots) return false;
+  const uint32_t bit = 1u << (slot & 31);
+  return (atomicAnd(&unseen[slot >> 5], ~bit) & bit) != 0;
+}
+
+// Inserts the slots of the items in `todo` (bit u: item u) into the set of
+// held records: 16-bit slot ids keyed by the record the slot holds
+// (records[slot], the staged slot_record), kNoHeldSlot = empty, linear
+// probing with atomicCAS, the items of a lane in lock step. Returns the items
+// whose record a slot inserted before them holds too. Each slot is inserted
+// once and the set has room for 2B, so it stays at load <= 1/2 and every
+// probe run ends.
+template <int N>
+__device__ __forceinline__ unsigned InsertHeld(unsigned short* held, uint32_t mask,
+                                               uint32_t shift, const int* records,
+                                               const int (&rec)[N], const int (&slot)[N],
+                                               unsigned todo) {
+  uint32_t at[N];
+#pragma unroll
+  for (int u = 0; u < N; ++u) at[u] = HashId(rec[u], shift);
+  unsigned repeated = 0;
+  while (todo != 0) {
+    unsigned short prev[N];
+#pragma unroll
+    for (int u = 0; u < N; ++u)
+      if ((todo >> u) & 1u)
+        prev[u] = atomicCAS(&held[at[u]], kNoHeldSlot, static_cast<unsigned short>(slot[u]));
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      if (!((todo >> u) & 1u)) continue;
+      if (prev[u] == kNoHeldSlot) {
+        todo &= ~(1u << u);
+      } else if (records[prev[u]] == rec[u]) {
+        repeated |= 1u << u;
+        todo &= ~(1u << u);
+      } else {
+        at[u] = (at[u] + 1) & mask;
+      }
+    }
+  }
+  return repeated;
+}
+
 // Starts copying src[0, n) (global) into dst (shared) with cp.async, which
 // holds no register while the loads fly; WaitStaged() before the barrier
 // that publishes dst. 16-byte copies when n and both addresses allow them.
@@ -348,7 +469,8 @@ __host__ __device__ __forceinline__ int RowBatch(int64_t vectors_per_row, int un
 // Copies misses [0, M) of one stream with `warps` warps, warp g taking the
 // misses g + t * warps of each batch of rows_per_warp * warps. The plan is
 // read through `plan_at(m) -> int2 {slot, record}`; an entry outside the hot
-// buffer or the pool (only a malformed state leaves one) is skipped.
+// buffer or the pool is skipped (none reaches here: a malformed state
+// resolves nothing, so this only keeps any plan inside the stream's rows).
 template <typename V, int kUnroll, typename PlanAt>
 __device__ __forceinline__ void CopyMisses(const uint8_t* src_base, uint8_t* dst_base,
                                            int64_t record_bytes, int hot_slots, int pool_records,
@@ -376,7 +498,7 @@ __device__ __forceinline__ void CopyMisses(const uint8_t* src_base, uint8_t* dst
 
 // Per-lane slot ids held in registers; the packed form keeps two per register
 // (slots < kMaxResolveHotSlots <= 2^15; anything else reads back as -1, which
-// only a malformed lru can produce).
+// only a malformed lru can produce, and the state check then rejects).
 template <int N, bool kPacked>
 struct SlotList {
   int v[N];
@@ -408,16 +530,20 @@ __device__ __forceinline__ int WarpSum(int v) {
   return v;
 }
 
-// Layer outside [0, L): nothing resolves, state untouched.
+// A stream that resolves nothing (layer outside [0, L): limit 0, malformed
+// 0; malformed state, checked apart: its limit, malformed 1): rule 0 alone,
+// every output -1, state untouched. One barrier; every thread calls it.
 template <int kThreads>
-__device__ void ResolveNothing(const ResolveArgs& a, int stream, int* warp_counts) {
+__device__ void ResolveNothing(const ResolveArgs& a, int stream, int limit, int malformed,
+                               int* warp_counts) {
   const int k = a.top_k;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int32_t* sel = a.selection + int64_t{stream} * k;
   const int64_t out = int64_t{stream} * k;
   int invalid = 0;
   for (int j = tid; j < k; j += kThreads) {
-    invalid += sel[j] != -1;
+    const int id = sel[j];
+    invalid += id != -1 && (id < 0 || id >= limit);
     a.slots[out + j] = -1;
     a.miss_records[out + j] = -1;
     a.miss_slots[out + j] = -1;
@@ -430,8 +556,48 @@ __device__ void ResolveNothing(const ResolveArgs& a, int stream, int* warp_count
     if (lane == 0) {
       a.misses[stream] = 0;
       a.invalid[stream] = total;
+      a.malformed[stream] = malformed;
     }
   }
+}
+
+// The state check of the ChecksStateFirst shapes, in a pass of its own before
+// the table is built: lru slots go into the bitmap, the records of the slots
+// into a set of int keys laid over the table's keys and words (`held`, 2 x
+// table capacity >= 2B entries). Returns in every thread whether the stream's
+// state is malformed (two barriers).
+template <int kThreads>
+__device__ bool StateMalformedApart(const ResolveArgs& a, const int32_t* slot_record,
+                                    const int32_t* lru, int* held, uint32_t* unseen) {
+  const int tid = threadIdx.x, B = a.hot_slots;
+  const uint32_t held_capacity = 2 * (a.table_mask + 1);
+  int4* clear = reinterpret_cast<int4*>(held);
+  for (uint32_t q = tid; q < held_capacity / 4; q += kThreads) clear[q] = make_int4(-1, -1, -1, -1);
+  clear = reinterpret_cast<int4*>(unseen);
+  for (int q = tid; q < SlotBitmapInts(B) / 4; q += kThreads) clear[q] = make_int4(-1, -1, -1, -1);
+  __syncthreads();
+  bool bad = false;
+#pragma unroll 1
+  for (int i0 = tid; i0 < B; i0 += kHeldBatch * kThreads) {
+    int rec[kHeldBatch], entry[kHeldBatch];
+    unsigned todo = 0;
+#pragma unroll
+    for (int u = 0; u < kHeldBatch; ++u) {
+      const int i = i0 + u * kThreads;  // an lru position, and a slot
+      rec[u] = -1;
+      if (i >= B) continue;
+      bad |= !MarkSlotSeen(unseen, lru[i], B);
+      const int r = slot_record[i];
+      bad |= r < -1 || r >= a.pool_records;
+      if (r >= 0 && r < a.pool_records) {
+        rec[u] = r;
+        todo |= 1u << u;
+      }
+    }
+    const unsigned won = InsertIds(held, held_capacity - 1, a.table_shift - 1, rec, todo, entry);
+    bad |= (todo & ~won) != 0;  // another slot put the record in first
+  }
+  return __syncthreads_or(bad);
 }
 
 // ---------------------------------------------------------------------------
@@ -457,11 +623,16 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   // registers within 64.
   constexpr bool kEarlyLru = kRounds <= 8;
   constexpr bool kPackedLru = kRounds >= 8;
+  // The variant of exactly the ChecksStateFirst shapes (B > 8 x 1024 takes 16
+  // lru rounds of a 1024-thread block, k > 4 x 1024 takes 8 selection rounds).
+  constexpr bool kCheckFirst = kRounds == 16 && kSelRounds == 8;
+  static_assert(!kCheckFirst || kThreads == kResolveThreads, "ChecksStateFirst shapes are large");
   extern __shared__ int4 shared[];
   __shared__ int warp_distinct[kWarps];
   __shared__ int warp_invalid[kWarps];
   __shared__ int warp_evictable[kWarps];
   __shared__ int warp_misses[kWarps];
+  __shared__ int state_malformed;  // 0, or 1 once any lane finds the state malformed
 
   const int stream = blockIdx.x;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -474,12 +645,33 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   int* staged_record = region;    // [B] slot_record, phases 0-2
   int* plan_slot = region;        // [k] slot taken by miss m, phases 3-5
   int* plan_record = region + k;  // [k] record of miss m, phases 4-5
+  // Read from the kernel arguments where used, so that no register holds them.
+  auto unseen = [&a] {  // [B bits] slots not yet seen in lru
+    return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(shared) + a.check_offset);
+  };
+  auto held = [&a] {  // [held_mask + 1] the held-record set
+    return reinterpret_cast<unsigned short*>(reinterpret_cast<char*>(shared) + a.check_offset +
+                                             SlotBitmapInts(a.hot_slots) * 4);
+  };
 
   // Lane-owned positions (see the file comment).
   const int sel_rounds = (k + kThreads - 1) / kThreads;
   const int lru_rounds = (B + kThreads - 1) / kThreads;
   const int j0 = warp * kWarp * sel_rounds + lane;
   const int i0 = warp * kWarp * lru_rounds + lane;
+
+  if constexpr (kCheckFirst) {
+    const int layer = *a.layer;
+    if (layer >= 0 && layer < a.layers) {  // else phase 0 resolves nothing
+      const int64_t ls = int64_t{layer} * a.streams + stream;
+      if (StateMalformedApart<kThreads>(a, a.slot_record + ls * B, a.lru + ls * B, keys,
+                                        unseen())) {
+        const int limit = max(0, min(a.sealed[stream], a.pool_records));
+        ResolveNothing<kThreads>(a, stream, limit, 1, warp_invalid);
+        return;
+      }
+    }
+  }
 
   // 0. Loads that do not depend on the layer, with the layer; the key clear
   // overlaps them.
@@ -493,8 +685,13 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   const int sealed = a.sealed[stream];
   const int layer = *a.layer;
   for (uint32_t q = tid; q < capacity / 4; q += kThreads) shared[q] = make_int4(-1, -1, -1, -1);
+  if (tid == 0) state_malformed = 0;
+  if constexpr (!kCheckFirst) {
+    int4* check = reinterpret_cast<int4*>(unseen());  // the bitmap, then the held set
+    for (int q = tid; q < a.check_vectors; q += kThreads) check[q] = make_int4(-1, -1, -1, -1);
+  }
   if (layer < 0 || layer >= a.layers) {
-    ResolveNothing<kThreads>(a, stream, warp_invalid);
+    ResolveNothing<kThreads>(a, stream, 0, 0, warp_invalid);  // limit 0: every id invalid
     return;
   }
   const int64_t ls = int64_t{layer} * a.streams + stream;
@@ -547,6 +744,14 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
       order.Set(c, lru_at(c));
     }
   }
+  if constexpr (!kCheckFirst) {  // lru: every slot in [0, B), none twice
+#pragma unroll
+    for (int c = 0; c < kRounds; ++c) {
+      const int i = i0 + c * kWarp;
+      if (c < lru_rounds && i < B && !MarkSlotSeen(unseen(), order.Get(c), B))
+        atomicOr(&state_malformed, 1);  // an atomic: lanes may race to report
+    }
+  }
   WaitStaged();
   __syncthreads();  // 2: table complete, slot_record staged
 
@@ -565,7 +770,7 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
     for (int u = 0; u < kLruBatch; ++u) {
       const int slot = order.Get(c0 + u);
       rec[u] = -1;
-      // Out-of-range slots only come from a malformed lru.
+      // Out-of-range slots only come from a malformed lru (found out at bar 3).
       if (slot >= 0 && slot < B) {
         listed |= 1u << u;
         rec[u] = staged_record[slot];
@@ -580,16 +785,37 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
     }
     evictable |= (listed & ~hit) << c0;
   }
+  if constexpr (!kCheckFirst) {
+    // slot_record: every record in [-1, R), none >= 0 held by two slots. A
+    // rolled loop over the slots, apart from the probes, so that it holds no
+    // more registers than one batch of inserts.
+#pragma unroll 1
+    for (int b0 = tid; b0 < B; b0 += kHeldBatch * kThreads) {
+      int rec[kHeldBatch], slot[kHeldBatch];
+      unsigned todo = 0, wrong = 0;
+#pragma unroll
+      for (int u = 0; u < kHeldBatch; ++u) {
+        slot[u] = b0 + u * kThreads;
+        rec[u] = slot[u] < B ? staged_record[slot[u]] : -1;
+        wrong |= rec[u] < -1 || rec[u] >= a.pool_records;
+        if (rec[u] >= 0 && rec[u] < a.pool_records) todo |= 1u << u;
+      }
+      wrong |= InsertHeld(held(), a.held_mask, a.held_shift, staged_record, rec, slot, todo);
+      if (wrong) atomicOr(&state_malformed, 1);
+    }
+  }
 #pragma unroll
   for (int c = 0; c < kRounds; ++c)
     evictables_in_warp += __popc(__ballot_sync(kFullMask, (evictable >> c) & 1u));
   if (lane == 0) warp_evictable[warp] = evictables_in_warp;
-  __syncthreads();  // 3: words final (first position or hit slot)
+  __syncthreads();  // 3: words final (first position or hit slot), the state's verdict
+  const bool malformed = !kCheckFirst && state_malformed != 0;  // else checked apart
 
   // 3. Totals. In a well-formed state every lru position is a hit or an
   // evictable slot and distinct slots hold distinct records, so the hit
-  // slots are the hit ids and M = distinct - hits. The clamp only matters
-  // for a malformed state; it keeps every index below in bounds.
+  // slots are the hit ids and M = distinct - hits. Only a well-formed state
+  // gets past the verdict; the clamp keeps every index below in bounds
+  // whatever the counts.
   const bool owner = lane < kWarps;
   const int lane_distinct = owner ? warp_distinct[lane] : 0;
   const int lane_invalid = owner ? warp_invalid[lane] : 0;
@@ -598,6 +824,20 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   const int total_invalid = WarpTotal(lane_invalid);
   const int E = WarpTotal(lane_evictable);
   const int M = max(0, min(distinct - (B - E), E));
+  if (malformed) {  // resolves nothing; nothing of the state was written
+    const int64_t out = int64_t{stream} * k;
+    for (int j = tid; j < k; j += kThreads) {
+      a.slots[out + j] = -1;
+      a.miss_records[out + j] = -1;
+      a.miss_slots[out + j] = -1;
+    }
+    if (tid == 0) {
+      a.misses[stream] = 0;
+      a.invalid[stream] = total_invalid;
+      a.malformed[stream] = 1;
+    }
+    return;
+  }
 
   // New lru (rule 4) and the slot each miss takes (rule 3).
   int evict_rank = WarpTotalBelow(lane_evictable, lane, warp);
@@ -616,7 +856,8 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
       } else {
         position = E + (i - r);
       }
-      // Always in [0, B) unless the state is malformed.
+      // Always in [0, B) in a well-formed state; the guard is the last line
+      // between any count and a write outside the row.
       if (position >= 0 && position < B) lru[position] = slot;
     }
     evict_rank += __popc(bits);
@@ -645,11 +886,12 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
         continue;  // written in phase 4 or 5
       }
     }
-    a.slots[out + j] = slot;  // -1 for a "miss" without misses: malformed only
+    a.slots[out + j] = slot;  // -1 for padding and invalid ids
   }
   if (tid == 0) {
     a.misses[stream] = M;
     a.invalid[stream] = total_invalid;
+    a.malformed[stream] = 0;
   }
   for (int m = M + tid; m < k; m += kThreads) {
     a.miss_records[out + m] = -1;
@@ -672,7 +914,7 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
     const unsigned bits = __ballot_sync(kFullMask, is_miss);
     if (is_miss) {
       const int m = miss_rank + __popc(bits & lanes_below);  // < k
-      const int slot = m < M ? plan_slot[m] : -1;           // m < M unless malformed
+      const int slot = m < M ? plan_slot[m] : -1;           // m < M: the state is well formed
       const int record = keys[entry[c]];  // the id: not kept in registers past phase 1
       a.slots[out + j0 + c * kWarp] = slot;
       a.miss_records[out + m] = record;
@@ -841,31 +1083,70 @@ bool Aligned(const void* p, int bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
 }
 
-// Dynamic shared memory of a resolve block with a table of `capacity`
-// entries (keys and words), then the staged slot_record / miss plan region.
-constexpr int64_t SharedBytesWith(int64_t capacity, int64_t top_k, int64_t hot_slots) {
+// Bytes of a table of `capacity` entries (keys and words) and of the region:
+// what decides the table's load (TableCapacity).
+constexpr int64_t TableAndRegionBytes(int64_t capacity, int64_t top_k, int64_t hot_slots) {
   return capacity * 8 + (hot_slots > 2 * top_k ? hot_slots : 2 * top_k) * 4;
 }
 
 // Table capacity for k selected ids: a power of two >= 4k (load <= 1/4) while
-// the block stays within kLowLoadSharedBytes, else >= 2k (load <= 1/2). At
-// load 1/4 a warp's longest probe run (32 lanes x 4 items) is about 2 group
-// loads and its longest insert run about 3 CAS, against about 4 and 7 at 1/2
-// (simulated with random ids).
+// the table and the region stay within kLowLoadSharedBytes, else >= 2k (load
+// <= 1/2). At load 1/4 a warp's longest probe run (32 lanes x 4 items) is
+// about 2 group loads and its longest insert run about 3 CAS, against about 4
+// and 7 at 1/2 (simulated with random ids).
 constexpr int64_t TableCapacity(int64_t top_k, int64_t hot_slots) {
   int64_t capacity = 16;
   while (capacity < 2 * top_k) capacity *= 2;
-  if (SharedBytesWith(2 * capacity, top_k, hot_slots) <= kLowLoadSharedBytes) capacity *= 2;
+  if (TableAndRegionBytes(2 * capacity, top_k, hot_slots) <= kLowLoadSharedBytes) capacity *= 2;
   return capacity;
 }
-// The largest shapes need the most: a table at load <= 1/2 is at most
-// 2 x pow2(2 x 8192) x 4 bytes there, and a low-load table stays within
-// kLowLoadSharedBytes.
-static_assert(SharedBytesWith(TableCapacity(kMaxResolveTopK, kMaxResolveHotSlots),
-                              kMaxResolveTopK, kMaxResolveHotSlots) == kMaxResolveSharedBytes &&
-                  kLowLoadSharedBytes <= kMaxResolveSharedBytes &&
+
+// Dynamic shared memory of a resolve block for (k, B): the layout above.
+constexpr int64_t SharedBytes(int64_t top_k, int64_t hot_slots) {
+  return TableCapacity(top_k, hot_slots) * 8 + RegionInts(top_k, hot_slots) * 4 +
+         SlotBitmapInts(hot_slots) * 4 + HeldCapacity(top_k, hot_slots) * 2;
+}
+
+// The most any shape with B <= max_slots takes. For one k the bytes grow with
+// B but for two drops (the table stops being doubled, ChecksStateFirst starts
+// at B = 8193), so the largest are at B = max_slots, at B = 8192, or where the
+// table is still doubled (bounded by `doubled`, below).
+constexpr int64_t MostSharedBytes(int64_t max_slots) {
+  const int64_t doubled = kLowLoadSharedBytes + 12 + SlotBitmapInts(max_slots) * 4 +
+                          HeldCapacity(0, max_slots) * 2;
+  int64_t most = doubled;
+  const int64_t max_k = max_slots < kMaxResolveTopK ? max_slots : kMaxResolveTopK;
+  for (int64_t k = 0; k <= max_k; ++k) {
+    for (int64_t b : {int64_t{8192}, max_slots}) {
+      if (b < k || b > max_slots || b < 1) continue;
+      const int64_t bytes = SharedBytes(k, b);
+      if (bytes > most) most = bytes;
+    }
+  }
+  return most;
+}
+static_assert(MostSharedBytes(kMaxResolveHotSlots) == kMaxResolveSharedBytes &&
                   kMaxResolveSharedBytes + kResolveStaticSharedBytes <= 227 * 1024,
               "kMaxResolveSharedBytes bounds every shape and fits an sm_90 block");
+// Two small blocks per SM (228 KiB each, 1 KiB reserved per block, allocated
+// in 128-byte units), the point of kResolveThreadsSmall.
+static_assert(2 * ((MostSharedBytes(kResolveSmallBlockMaxSlots) +
+                    ResolveStaticSharedBytes(kResolveThreadsSmall) + 127) /
+                       128 * 128 +
+                   1024) <=
+                  228 * 1024,
+              "two small resolve blocks fit one SM");
+// The set of a ChecksStateFirst shape, laid over the table, has room for 2B.
+static_assert(2 * TableCapacity(4 * kResolveThreads + 1, kMaxResolveHotSlots) >=
+                  2 * kMaxResolveHotSlots,
+              "the table's memory holds the held-record set at load <= 1/2");
+// ChecksStateFirst names exactly the shapes ResolveKernelFor sends to the
+// <1024, 16, 8> variant (16 lru rounds: B > 8 x 1024; 8 selection rounds:
+// k > 4 x 1024), whose kernel checks the state apart.
+static_assert(!ChecksStateFirst(4 * kResolveThreads, kMaxResolveHotSlots) &&
+                  !ChecksStateFirst(kMaxResolveTopK, 8 * kResolveThreads) &&
+                  ChecksStateFirst(4 * kResolveThreads + 1, 8 * kResolveThreads + 1),
+              "ChecksStateFirst matches the kernel variant");
 
 cudaError_t Fail(cudaError_t err, const char* kernel, const char** failed_kernel) {
   if (err != cudaSuccess && failed_kernel != nullptr) *failed_kernel = kernel;
@@ -875,7 +1156,7 @@ cudaError_t Fail(cudaError_t err, const char* kernel, const char** failed_kernel
 }  // namespace
 
 int64_t ResolveSharedBytes(int64_t top_k, int64_t hot_slots) {
-  return SharedBytesWith(TableCapacity(top_k, hot_slots), top_k, hot_slots);
+  return SharedBytes(top_k, hot_slots);
 }
 
 ResolveLaunchPlan ChooseResolvePlan(ResolveLaunchPlan plan, int64_t streams) {
@@ -923,6 +1204,7 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   a.miss_slots = io.miss_slots;
   a.misses = io.misses;
   a.invalid = io.invalid;
+  a.malformed = io.malformed;
   a.layers = d.layers;
   a.streams = d.streams;
   a.record_bytes = d.record_bytes;
@@ -933,6 +1215,12 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   a.table_mask = static_cast<uint32_t>(capacity - 1);
   a.table_shift = 32;
   for (int64_t c = capacity; c > 1; c /= 2) --a.table_shift;
+  const int64_t held_capacity = HeldCapacity(d.top_k, d.hot_slots);
+  a.held_mask = held_capacity > 0 ? static_cast<uint32_t>(held_capacity - 1) : 0;
+  a.held_shift = 32;
+  for (int64_t c = held_capacity; c > 1; c /= 2) --a.held_shift;
+  a.check_offset = static_cast<int32_t>((capacity * 2 + RegionInts(d.top_k, d.hot_slots)) * 4);
+  a.check_vectors = static_cast<int32_t>((SlotBitmapInts(d.hot_slots) + held_capacity / 2) / 4);
   a.copy_vector = vector;
   a.row_batch = RowBatch(d.record_bytes / vector, kFusedCopyUnroll);
   a.fused_fetch = fetch && !split;

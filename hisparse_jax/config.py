@@ -7,6 +7,12 @@ import math
 
 import numpy as np
 
+# The most the CUDA RESOLVE kernel holds in one block (kMaxResolveHotSlots and
+# kMaxResolveTopK of ffi/resolve_cuda.h); enforced for every backend so that a
+# config runs wherever the cache is moved.
+MAX_HOT_SLOTS = 16384
+MAX_TOP_K = 8192
+
 
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:
@@ -21,8 +27,8 @@ class CacheConfig:
       num_layers: L, sparse layers sharing this cache (one pool slab each).
       stream_shape: leading stream dims, e.g. (batch,) or (batch, kv_heads).
       pool_records: R, records per stream in the host pool (context / page_size).
-      hot_slots: B, hot buffer slots per stream; must be >= top_k.
-      top_k: k, records selected per stream per step.
+      hot_slots: B, hot buffer slots per stream; top_k <= B <= MAX_HOT_SLOTS (16384).
+      top_k: k, records selected per stream per step; k <= MAX_TOP_K (8192).
       record_width: elements per token in a record (576 for MLA 512+64).
       page_size: tokens per record (1 for DSA, 16 for Quest pages).
       dtype: element dtype of records.
@@ -52,6 +58,17 @@ class CacheConfig:
             raise ValueError(
                 f"CacheConfig.hot_slots (B={self.hot_slots}) must be >= top_k (k={self.top_k}): "
                 "every selected record needs a slot; raise hot_slots or lower top_k"
+            )
+        if self.hot_slots > MAX_HOT_SLOTS:
+            raise ValueError(
+                f"CacheConfig.hot_slots (B={self.hot_slots}) exceeds {MAX_HOT_SLOTS}, the most slots "
+                "the CUDA RESOLVE kernel holds per stream; lower hot_slots (or split the stream, "
+                "e.g. per KV head)"
+            )
+        if self.top_k > MAX_TOP_K:
+            raise ValueError(
+                f"CacheConfig.top_k (k={self.top_k}) exceeds {MAX_TOP_K}, the most records the "
+                "CUDA RESOLVE kernel selects per stream; lower top_k"
             )
         if self.record_bytes % 8:
             raise ValueError(

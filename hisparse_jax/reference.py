@@ -1,4 +1,4 @@
-"""RESOLVE in pure JAX: the jit-able reference of the contract (DESIGN.md section 3).
+"""RESOLVE in pure JAX: the jit-able reference of the contract (docs/contract.md).
 
 Vectorized with sorts and prefix sums instead of loops, so it runs under jit,
 vmap and scan on any backend. It reads the host pool by moving it to device
@@ -33,6 +33,17 @@ def _first_positions(key):
     return first, sorted_key
 
 
+def is_malformed(slot_record, lru, pool_records):
+    """[] bool: lru [B] is not a permutation of [0, B), or slot_record [B] holds a
+    value outside [-1, R) or one record id >= 0 in two slots."""
+    B = slot_record.shape[0]
+    not_permutation = jnp.any(jnp.sort(lru) != jnp.arange(B, dtype=lru.dtype))
+    out_of_range = jnp.any((slot_record < -1) | (slot_record >= pool_records))
+    held = jnp.sort(slot_record)
+    repeated = jnp.any((held[1:] == held[:-1]) & (held[1:] >= 0))
+    return not_permutation | out_of_range | repeated
+
+
 def resolve_stream(selection, sealed, slot_record, lru, pool_records):
     """The contract for one stream, without the record copy.
 
@@ -45,14 +56,37 @@ def resolve_stream(selection, sealed, slot_record, lru, pool_records):
 
     Returns:
       dict of slots [k], miss_records [k], miss_slots [k], misses [], invalid [],
-      slot_record [B], lru [B], and fill_slot [k] (the slot position j's record
-      is copied into, B where nothing is copied).
+      malformed [] int32, slot_record [B], lru [B], and fill_slot [k] (the slot
+      position j's record is copied into, B where nothing is copied). A
+      malformed state (is_malformed) resolves nothing: slot_record and lru come
+      back as they were, every slot and miss is -1, nothing is copied.
     """
     k, B = selection.shape[0], slot_record.shape[0]
     i32 = jnp.int32
     limit = jnp.clip(jnp.minimum(sealed, pool_records), 0)
     valid = (selection >= 0) & (selection < limit)
     invalid = jnp.sum((selection != -1) & ~valid).astype(i32)
+    malformed = is_malformed(slot_record, lru, pool_records)
+    if k == 0:  # nothing selected: every rule is a no-op on the state
+        empty = jnp.zeros((0,), i32)
+        return dict(
+            slots=empty,
+            miss_records=empty,
+            miss_slots=empty,
+            misses=jnp.zeros((), i32),
+            invalid=invalid,
+            malformed=malformed.astype(i32),
+            slot_record=slot_record,
+            lru=lru,
+            fill_slot=empty,
+        )
+    # A malformed stream is resolved as if its state were empty and well formed
+    # (so that nothing below indexes by its values), then every result of it
+    # is replaced by "nothing resolved".
+    slot_record_in, lru_in = slot_record, lru
+    slot_record = jnp.where(malformed, -1, slot_record)
+    lru = jnp.where(malformed, jnp.arange(B, dtype=i32), lru)
+    valid = valid & ~malformed
     key = jnp.where(valid, selection, _NOT_SELECTED)
 
     # Rule 1: distinct valid ids; first occurrence of each.
@@ -107,8 +141,9 @@ def resolve_stream(selection, sealed, slot_record, lru, pool_records):
         miss_slots=miss_slots,
         misses=misses,
         invalid=invalid,
-        slot_record=new_slot_record,
-        lru=new_lru,
+        malformed=malformed.astype(i32),
+        slot_record=jnp.where(malformed, slot_record_in, new_slot_record),
+        lru=jnp.where(malformed, lru_in, new_lru),
         fill_slot=fill_slot,
     )
 
@@ -118,7 +153,8 @@ def resolve_reference(hot, slot_record, lru, host_pool, selection, sealed, layer
 
     Shapes: hot [L, *S, B, *rec], slot_record/lru [L, *S, B], host_pool
     [L, *S, R, *rec], selection [*S, k], sealed [*S], layer [] int32.
-    Returns (slots, miss_records, miss_slots, misses, invalid, hot, slot_record, lru).
+    Returns (slots, miss_records, miss_slots, misses, invalid, malformed, hot,
+    slot_record, lru); see ffi/resolve.h for the malformed-state and k = 0 rules.
     """
     num_layers = host_pool.shape[0]
     stream_shape = selection.shape[:-1]
@@ -160,12 +196,14 @@ def resolve_reference(hot, slot_record, lru, host_pool, selection, sealed, layer
     miss_slots = jnp.where(layer_ok, out["miss_slots"], never)
     misses = jnp.where(layer_ok, out["misses"], 0)
     invalid = jnp.where(layer_ok, out["invalid"], jnp.sum(flat_sel != -1, axis=1, dtype=jnp.int32))
+    malformed = jnp.where(layer_ok, out["malformed"], 0)
     return (
         slots.reshape(*stream_shape, k),
         miss_records.reshape(*stream_shape, k),
         miss_slots.reshape(*stream_shape, k),
         misses.reshape(stream_shape),
         invalid.reshape(stream_shape),
+        malformed.reshape(stream_shape),
         jax.lax.bitcast_convert_type(put(hot, layer_hot), hot_dtype),
         put(slot_record, out["slot_record"]),
         put(lru, out["lru"]),

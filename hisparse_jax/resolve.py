@@ -31,6 +31,12 @@ class ResolveResult:
       miss_slots: [*streams, k] int32, the slot each miss was written to.
       misses: [*streams] int32, number of records fetched.
       invalid: [*streams] int32, ids that were neither -1 nor in [0, min(sealed, R)).
+      malformed: [*streams] int32, 1 where the stream's state was malformed (its
+        lru row not a permutation of [0, B), or its slot_record row holding a
+        value outside [-1, R) or one record twice): such a stream resolved
+        nothing (state untouched, slots and miss plan -1, misses 0); rebuild it
+        with init_hot_cache or reset_streams. 0 elsewhere, and for a layer
+        outside [0, L).
     """
 
     slots: jax.Array
@@ -38,6 +44,7 @@ class ResolveResult:
     miss_slots: jax.Array
     misses: jax.Array
     invalid: jax.Array
+    malformed: jax.Array
 
 
 def resolve(
@@ -52,12 +59,13 @@ def resolve(
     launch: Literal["auto", "fused", "split"] = "auto",
     checked: bool = False,
 ) -> tuple[ResolveResult, HotCache]:
-    """Resolves one layer's selection for every stream (DESIGN.md section 3).
+    """Resolves one layer's selection for every stream (docs/contract.md).
 
     Args:
       cache: HotCache with hot [L, *S, B, *rec], slot_record and lru [L, *S, B].
       host_pool: [L, *S, R, *rec] in pinned_host memory, read-only here.
       selection: [*S, k] int32 record ids, -1 = padding; repeated ids share a slot.
+        k = 0 is allowed: nothing is resolved and the [*S, k] results are empty.
       sealed: [*S] int32 sealed records per stream; ids outside
         [0, min(sealed, R)) are treated as padding and counted in `invalid`.
       layer: int32 scalar (may be traced, e.g. a scan index) or Python int.
@@ -67,8 +75,9 @@ def resolve(
         cost); slot_record and lru are updated as usual, hot is not.
       launch: CUDA launch plan, "fused" (one launch), "split" (a resolve launch
         and a copy spread over many blocks) or "auto"; ignored on CPU.
-      checked: emit a checkify check that no id was invalid; wrap the caller
-        with jax.experimental.checkify.checkify to turn it into an error.
+      checked: emit checkify checks that no id was invalid and no stream's
+        state was malformed; wrap the caller with
+        jax.experimental.checkify.checkify to turn them into errors.
 
     Returns:
       (ResolveResult, new HotCache). Under jit with the cache donated, the
@@ -93,11 +102,13 @@ def resolve(
                 per_pick,
                 per_stream,
                 per_stream,
+                per_stream,
                 jax.typeof(cache.hot),
                 jax.typeof(cache.slot_record),
                 jax.typeof(cache.lru),
             ),
-            input_output_aliases={4: 5, 5: 6, 6: 7},
+            # operands hot, slot_record, lru -> results 6, 7, 8 (updated in place)
+            input_output_aliases={4: 6, 5: 7, 6: 8},
         )
         outs = call(
             host_pool,
@@ -114,7 +125,7 @@ def resolve(
         outs = resolve_reference(
             cache.hot, cache.slot_record, cache.lru, host_pool, selection, sealed, layer, fetch=fetch
         )
-    slots, miss_records, miss_slots, misses, invalid, hot, slot_record, lru = outs
+    slots, miss_records, miss_slots, misses, invalid, malformed, hot, slot_record, lru = outs
     if checked:
         checkify.check(
             jnp.all(invalid == 0),
@@ -122,5 +133,12 @@ def resolve(
             "they were treated as padding",
             n=jnp.sum(invalid),
         )
-    result = ResolveResult(slots, miss_records, miss_slots, misses, invalid)
+        checkify.check(
+            jnp.all(malformed == 0),
+            "resolve: {n} streams hold a malformed cache state (lru not a permutation of [0, B), "
+            "or slot_record outside [-1, R) or holding a record twice) and resolved nothing; "
+            "rebuild the cache with init_hot_cache / reset_streams",
+            n=jnp.sum(malformed),
+        )
+    result = ResolveResult(slots, miss_records, miss_slots, misses, invalid, malformed)
     return result, HotCache(hot=hot, slot_record=slot_record, lru=lru)

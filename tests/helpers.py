@@ -141,7 +141,7 @@ class State:
 
 
 def empty_state(cfg: hs.CacheConfig) -> State:
-    """The initial state of DESIGN.md section 3 (hot zeroed, like init_hot_cache)."""
+    """The initial state of docs/contract.md (hot zeroed, like init_hot_cache)."""
     return State(
         hot=np.zeros(cfg.hot_shape, cfg.dtype),
         slot_record=np.full(cfg.slot_shape, -1, np.int32),
@@ -275,7 +275,7 @@ def jitted_write(implementation: str):
 
 # --------------------------------------------------------------------------- comparisons
 
-INT_FIELDS = ("slots", "miss_records", "miss_slots", "misses", "invalid")
+INT_FIELDS = ("slots", "miss_records", "miss_slots", "misses", "invalid", "malformed")
 
 
 def assert_bytes_equal(got, want, lead: int, what: str) -> None:

@@ -1,7 +1,7 @@
 """The RESOLVE contract and the pool write as plain Python loops: obviously right, slow.
 
-Each rule of DESIGN.md section 3 is written out literally, one stream at a
-time, on NumPy arrays. Record bytes are moved as raw bytes (a uint8 view), so
+Each rule of the RESOLVE contract (docs/contract.md, ffi/resolve.h) is written
+out literally, one stream at a time, on NumPy arrays. Record bytes are moved as raw bytes (a uint8 view), so
 the oracle is exact for every dtype, NaN payloads included. Every other rung
 (the JAX reference, the C++ and CUDA handlers) is compared with this one with
 zero tolerance.
@@ -25,6 +25,19 @@ class StreamResult:
     invalid: int
     slot_record: list[int]  # [B] after the call
     lru: list[int]  # [B] after the call
+    malformed: bool = False  # the state came in malformed and nothing was resolved
+
+
+def is_malformed(slot_record, lru, pool_records) -> bool:
+    """True unless lru is a permutation of [0, B) and slot_record holds values in
+    [-1, R) with no record id >= 0 in two slots (the malformed-state rule)."""
+    slot_record = [int(x) for x in slot_record]
+    held = [record for record in slot_record if record >= 0]
+    return (
+        sorted(int(x) for x in lru) != list(range(len(slot_record)))
+        or any(not -1 <= record < pool_records for record in slot_record)
+        or len(set(held)) != len(held)
+    )
 
 
 def resolve_stream(selection, sealed, slot_record, lru, pool_records) -> StreamResult:
@@ -36,6 +49,8 @@ def resolve_stream(selection, sealed, slot_record, lru, pool_records) -> StreamR
       slot_record: [B] record held by each slot, -1 = empty.
       lru: [B] permutation of slots, least recently used first.
       pool_records: R.
+    A malformed state (see is_malformed) resolves nothing: state untouched,
+    every output -1, misses 0, invalid counted by rule 0, malformed True.
     """
     selection = [int(x) for x in selection]
     slot_record = [int(x) for x in slot_record]
@@ -48,6 +63,19 @@ def resolve_stream(selection, sealed, slot_record, lru, pool_records) -> StreamR
         return 0 <= record < limit
 
     invalid = sum(1 for record in selection if record != -1 and not is_valid(record))
+
+    if is_malformed(slot_record, lru, pool_records):
+        nothing = [-1] * k
+        return StreamResult(
+            slots=nothing,
+            miss_records=nothing,
+            miss_slots=nothing,
+            misses=0,
+            invalid=invalid,
+            slot_record=slot_record,
+            lru=lru,
+            malformed=True,
+        )
 
     # Rule 1: H = distinct valid ids (kept in order of first appearance); hit slots hold one.
     distinct = []
@@ -102,6 +130,7 @@ class Resolved:
     miss_slots: np.ndarray  # [*S, k] int32
     misses: np.ndarray  # [*S] int32
     invalid: np.ndarray  # [*S] int32
+    malformed: np.ndarray  # [*S] int32, 1 = the stream's state was malformed
     hot: np.ndarray  # [L, *S, B, *rec]
     slot_record: np.ndarray  # [L, *S, B] int32
     lru: np.ndarray  # [L, *S, B] int32
@@ -113,7 +142,8 @@ def resolve(hot, slot_record, lru, host_pool, selection, sealed, layer, *, fetch
     Shapes as in hisparse_jax.resolve: hot [L, *S, B, *rec], slot_record and lru
     [L, *S, B], host_pool [L, *S, R, *rec], selection [*S, k], sealed [*S].
     A layer outside [0, L) resolves nothing: state untouched, slots -1, every
-    non-padding id invalid.
+    non-padding id invalid, malformed 0. A stream whose state is malformed
+    resolves nothing either (see resolve_stream). k = 0 is an ordinary call.
     """
     hot, slot_record, lru = np.array(hot), np.array(slot_record), np.array(lru)
     host_pool, selection, sealed = np.asarray(host_pool), np.asarray(selection), np.asarray(sealed)
@@ -131,6 +161,7 @@ def resolve(hot, slot_record, lru, host_pool, selection, sealed, layer, *, fetch
     miss_slots = np.full((S, k), -1, np.int32)
     misses = np.zeros(S, np.int32)
     invalid = np.zeros(S, np.int32)
+    malformed = np.zeros(S, np.int32)
 
     layer = int(layer)
     if not 0 <= layer < L:
@@ -148,6 +179,7 @@ def resolve(hot, slot_record, lru, host_pool, selection, sealed, layer, *, fetch
             miss_slots[s] = out.miss_slots
             misses[s] = out.misses
             invalid[s] = out.invalid
+            malformed[s] = out.malformed
             rec[layer, s] = out.slot_record
             order[layer, s] = out.lru
             if fetch:  # rule 5: hot[slot] = host_pool[record], byte for byte
@@ -160,6 +192,7 @@ def resolve(hot, slot_record, lru, host_pool, selection, sealed, layer, *, fetch
         miss_slots=miss_slots.reshape(*streams, k),
         misses=misses.reshape(streams),
         invalid=invalid.reshape(streams),
+        malformed=malformed.reshape(streams),
         hot=hot,
         slot_record=slot_record,
         lru=lru,

@@ -1,4 +1,4 @@
-"""RESOLVE (DESIGN.md section 3) on named corner cases: every implementation
+"""RESOLVE (docs/contract.md) on named corner cases: every implementation
 against the loop oracle with zero tolerance, plus the invariants, plus the
 specific outcome each case is about."""
 

@@ -1,11 +1,13 @@
-"""Every trace-time error names the argument and the fix (DESIGN.md section 3,
-"Errors"); the checked mode turns invalid ids into an error; the FFI handlers
-refuse malformed operands instead of reading out of bounds."""
+"""Every trace-time error names the argument and the fix (docs/contract.md,
+"Errors"); the checked mode turns invalid ids and malformed states into errors;
+the FFI handlers refuse malformed operands instead of reading out of bounds."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +18,11 @@ from jax.experimental import checkify
 
 import hisparse_jax as hs
 from hisparse_jax import _ffi, _targets
+from hisparse_jax import config as config_module
 from helpers import IMPLEMENTATIONS, config, jitted_resolve, to_device, to_pinned_host
 
 needs_ffi = pytest.mark.skipif("ffi" not in IMPLEMENTATIONS, reason="no FFI handler for this backend")
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclasses.dataclass
@@ -97,11 +101,49 @@ def operands(L=3, streams=(2,), R=8, B=4, k=3, record=(1, 2), dtype=np.float32) 
             r"CacheConfig.stream_shape must hold positive dims, got \(2, 0\)",
             id="zero_stream_dim",
         ),
+        pytest.param(
+            dict(B=16385, k=8),
+            r"CacheConfig.hot_slots \(B=16385\) exceeds 16384, the most slots the CUDA RESOLVE "
+            r"kernel holds per stream; lower hot_slots",
+            id="B_past_cuda_limit",
+        ),
+        pytest.param(
+            dict(B=16384, k=8193),
+            r"CacheConfig.top_k \(k=8193\) exceeds 8192, the most records the CUDA RESOLVE kernel "
+            r"selects per stream; lower top_k",
+            id="k_past_cuda_limit",
+        ),
+        pytest.param(
+            dict(B=20000, k=10000),
+            r"CacheConfig.hot_slots \(B=20000\) exceeds 16384",
+            id="both_past_cuda_limits",
+        ),
     ],
 )
 def test_cache_config_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         config(**kwargs)
+
+
+def test_cache_config_takes_the_cuda_limits():
+    """B = 16384 and k = 8192, the largest shapes the CUDA kernel holds, are valid."""
+    cfg = config(L=1, streams=(1,), R=16384, B=16384, k=8192)
+    assert (cfg.hot_slots, cfg.top_k) == (config_module.MAX_HOT_SLOTS, config_module.MAX_TOP_K)
+
+
+def test_cache_config_limits_match_the_cuda_header():
+    """The Python limits are the CUDA kernel's own (ffi/resolve_cuda.h)."""
+    header = REPO / "ffi" / "resolve_cuda.h"
+    if not header.exists():
+        pytest.skip(f"{header} is not here (tests run outside the source tree)")
+    text = header.read_text()
+    for name, value in (
+        ("kMaxResolveHotSlots", config_module.MAX_HOT_SLOTS),
+        ("kMaxResolveTopK", config_module.MAX_TOP_K),
+    ):
+        found = re.search(rf"constexpr int64_t {name} = (\d+);", text)
+        assert found, f"{name} not found in {header}"
+        assert int(found.group(1)) == value, f"{name} = {found.group(1)} in {header}, {value} in config.py"
 
 
 def test_cache_config_shapes():
@@ -372,6 +414,28 @@ def test_checked_mode(implementation, selection, sealed, layer, invalid):
         err.throw()
 
 
+def test_checked_mode_names_a_malformed_state(implementation):
+    ops = operands()
+    lru = np.array(ops.cache.lru)
+    lru[0, 1, 2] = 1 << 30  # stream 1 of layer 0
+    err, (result, cache) = checked_resolve(implementation)(
+        dataclasses.replace(ops.cache, lru=jnp.asarray(lru)),
+        ops.host_pool,
+        jnp.array([[0, 1, -1], [7, -1, -1]], jnp.int32),
+        ops.sealed,
+        jnp.int32(0),
+    )
+    np.testing.assert_array_equal(result.malformed, [0, 1])
+    np.testing.assert_array_equal(np.asarray(cache.lru)[0, 1], lru[0, 1])
+    with pytest.raises(
+        checkify.JaxRuntimeError,
+        match=r"resolve: 1 streams hold a malformed cache state \(lru not a permutation of \[0, B\), "
+        r"or slot_record outside \[-1, R\) or holding a record twice\) and resolved nothing; "
+        r"rebuild the cache with init_hot_cache / reset_streams",
+    ):
+        err.throw()
+
+
 def test_unchecked_mode_emits_no_check(implementation):
     ops = operands()
 
@@ -490,11 +554,12 @@ def _direct_resolve(ops: Operands, selection=None, sealed=None):
             pick,
             per_stream,
             per_stream,
+            per_stream,
             jax.typeof(ops.cache.hot),
             jax.typeof(ops.cache.slot_record),
             jax.typeof(ops.cache.lru),
         ),
-        input_output_aliases={4: 5, 5: 6, 6: 7},
+        input_output_aliases={4: 6, 5: 7, 6: 8},
     )
     out = call(
         ops.host_pool,
@@ -544,6 +609,28 @@ def _direct_resolve(ops: Operands, selection=None, sealed=None):
 def test_handler_refuses_malformed_operands(ops, kwargs, message):
     with pytest.raises(jax.errors.JaxRuntimeError, match=message):
         _direct_resolve(ops, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "ops, message",
+    [
+        pytest.param(
+            operands(L=1, B=16385, k=3),
+            r"hisparse_resolve: slot_record B = 16385 exceeds the CUDA kernel's limit of 16384",
+            id="B",
+        ),
+        pytest.param(
+            operands(L=1, B=8193, k=8193),
+            r"hisparse_resolve: selection k = 8193 exceeds the CUDA kernel's limit of 8192",
+            id="k",
+        ),
+    ],
+)
+def test_cuda_handler_keeps_its_limits(ops, message):
+    """CacheConfig refuses these shapes; a cache built by hand still meets the handler's check."""
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+        _direct_resolve(ops)
 
 
 @needs_ffi

@@ -2,10 +2,13 @@
 // reference (resolve_cpu.cc): no XLA, no Python. Every case runs a sequence of
 // calls with the state carried, under each launch variant (fused / split /
 // auto, fetch on / off), and compares slots, miss_records, miss_slots, misses,
-// invalid and the whole state (slot_record, lru, hot of every layer) byte for
-// byte after every call. Guard bytes around every device buffer catch writes
-// out of bounds; outputs are poisoned before each call so unwritten entries
-// show up.
+// invalid, malformed and the whole state (slot_record, lru, hot of every
+// layer) byte for byte after every call. Guard bytes around every device
+// buffer catch writes out of bounds; outputs are poisoned before each call so
+// unwritten entries show up. The malformed_* cases corrupt some streams' rows
+// before each call (lru values outside [0, B) or repeated, slot records
+// outside [-1, R) or held twice): those streams must resolve nothing, bit for
+// bit like the CPU, and the other streams as usual.
 //
 // Build (from the repository root; `make -C ffi/tests` does the same):
 //   mkdir -p build/tests
@@ -36,6 +39,7 @@
 
 #include "resolve.h"
 #include "resolve_cuda.h"
+#include "cuda_ok.h"
 
 namespace {
 
@@ -43,16 +47,6 @@ using hisparse::PoolWriteDims;
 using hisparse::ResolveBuffers;
 using hisparse::ResolveDims;
 using hisparse::ResolveLaunchPlan;
-
-#define CUDA_OK(expr)                                                                  \
-  do {                                                                                 \
-    const cudaError_t err_ = (expr);                                                   \
-    if (err_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,               \
-                   cudaGetErrorString(err_));                                          \
-      std::exit(2);                                                                    \
-    }                                                                                  \
-  } while (0)
 
 using Rng = std::mt19937_64;
 
@@ -170,6 +164,8 @@ struct CallInput {
 };
 
 using Generator = std::function<void(int call, Rng& rng, const State& state, CallInput& in)>;
+// Changes the state before a call (both implementations get the result).
+using Corruptor = std::function<void(int call, Rng& rng, State& state)>;
 
 struct Case {
   std::string name;
@@ -179,7 +175,9 @@ struct Case {
   size_t pool_misalign = 0;  // bytes added to the pool's base address
   size_t hot_misalign = 0;   // bytes added to the hot buffer's base address
   Generator generate;
+  Corruptor corrupt;  // empty: the state is only ever changed by RESOLVE
   bool expect_no_misses_after_first = false;  // sanity of the case itself
+  bool expect_malformed = false;  // sanity: some stream, not all, is reported malformed
 };
 
 // Default selection generator: a mix of padding, invalid ids, duplicates,
@@ -271,6 +269,81 @@ void DistinctIds(Rng& rng, int64_t k, int64_t lo, int64_t hi, int32_t* out) {
     std::swap(pool[j], pool[pick]);
     out[j] = pool[j];
   }
+}
+
+// Ways to break a row of the state (resolve.h, "Malformed state").
+enum class Fault {
+  kLruOutOfRange,    // an lru value >= B (1 << 30, INT32_MAX, 0x8000, 0xffff, B + 1)
+  kLruNegative,      // an lru value < 0
+  kLruEqualsB,       // an lru value == B
+  kLruRepeated,      // one slot twice in lru (so another one missing)
+  kRecordBelowEmpty, // a slot record < -1
+  kRecordPastPool,   // a slot record >= R
+  kRecordTwice,      // one record id >= 0 in two slots
+  kAny,              // one of the above, at random
+};
+
+void BreakRow(Fault fault, Rng& rng, int64_t B, int64_t R, int32_t* rec, int32_t* lru) {
+  if (fault == Fault::kAny) fault = static_cast<Fault>(Uniform(rng, 0, 6));
+  if (B < 2 && (fault == Fault::kLruRepeated || fault == Fault::kRecordTwice))
+    fault = Fault::kLruEqualsB;
+  const int64_t i = Uniform(rng, 0, B - 1);
+  const int64_t other = B > 1 ? (i + Uniform(rng, 1, B - 1)) % B : i;
+  switch (fault) {
+    case Fault::kLruOutOfRange: {
+      const int32_t values[] = {1 << 30, INT32_MAX, 0x8000, 0xffff, static_cast<int32_t>(B + 1)};
+      lru[i] = values[Uniform(rng, 0, 4)];
+      break;
+    }
+    case Fault::kLruNegative: {
+      const int32_t values[] = {-1, -2, INT32_MIN};
+      lru[i] = values[Uniform(rng, 0, 2)];
+      break;
+    }
+    case Fault::kLruEqualsB: lru[i] = static_cast<int32_t>(B); break;
+    case Fault::kLruRepeated: lru[i] = lru[other]; break;
+    case Fault::kRecordBelowEmpty: {
+      const int32_t values[] = {-2, -3, INT32_MIN};
+      rec[i] = values[Uniform(rng, 0, 2)];
+      break;
+    }
+    case Fault::kRecordPastPool: {
+      const int32_t values[] = {static_cast<int32_t>(R), static_cast<int32_t>(R + 1), INT32_MAX};
+      rec[i] = values[Uniform(rng, 0, 2)];
+      break;
+    }
+    case Fault::kRecordTwice: {
+      const int32_t id = rec[i] >= 0 ? rec[i] : static_cast<int32_t>(Uniform(rng, 0, R - 1));
+      rec[i] = rec[other] = id;
+      break;
+    }
+    case Fault::kAny: break;
+  }
+}
+
+// Before each call, in every layer: breaks stream call % (S - 1), then each
+// other row but those of the last stream with probability `break_p`, and
+// empties rows (slot_record -1, lru 0..B-1, as reset_streams does) with
+// probability `reset_p`. The last stream is only ever changed by RESOLVE, so
+// every call has broken and healthy streams whatever layer it resolves.
+Corruptor CorruptRows(Fault fault, double break_p, double reset_p) {
+  return [=](int call, Rng& rng, State& st) {
+    const Shape& d = st.shape;
+    const int64_t B = d.hot_slots, S = d.streams;
+    for (int64_t ls = 0; ls < d.layers * S; ++ls) {
+      const int64_t s = ls % S;
+      if (s == S - 1) continue;
+      int32_t* rec = st.slot_record.data() + ls * B;
+      int32_t* lru = st.lru.data() + ls * B;
+      const double u = Unit(rng);
+      if (s == call % (S - 1) || u < break_p) {
+        BreakRow(fault, rng, B, d.pool_records, rec, lru);
+      } else if (u < break_p + reset_p) {
+        std::fill(rec, rec + B, -1);
+        std::iota(lru, lru + B, 0);
+      }
+    }
+  };
 }
 
 // ---------------------------------------------------------------------------
@@ -411,15 +484,16 @@ bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint6
   DeviceBuffer<int32_t> slot_record(cpu.slot_record.size()), lru(cpu.lru.size());
   DeviceBuffer<int32_t> selection(S * k), sealed(S), layer(1);
   DeviceBuffer<int32_t> slots(S * k), miss_records(S * k), miss_slots(S * k), misses(S),
-      invalid(S);
+      invalid(S), malformed(S);
   hot.Upload(cpu.hot.data());
   slot_record.Upload(cpu.slot_record.data());
   lru.Upload(cpu.lru.data());
 
   std::vector<int32_t> cpu_slots(S * k), cpu_mrec(S * k), cpu_mslot(S * k), cpu_misses(S),
-      cpu_invalid(S);
+      cpu_invalid(S), cpu_malformed(S);
   std::vector<int32_t> gpu_slots(S * k), gpu_mrec(S * k), gpu_mslot(S * k), gpu_misses(S),
-      gpu_invalid(S), gpu_rec(cpu.slot_record.size()), gpu_lru(cpu.lru.size());
+      gpu_invalid(S), gpu_malformed(S), gpu_rec(cpu.slot_record.size()), gpu_lru(cpu.lru.size());
+  int64_t malformed_seen = 0, healthy_seen = 0;
   std::vector<uint8_t> gpu_hot(cpu.hot.size());
   std::vector<uint8_t> pool_before(pool.get(), pool.get() + pool.bytes());
 
@@ -429,26 +503,33 @@ bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint6
   Rng input_rng(seed ^ 0x9e3779b97f4a7c15ull);
   int64_t total_misses = 0;
   for (int call = 0; call < c.calls && !report.failed; ++call) {
+    if (c.corrupt) {
+      c.corrupt(call, input_rng, cpu);
+      slot_record.Upload(cpu.slot_record.data());
+      lru.Upload(cpu.lru.data());
+    }
     CallInput in;
     c.generate(call, input_rng, cpu, in);
     selection.Upload(in.selection.data());
     sealed.Upload(in.sealed.data());
     layer.Upload(&in.layer);
-    for (auto* out : {&slots, &miss_records, &miss_slots, &misses, &invalid}) out->Poison(0x5A);
+    for (auto* out : {&slots, &miss_records, &miss_slots, &misses, &invalid, &malformed})
+      out->Poison(0x5A);
 
     // CPU reference.
     std::fill(cpu_slots.begin(), cpu_slots.end(), 0x7b7b7b7b);
+    std::fill(cpu_malformed.begin(), cpu_malformed.end(), 0x7b7b7b7b);
     ResolveBuffers host_io{pool.get(),        in.selection.data(), in.sealed.data(),
                            cpu.hot.data(),    cpu.slot_record.data(), cpu.lru.data(),
                            cpu_slots.data(),  cpu_mrec.data(),     cpu_mslot.data(),
-                           cpu_misses.data(), cpu_invalid.data()};
+                           cpu_misses.data(), cpu_invalid.data(),  cpu_malformed.data()};
     hisparse::ResolveCpu(dims, in.layer, host_io, v.fetch);
 
     // CUDA.
     ResolveBuffers dev_io{pool.get(),      selection.get(),    sealed.get(),
                           hot.get(),       slot_record.get(),  lru.get(),
                           slots.get(),     miss_records.get(), miss_slots.get(),
-                          misses.get(),    invalid.get()};
+                          misses.get(),    invalid.get(),      malformed.get()};
     const char* failed_kernel = "?";
     cudaError_t err =
         hisparse::LaunchResolve(dims, layer.get(), dev_io, v.fetch, v.plan, stream, &failed_kernel);
@@ -462,12 +543,15 @@ bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint6
     miss_slots.Download(gpu_mslot.data());
     misses.Download(gpu_misses.data());
     invalid.Download(gpu_invalid.data());
+    malformed.Download(gpu_malformed.data());
     slot_record.Download(gpu_rec.data());
     lru.Download(gpu_lru.data());
     hot.Download(gpu_hot.data());
 
     CompareInts(report, call, "misses", cpu_misses.data(), gpu_misses.data(), 1, S, "", "stream");
     CompareInts(report, call, "invalid", cpu_invalid.data(), gpu_invalid.data(), 1, S, "",
+                "stream");
+    CompareInts(report, call, "malformed", cpu_malformed.data(), gpu_malformed.data(), 1, S, "",
                 "stream");
     CompareInts(report, call, "slots", cpu_slots.data(), gpu_slots.data(), S, k, "stream", "j");
     CompareInts(report, call, "miss_records", cpu_mrec.data(), gpu_mrec.data(), S, k, "stream",
@@ -482,7 +566,7 @@ bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint6
          {std::pair{&slot_record, "slot_record"}, {&lru, "lru"}, {&selection, "selection"},
           {&sealed, "sealed"}, {&layer, "layer"}, {&slots, "slots"},
           {&miss_records, "miss_records"}, {&miss_slots, "miss_slots"}, {&misses, "misses"},
-          {&invalid, "invalid"}}) {
+          {&invalid, "invalid"}, {&malformed, "malformed"}}) {
       if (!buf->GuardsIntact()) report.Line(Format("call %d: write outside %s", call, name));
     }
     if (!hot.GuardsIntact()) report.Line(Format("call %d: write outside hot", call));
@@ -493,14 +577,23 @@ bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint6
                              "%lld): the case is wrong",
                              call, cpu_misses[s], (long long)s));
     }
-    for (int64_t s = 0; s < S; ++s) total_misses += cpu_misses[s];
+    for (int64_t s = 0; s < S; ++s) {
+      total_misses += cpu_misses[s];
+      malformed_seen += cpu_malformed[s] == 1;
+      healthy_seen += cpu_malformed[s] == 0 && in.layer >= 0 && in.layer < L;
+    }
   }
+  if (c.expect_malformed && !report.failed && (malformed_seen == 0 || healthy_seen == 0))
+    report.Line(Format("case expects malformed and healthy streams, the reference saw %lld and "
+                       "%lld: the case is wrong",
+                       (long long)malformed_seen, (long long)healthy_seen));
   if (std::memcmp(pool_before.data(), pool.get(), pool.bytes()) != 0)
     report.Line("the host pool changed (RESOLVE must only read it)");
   CUDA_OK(cudaStreamDestroy(stream));
   if (verbose || report.failed) {
-    std::printf("%s %s: %d calls, %lld misses\n", report.failed ? "FAIL" : "ok  ",
-                report.label.c_str(), c.calls, (long long)total_misses);
+    std::printf("%s %s: %d calls, %lld misses, %lld malformed streams\n",
+                report.failed ? "FAIL" : "ok  ", report.label.c_str(), c.calls,
+                (long long)total_misses, (long long)malformed_seen);
   }
   return !report.failed;
 }
@@ -688,6 +781,40 @@ std::vector<Case> ResolveCases(bool quick) {
     add("k_1000_b_1024", MakeShape(1, 3, 1000, 1024, 3000, 24), 4, MixGenerator(plain));
     add("k_1025_b_1025", MakeShape(1, 3, 1025, 1025, 3000, 24), 4, MixGenerator(plain));
     add("k_2047_b_3071", MakeShape(1, 3, 2047, 3071, 5000, 40), 4, MixGenerator(plain));
+  }
+  // Malformed states: every fault on its own, then mixed faults on the shapes
+  // of each kernel variant family (1024- and 512-thread blocks, packed lru
+  // slots, 16 lru rounds, ChecksStateFirst and its boundary, the largest
+  // shared memory at k = B = 8192, k = 0), with rows broken and reset
+  // between calls and healthy rows resolving alongside.
+  auto add_malformed = [&](std::string name, Shape shape, int calls, Fault fault) -> Case& {
+    Case& c = add("malformed_" + std::move(name), shape, calls, MixGenerator(plain));
+    c.random_initial_state = true;
+    c.corrupt = CorruptRows(fault, 0.3, 0.2);
+    c.expect_malformed = true;
+    return c;
+  };
+  const std::pair<const char*, Fault> faults[] = {
+      {"lru_out_of_range", Fault::kLruOutOfRange}, {"lru_negative", Fault::kLruNegative},
+      {"lru_equals_b", Fault::kLruEqualsB},         {"lru_repeated", Fault::kLruRepeated},
+      {"record_below_empty", Fault::kRecordBelowEmpty},
+      {"record_past_pool", Fault::kRecordPastPool}, {"record_twice", Fault::kRecordTwice}};
+  for (const auto& [name, fault] : faults)
+    add_malformed(name, MakeShape(2, 6, 24, 40, 120, 16), quick ? 3 : 5, fault);
+  add_malformed("mixed", MakeShape(3, 8, 64, 96, 300, 24), quick ? 4 : 10, Fault::kAny);
+  add_malformed("b1", MakeShape(1, 6, 1, 1, 4, 8), quick ? 3 : 6, Fault::kAny);
+  add_malformed("k0", MakeShape(1, 6, 0, 8, 20, 8), 3, Fault::kAny);
+  add_malformed("small_blocks_s_140_b_4096", MakeShape(1, 140, 32, 4096, 5000, 8), 2,
+                Fault::kAny);
+  add_malformed("k_2048_b_16384", MakeShape(1, 3, 2048, 16384, 30000, 8), 2, Fault::kAny);
+  add_malformed("k_8192_b_8192", MakeShape(1, 3, 8192, 8192, 20000, 8), 2, Fault::kAny);
+  add_malformed("check_first_k_8192_b_16384", MakeShape(1, quick ? 2 : 3, 8192, 16384, 30000, 8),
+                2, Fault::kAny);
+  if (!quick) {
+    add_malformed("check_first_k_4097_b_8193", MakeShape(1, 3, 4097, 8193, 20000, 8), 3,
+                  Fault::kAny);
+    add_malformed("k_4096_b_16384", MakeShape(1, 3, 4096, 16384, 30000, 8), 3, Fault::kAny);
+    add_malformed("many_layers", MakeShape(4, 5, 128, 256, 600, 40), 12, Fault::kAny);
   }
   for (int64_t S : quick ? std::vector<int64_t>{1, 17} : std::vector<int64_t>{1, 2, 17, 64, 300}) {
     add("streams_" + std::to_string(S), MakeShape(2, S, 64, 96, 300, 24), quick ? 3 : 5,
