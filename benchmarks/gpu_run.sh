@@ -11,6 +11,13 @@
 #   pytest    the whole test suite with the CUDA handler as the default implementation
 #   resolve   benchmarks/resolve_bench.cu (ceilings + RESOLVE table), JSON in OUT_DIR
 #   graphs    benchmarks/check_command_buffer.py: is RESOLVE captured in CUDA graphs?
+#   indexer   the lightning indexer: tests/test_indexer.py with the CUDA handler (needs build),
+#             benchmarks/indexer_bench.cu (kernel alone vs the HBM ceilings, checked against the
+#             CPU) and benchmarks/indexer_xla_bench.py (ffi vs XLA under jit), JSON in OUT_DIR
+#   topk      TOP-K: ffi/tests/topk_cuda_check.cu (every launch path against the CPU),
+#             benchmarks/topk_bench.cu (the kernel alone, GPU time), tests/test_topk.py with the
+#             CUDA handler (needs build) and benchmarks/topk_xla_bench.py (lax.top_k vs ffi under
+#             jit), JSON in OUT_DIR
 #   decode-dsa, decode-nsa, decode-quest
 #             hisparse-bench decode at the capacity wall (24 GiB HBM budget for decode
 #             state, 88 GiB pinned host budget for pools), synthetic fill, trace selection,
@@ -67,6 +74,22 @@ for stage in "$@"; do
       run resolve build/resolve_bench "$OUT_DIR/resolve_bench.json" ;;
     graphs)
       run graphs env PYTHONPATH="$SITE" "$PY" benchmarks/check_command_buffer.py ;;
+    indexer)
+      mkdir -p build
+      run indexer_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_indexer.py -q -p no:cacheprovider
+      run indexer_build nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi \
+        benchmarks/indexer_bench.cu ffi/indexer_kernels.cu -o build/indexer_bench
+      run indexer build/indexer_bench "$OUT_DIR/indexer_bench.json"
+      run indexer_xla env PYTHONPATH="$SITE" "$PY" benchmarks/indexer_xla_bench.py \
+        --out "$OUT_DIR/indexer_xla.json" ;;
+    topk)
+      mkdir -p build
+      run topk_check make -C ffi/tests check-topk
+      run topk_build nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi \
+        benchmarks/topk_bench.cu ffi/topk_kernels.cu -o build/topk_bench
+      run topk build/topk_bench "$OUT_DIR/topk_bench.json"
+      run topk_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_topk.py -q -p no:cacheprovider
+      run topk_xla env PYTHONPATH="$SITE" "$PY" benchmarks/topk_xla_bench.py "$OUT_DIR/topk_xla.json" ;;
     decode-dsa)
       bench_decode dsa 32768 131072 ;;
     decode-nsa)

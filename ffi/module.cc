@@ -8,9 +8,12 @@
 extern "C" {
 XLA_FFI_Error* HisparseResolveCpu(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparsePoolWriteCpu(XLA_FFI_CallFrame*);
+XLA_FFI_Error* HisparseTopkCpu(XLA_FFI_CallFrame*);
 #ifdef HISPARSE_WITH_CUDA
 XLA_FFI_Error* HisparseResolveCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparsePoolWriteCuda(XLA_FFI_CallFrame*);
+XLA_FFI_Error* HisparseTopkCuda(XLA_FFI_CallFrame*);
+XLA_FFI_Error* HisparseIndexScoresCuda(XLA_FFI_CallFrame*);  // CUDA only: the CPU runs the XLA reference
 #endif
 }
 
@@ -30,6 +33,7 @@ NB_MODULE(_hisparse_ffi, m) {
     nb::dict d;
     d["resolve"] = Capsule(HisparseResolveCpu);
     d["pool_write"] = Capsule(HisparsePoolWriteCpu);
+    d["topk"] = Capsule(HisparseTopkCpu);
     return d;
   });
   m.def("cuda_registrations", []() {
@@ -37,6 +41,8 @@ NB_MODULE(_hisparse_ffi, m) {
 #ifdef HISPARSE_WITH_CUDA
     d["resolve"] = Capsule(HisparseResolveCuda);
     d["pool_write"] = Capsule(HisparsePoolWriteCuda);
+    d["topk"] = Capsule(HisparseTopkCuda);
+    d["index_scores"] = Capsule(HisparseIndexScoresCuda);
 #endif
     return d;
   });

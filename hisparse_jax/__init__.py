@@ -10,9 +10,11 @@ from . import _ffi, decode, models, sharding
 from ._ffi import built_with_cuda, ffi_platforms
 from .cache import HotCache, alloc_host_pool, init_hot_cache, pinned_host_sharding, reset_streams
 from .config import CacheConfig
+from .indexer import index_scores, index_scores_reference, quantize_keys_fp8
 from .pool import rows_outside_pool, write_records, write_records_inplace
 from .reference import resolve_reference
 from .resolve import ResolveResult, resolve
+from .topk import select_topk
 
 __all__ = [
     "decode",
@@ -24,12 +26,16 @@ __all__ = [
     "alloc_host_pool",
     "built_with_cuda",
     "ffi_platforms",
+    "index_scores",
+    "index_scores_reference",
     "init_hot_cache",
     "pinned_host_sharding",
+    "quantize_keys_fp8",
     "reset_streams",
     "resolve",
     "resolve_reference",
     "rows_outside_pool",
+    "select_topk",
     "write_records",
     "write_records_inplace",
 ]

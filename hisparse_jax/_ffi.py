@@ -20,6 +20,7 @@ else:
     _IMPORT_ERROR = None
 
 _registered: dict[str, bool] = {"cpu": False, "CUDA": False}
+_registered_targets: dict[str, set[str]] = {"cpu": set(), "CUDA": set()}
 
 
 def _register() -> None:
@@ -30,9 +31,11 @@ def _register() -> None:
         if not capsules:
             continue
         for target in _targets.ALL:
-            jax.ffi.register_ffi_target(
-                target, capsules[_targets.CAPSULE_KEYS[target]], platform=platform
-            )
+            key = _targets.CAPSULE_KEYS[target]
+            if key not in capsules:  # a target without a handler on this platform (_targets.CUDA_ONLY)
+                continue
+            jax.ffi.register_ffi_target(target, capsules[key], platform=platform)
+            _registered_targets[platform].add(target)
         _registered[platform] = True
 
 
@@ -59,6 +62,12 @@ def platform_of(backend: str) -> str:
 def has_ffi(backend: str | None = None) -> bool:
     """True when a handler is registered for `backend` (default: jax.default_backend())."""
     return platform_of(backend or jax.default_backend()) in ffi_platforms()
+
+
+def has_target(target: str, backend: str | None = None) -> bool:
+    """True when `target` has a handler registered for `backend` (default: jax.default_backend())."""
+    platform = platform_of(backend or jax.default_backend())
+    return any(target in targets for p, targets in _registered_targets.items() if p.lower() == platform)
 
 
 def require_ffi(platform: str) -> None:

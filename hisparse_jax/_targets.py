@@ -6,8 +6,13 @@ handler; tests assert the set, so a rename is a deliberate ABI change.
 
 RESOLVE = "hisparse_resolve"
 POOL_WRITE = "hisparse_pool_write"
+TOPK = "hisparse_topk"
+INDEX_SCORES = "hisparse_index_scores"
 
-ALL = (RESOLVE, POOL_WRITE)
+ALL = (RESOLVE, POOL_WRITE, TOPK, INDEX_SCORES)
+
+# Targets with a CUDA handler only: on CPU their ops run the XLA reference.
+CUDA_ONLY = (INDEX_SCORES,)
 
 # Keys of the capsule dicts exported by the nanobind module, per target.
-CAPSULE_KEYS = {RESOLVE: "resolve", POOL_WRITE: "pool_write"}
+CAPSULE_KEYS = {RESOLVE: "resolve", POOL_WRITE: "pool_write", TOPK: "topk", INDEX_SCORES: "index_scores"}

@@ -306,15 +306,16 @@ def test_ffi_is_the_cuda_handler_on_gpu():
 
 
 def test_target_names():
-    assert _targets.ALL == ("hisparse_resolve", "hisparse_pool_write")
-    assert (_targets.RESOLVE, _targets.POOL_WRITE) == _targets.ALL
+    assert _targets.ALL == ("hisparse_resolve", "hisparse_pool_write", "hisparse_topk", "hisparse_index_scores")
+    assert (_targets.RESOLVE, _targets.POOL_WRITE, _targets.TOPK, _targets.INDEX_SCORES) == _targets.ALL
     assert set(_targets.CAPSULE_KEYS) == set(_targets.ALL)
+    assert _targets.CUDA_ONLY == ("hisparse_index_scores",)
 
 
 def test_every_target_registered_for_cpu():
     assert "cpu" in hs.ffi_platforms()
     capsules = _ffi._ext.cpu_registrations()
-    assert set(capsules) == set(_targets.CAPSULE_KEYS.values())
+    assert set(capsules) == {_targets.CAPSULE_KEYS[t] for t in _targets.ALL if t not in _targets.CUDA_ONLY}
     if hs.built_with_cuda():
         assert set(_ffi._ext.cuda_registrations()) == set(_targets.CAPSULE_KEYS.values())
         assert "cuda" in hs.ffi_platforms()
@@ -322,7 +323,7 @@ def test_every_target_registered_for_cpu():
         assert not _ffi._ext.cuda_registrations() and "cuda" not in hs.ffi_platforms()
 
 
-@pytest.mark.parametrize("target", _targets.ALL)
+@pytest.mark.parametrize("target", [t for t in _targets.ALL if t not in _targets.CUDA_ONLY])
 def test_targets_compile_and_run_on_cpu(target):
     """Registered means XLA:CPU finds a handler: a program calling each target
     compiles and runs on a CPU device (an unknown name does not)."""
@@ -339,6 +340,12 @@ def test_targets_compile_and_run_on_cpu(target):
                 lambda c, p: hs.resolve(c, p, sel, jnp.full((2,), 16, jnp.int32), 2, implementation="ffi")
             )(cache, pool)
             np.testing.assert_array_equal(result.slots, [[0, 1, -1, -1], [0, 0, 0, 0]])
+        elif target == _targets.TOPK:
+            scores = jnp.array([[3.0, 1.0, 2.0], [0.0, 5.0, 4.0]], jnp.float32)
+            ids = jax.jit(
+                lambda s: hs.select_topk(s, jnp.array([3, 1], jnp.int32), 2, implementation="ffi")
+            )(scores)
+            np.testing.assert_array_equal(ids, [[0, 2], [0, -1]])
         else:
             rows = jnp.zeros((CFG.num_layers, 2, 1, 1, 2), jnp.float32)
             out = jax.jit(

@@ -1,0 +1,570 @@
+// The lightning indexer kernel (ffi/indexer_kernels.cu) on the GPU, against
+// the HBM bandwidth measured in the same run.
+//
+// Ceilings: cudaMemcpy device-to-device of 2 GiB (reported as read + write
+// bytes / time) and a read-only kernel over the same 2 GiB (16-byte loads,
+// many blocks).
+// Configurations: H = 64, d = 128, keys bf16 (256 B/token) and fp8 e4m3 with
+// an f32 scale per token (132 B/token), T in {32768, 131072}, b in
+// {1, 2, 8, 10, 16, 80}, lengths = T. Each configuration's launch is timed
+// alone with CUDA events, --iters times (default 50) after 3 warm-ups, all
+// queued behind a 20 ms spin kernel so the host's launch cost is not in the
+// time; min / median / max. Successive iterations read different copies of
+// the keys (rotating through >= 256 MiB of them), so small configurations are
+// not served from L2. Key GB/s = key bytes (+ scales) / median time, also as a
+// fraction of the read kernel's and of the memcpy's bandwidth.
+// Every configuration is checked before it is timed: two runs give identical
+// bits, the general kernel gives the same bits as the register-q kernel that
+// the launcher picks for H = 64, d = 128 (indexer_cuda.h: both run the same
+// tensor-core steps in the same order), and rows 0 and b - 1 (4096 tokens
+// each) match a double-precision evaluation on the CPU within the contract's
+// bound (ffi/indexer.h); a separate launch per kernel with lengths in {0, 1,
+// 15, 16, 17, 31, 32, 33, T/2 + 7, T - 1, T} checks the -inf sentinel. A
+// configuration that fails its check prints FAIL and the program exits 1 at
+// the end: a wrong kernel cannot report a fast time.
+// A sweep of the launch shape (kernel x warps per block x blocks per SM) at
+// b = 8, T = 131072 shows whether the automatic choice is the fast one.
+//
+// Build (repository root):
+//   mkdir -p build
+//   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi benchmarks/indexer_bench.cu ffi/indexer_kernels.cu -o build/indexer_bench
+// Run (about a minute on an H200; prints Markdown, writes JSON):
+//   build/indexer_bench results/indexer_bench.json
+//   build/indexer_bench results/quick.json --quick     # b = 8, T = 32768 only, small buffers, no sweep
+// Under compute-sanitizer (memcheck, then racecheck: the shared-memory rings):
+//   compute-sanitizer --tool memcheck --error-exitcode 3 build/indexer_bench /tmp/s.json --quick --iters 5
+//   compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 build/indexer_bench /tmp/s.json --quick --iters 5
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "indexer.h"
+#include "indexer_cuda.h"
+#include "tests/cuda_ok.h"
+
+namespace {
+
+using hisparse::IndexerBuffers;
+using hisparse::IndexerDims;
+using hisparse::IndexerKernel;
+using hisparse::IndexerTuning;
+using hisparse::IndexKeyType;
+using hisparse::IndexQueryType;
+
+constexpr int64_t kHeads = 64;
+constexpr int64_t kDim = 128;
+constexpr int64_t kLengthsRows = 11;  // the -inf check's shape
+constexpr int64_t kLengthsTokens = 32768;
+constexpr int64_t kCheckTokens = 4096;        // per checked row
+constexpr int64_t kRotateBytes = 256ll << 20;  // keys read by successive iterations, at least
+constexpr int64_t kCeilingBytes = 2ll << 30;  // (--quick: 1/16 of it)
+
+struct Stats {
+  double min_us = 0, median_us = 0, max_us = 0;
+};
+
+Stats Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  Stats s;
+  s.min_us = v.front();
+  s.max_us = v.back();
+  s.median_us = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Kernels of the benchmark itself.
+
+__global__ void Spin(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+__host__ __device__ uint64_t Mix(uint64_t z) {  // splitmix64
+  z = (z + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// A value in [-1, 1) from an index and a seed.
+__host__ __device__ float Uniform(uint64_t i, uint64_t seed) {
+  return static_cast<float>(static_cast<int64_t>(Mix(i ^ (seed << 40)) >> 40) - (1ll << 23)) * 0x1p-23f;
+}
+
+__global__ void FillBf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float amplitude) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    p[i] = __float2bfloat16_rn(amplitude * Uniform(i, seed));
+}
+
+__global__ void FillF32(float* p, int64_t n, uint64_t seed, float amplitude) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    p[i] = amplitude * Uniform(i, seed);
+}
+
+// DeepSeek's fp8 index keys: per token, scale = max |x| / 448, codes = x / scale in e4m3.
+// One warp per token, kDim / 32 values per lane.
+__global__ void QuantizeTokens(uint8_t* codes, float* scale, int64_t tokens, uint64_t seed) {
+  const int64_t token = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (token >= tokens) return;
+  float x[kDim / 32], amax = 0.0f;
+  for (int i = 0; i < kDim / 32; ++i) {
+    x[i] = Uniform(token * kDim + lane + 32 * i, seed);
+    amax = fmaxf(amax, fabsf(x[i]));
+  }
+  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  const float s = amax / 448.0f;
+  for (int i = 0; i < kDim / 32; ++i)
+    codes[token * kDim + lane + 32 * i] = __nv_cvt_float_to_fp8(s > 0 ? x[i] / s : 0.0f, __NV_SATFINITE, __NV_E4M3);
+  if (lane == 0) scale[token] = s;
+}
+
+// The read ceiling: every 16 bytes loaded once, folded so nothing is dead code.
+__global__ void ReadAll(const uint4* __restrict__ p, int64_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // practically never; keeps the loads
+}
+
+// ---------------------------------------------------------------------------
+// Host side.
+
+double Bf16ToDouble(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+double Fp8ToDouble(uint8_t code) {
+  const int sign = code >> 7, exponent = (code >> 3) & 15, mantissa = code & 7;
+  double v = exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(8 + mantissa, exponent - 10);
+  if (exponent == 15 && mantissa == 7) v = NAN;
+  return sign ? -v : v;
+}
+
+template <typename Fn>
+Stats Time(cudaStream_t stream, int iters, Fn&& launch) {
+  for (int i = 0; i < 3; ++i) launch(i);
+  std::vector<cudaEvent_t> start(iters), stop(iters);
+  for (int i = 0; i < iters; ++i) {
+    CUDA_OK(cudaEventCreate(&start[i]));
+    CUDA_OK(cudaEventCreate(&stop[i]));
+  }
+  Spin<<<1, 1, 0, stream>>>(20'000'000);  // the host queues everything while the GPU waits
+  for (int i = 0; i < iters; ++i) {
+    CUDA_OK(cudaEventRecord(start[i], stream));
+    launch(i);
+    CUDA_OK(cudaEventRecord(stop[i], stream));
+  }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<double> us(iters);
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0;
+    CUDA_OK(cudaEventElapsedTime(&ms, start[i], stop[i]));
+    us[i] = 1000.0 * ms;
+    CUDA_OK(cudaEventDestroy(start[i]));
+    CUDA_OK(cudaEventDestroy(stop[i]));
+  }
+  return Summarize(us);
+}
+
+struct Buffers {
+  int64_t max_rows = 0, max_tokens = 0;
+  __nv_bfloat16* query = nullptr;  // [max_rows, H, d]
+  float* weights = nullptr;        // [max_rows, H]
+  __nv_bfloat16* keys_bf16 = nullptr;
+  uint8_t* keys_fp8 = nullptr;
+  float* scales = nullptr;
+  int64_t bf16_tokens = 0, fp8_tokens = 0;  // tokens each key buffer holds
+  int32_t* lengths = nullptr;               // [max_rows]
+  float* scores = nullptr;                  // [max_rows, max_tokens]
+  std::vector<uint16_t> host_query;
+  std::vector<float> host_weights;
+};
+
+struct Config {
+  IndexKeyType key_type;
+  int64_t rows, tokens;
+  const char* name() const { return key_type == IndexKeyType::kFp8E4m3 ? "fp8" : "bf16"; }
+  int64_t token_bytes() const { return key_type == IndexKeyType::kFp8E4m3 ? kDim + 4 : 2 * kDim; }
+  int64_t key_bytes() const { return rows * tokens * token_bytes(); }
+  IndexerDims dims() const {
+    IndexerDims d;
+    d.rows = rows;
+    d.tokens = tokens;
+    d.heads = kHeads;
+    d.dim = kDim;
+    d.query_type = IndexQueryType::kBf16;
+    d.key_type = key_type;
+    return d;
+  }
+};
+
+// The buffers of one launch, reading copy `slot` of the keys.
+IndexerBuffers Io(const Buffers& b, const Config& c, int64_t slot) {
+  IndexerBuffers io;
+  io.query = b.query;
+  io.weights = b.weights;
+  io.lengths = b.lengths;
+  io.scores = b.scores;
+  const int64_t tokens = c.rows * c.tokens;
+  if (c.key_type == IndexKeyType::kFp8E4m3) {
+    io.keys = b.keys_fp8 + slot * tokens * kDim;
+    io.key_scale = b.scales + slot * tokens;
+  } else {
+    io.keys = b.keys_bf16 + slot * tokens * kDim;
+  }
+  return io;
+}
+
+int64_t Slots(const Buffers& b, const Config& c) {
+  const int64_t held = (c.key_type == IndexKeyType::kFp8E4m3 ? b.fp8_tokens : b.bf16_tokens) / (c.rows * c.tokens);
+  const int64_t wanted = (kRotateBytes + c.key_bytes() - 1) / c.key_bytes();
+  return std::max<int64_t>(1, std::min(held, wanted));
+}
+
+void SetLengths(const Buffers& b, const std::vector<int32_t>& lengths) {
+  CUDA_OK(cudaMemcpy(b.lengths, lengths.data(), lengths.size() * 4, cudaMemcpyHostToDevice));
+}
+
+struct Check {
+  double worst = 0;      // max |error| / bound over the checked tokens
+  int64_t checked = 0;   // tokens compared
+  int64_t failures = 0;  // tokens outside the bound, or with the wrong sentinel
+  bool deterministic = true;
+  bool kernels_agree = true;  // the general kernel's bits equal the automatic kernel's
+};
+
+const char* KernelName(const IndexerDims& d, IndexerKernel kernel) {
+  if (kernel == IndexerKernel::kGeneral) return "general";
+  return hisparse::IndexerRegisterQueryApplies(d) ? "register-q" : "general";
+}
+
+// Rows `rows` of the last launch's scores against double precision, on kCheckTokens tokens each.
+void CheckRows(const Buffers& b, const Config& c, const std::vector<int32_t>& lengths,
+               const std::vector<int64_t>& rows, Check* out) {
+  const bool fp8 = c.key_type == IndexKeyType::kFp8E4m3;
+  std::vector<float> scores(c.tokens);
+  std::vector<uint16_t> keys16(fp8 ? 0 : c.tokens * kDim);
+  std::vector<uint8_t> keys8(fp8 ? c.tokens * kDim : 0);
+  std::vector<float> scale(fp8 ? c.tokens : 0);
+  for (int64_t row : rows) {
+    CUDA_OK(cudaMemcpy(scores.data(), b.scores + row * c.tokens, c.tokens * 4, cudaMemcpyDeviceToHost));
+    if (fp8) {
+      CUDA_OK(cudaMemcpy(keys8.data(), b.keys_fp8 + row * c.tokens * kDim, keys8.size(), cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(scale.data(), b.scales + row * c.tokens, c.tokens * 4, cudaMemcpyDeviceToHost));
+    } else {
+      CUDA_OK(cudaMemcpy(keys16.data(), b.keys_bf16 + row * c.tokens * kDim, keys16.size() * 2,
+                         cudaMemcpyDeviceToHost));
+    }
+    std::vector<double> q(kHeads * kDim), w(kHeads);
+    for (int64_t i = 0; i < kHeads * kDim; ++i) q[i] = Bf16ToDouble(b.host_query[row * kHeads * kDim + i]);
+    for (int64_t h = 0; h < kHeads; ++h) w[h] = b.host_weights[row * kHeads + h];
+    for (int64_t j = 0; j < kCheckTokens; ++j) {
+      // The first and last 1024 tokens, and 2048 spread over the row.
+      const int64_t spread = static_cast<int64_t>(Mix(row * 7919 + j) % static_cast<uint64_t>(c.tokens));
+      const int64_t t = j < 1024 ? j : j < 2048 ? c.tokens - 2048 + j : spread;
+      if (t < 0 || t >= c.tokens) continue;
+      ++out->checked;
+      if (t >= lengths[row]) {
+        if (!(std::isinf(scores[t]) && scores[t] < 0)) ++out->failures;
+        continue;
+      }
+      double k[kDim], s = fp8 ? scale[t] : 1.0;
+      for (int64_t i = 0; i < kDim; ++i)
+        k[i] = fp8 ? Fp8ToDouble(keys8[t * kDim + i]) : Bf16ToDouble(keys16[t * kDim + i]);
+      double exact = 0, magnitude = 0;
+      for (int64_t h = 0; h < kHeads; ++h) {
+        double dot = 0, mag = 0;
+        for (int64_t i = 0; i < kDim; ++i) {
+          dot += q[h * kDim + i] * k[i];
+          mag += std::fabs(q[h * kDim + i] * k[i]);
+        }
+        exact += w[h] * std::max(dot * s, 0.0);
+        magnitude += std::fabs(w[h]) * mag * std::fabs(s);
+      }
+      const double bound = (kDim + kHeads + 4) * 0x1p-23 * magnitude;
+      const double err = std::fabs(static_cast<double>(scores[t]) - exact);
+      if (!(err <= bound)) ++out->failures;
+      if (bound > 0) out->worst = std::max(out->worst, err / bound);
+      else if (err > 0) out->worst = INFINITY;
+    }
+  }
+}
+
+Check CheckConfig(const Buffers& b, const Config& c, cudaStream_t stream) {
+  Check check;
+  std::vector<int32_t> lengths(c.rows, static_cast<int32_t>(c.tokens));
+  SetLengths(b, lengths);
+  const IndexerBuffers io = Io(b, c, 0);
+  const int64_t n = c.rows * c.tokens;
+  std::vector<uint32_t> first(n), second(n);
+  CUDA_OK(hisparse::LaunchIndexScores(c.dims(), io, stream));
+  CUDA_OK(cudaMemcpyAsync(first.data(), b.scores, n * 4, cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(cudaMemsetAsync(b.scores, 0xff, n * 4, stream));
+  CUDA_OK(hisparse::LaunchIndexScores(c.dims(), io, stream));
+  CUDA_OK(cudaMemcpyAsync(second.data(), b.scores, n * 4, cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  check.deterministic = first == second;
+  if (hisparse::IndexerRegisterQueryApplies(c.dims())) {
+    IndexerTuning general;
+    general.kernel = IndexerKernel::kGeneral;
+    CUDA_OK(cudaMemsetAsync(b.scores, 0xff, n * 4, stream));
+    CUDA_OK(hisparse::LaunchIndexScores(c.dims(), io, stream, general));
+    CUDA_OK(cudaMemcpyAsync(second.data(), b.scores, n * 4, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    check.kernels_agree = first == second;
+    // Leave the automatic kernel's scores for the CPU comparison.
+    CUDA_OK(cudaMemcpy(b.scores, first.data(), n * 4, cudaMemcpyHostToDevice));
+  }
+  CheckRows(b, c, lengths, {0, c.rows - 1}, &check);
+  return check;
+}
+
+// The -inf sentinel at lengths inside and at the edges of both kernels' tiles (16 and 32 tokens).
+Check CheckLengths(const Buffers& b, IndexKeyType key_type, IndexerKernel kernel, cudaStream_t stream) {
+  Config c{key_type, kLengthsRows, kLengthsTokens};
+  const int32_t T = static_cast<int32_t>(c.tokens);
+  std::vector<int32_t> lengths = {0, 1, 15, 16, 17, 31, 32, 33, T / 2 + 7, T - 1, T};
+  SetLengths(b, lengths);
+  IndexerTuning tuning;
+  tuning.kernel = kernel;
+  CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream, tuning));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  Check check;
+  std::vector<int64_t> rows(c.rows);
+  for (int64_t r = 0; r < c.rows; ++r) rows[r] = r;
+  CheckRows(b, c, lengths, rows, &check);
+  return check;
+}
+
+struct Result {
+  Config config{IndexKeyType::kBf16, 0, 0};
+  IndexerTuning tuning;
+  Stats stats;
+  Check check;
+  double gbs = 0;
+};
+
+Result Measure(const Buffers& b, const Config& c, const IndexerTuning& tuning, int iters, cudaStream_t stream) {
+  Result r;
+  r.config = c;
+  r.tuning = tuning;
+  SetLengths(b, std::vector<int32_t>(c.rows, static_cast<int32_t>(c.tokens)));
+  const int64_t slots = Slots(b, c);
+  r.stats = Time(stream, iters, [&](int i) {
+    CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, i % slots), stream, tuning));
+  });
+  r.gbs = c.key_bytes() / (r.stats.median_us * 1e3);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  constexpr const char* kUsage = "usage: %s OUT.json [--quick] [--iters N] [--no-sweep]\n";
+  if (argc < 2) {
+    std::fprintf(stderr, kUsage, argv[0]);
+    return 2;
+  }
+  const char* json_path = argv[1];
+  bool quick = false, sweep = true;
+  int iters = 50;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+      sweep = false;
+    } else if (a == "--no-sweep") {
+      sweep = false;
+    } else if (a == "--iters" && i + 1 < argc) {
+      iters = std::max(5, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, kUsage, argv[0]);
+      return 2;
+    }
+  }
+  int device = 0, runtime = 0, driver = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, device));
+  CUDA_OK(cudaRuntimeGetVersion(&runtime));
+  CUDA_OK(cudaDriverGetVersion(&driver));
+  std::printf("# Lightning indexer benchmark\n\ndevice: %s (sm_%d%d, %d SMs, %.0f MiB L2), CUDA runtime %d, "
+              "driver %d; H = %lld, d = %lld, q bf16, lengths = T; %d iterations (min / median / max)\n\n",
+              prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0,
+              runtime, driver, (long long)kHeads, (long long)kDim, iters);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // --- HBM ceilings ---------------------------------------------------------
+  const int64_t ceiling_bytes = quick ? kCeilingBytes / 16 : kCeilingBytes;
+  uint8_t *src = nullptr, *dst = nullptr;
+  uint32_t* sink = nullptr;
+  CUDA_OK(cudaMalloc(&src, ceiling_bytes));
+  CUDA_OK(cudaMalloc(&dst, ceiling_bytes));
+  CUDA_OK(cudaMalloc(&sink, 4));
+  FillF32<<<4 * prop.multiProcessorCount, 256, 0, stream>>>(reinterpret_cast<float*>(src), ceiling_bytes / 4, 1, 1.0f);
+  const Stats copy = Time(stream, 20, [&](int) {
+    CUDA_OK(cudaMemcpyAsync(dst, src, ceiling_bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  const Stats read = Time(stream, 20, [&](int) {
+    ReadAll<<<8 * prop.multiProcessorCount, 512, 0, stream>>>(reinterpret_cast<const uint4*>(src),
+                                                              ceiling_bytes / 16, sink);
+    CUDA_OK(cudaGetLastError());
+  });
+  CUDA_OK(cudaFree(src));
+  CUDA_OK(cudaFree(dst));
+  const double copy_gbs = 2.0 * ceiling_bytes / (copy.median_us * 1e3);
+  const double read_gbs = ceiling_bytes / (read.median_us * 1e3);
+  std::printf("HBM: memcpy D2D of %.0f MiB %.0f GB/s (read + write), read kernel over it %.0f GB/s "
+              "(medians)\n\n", ceiling_bytes / 1048576.0, copy_gbs, read_gbs);
+
+  // --- inputs ---------------------------------------------------------------
+  const std::vector<int64_t> rows_list = quick ? std::vector<int64_t>{8} : std::vector<int64_t>{1, 2, 8, 10, 16, 80};
+  const std::vector<int64_t> tokens_list =
+      quick ? std::vector<int64_t>{32768} : std::vector<int64_t>{32768, 131072};
+  Buffers b;
+  b.max_rows = std::max(kLengthsRows, *std::max_element(rows_list.begin(), rows_list.end()));
+  b.max_tokens = std::max(kLengthsTokens, *std::max_element(tokens_list.begin(), tokens_list.end()));
+  b.bf16_tokens = b.max_rows * b.max_tokens;  // 2.7 GB at b = 80, T = 131072
+  b.fp8_tokens = b.max_rows * b.max_tokens;   // 1.3 GB + 42 MB of scales
+  const int64_t kMaxRows = b.max_rows, kMaxTokens = b.max_tokens;
+  CUDA_OK(cudaMalloc(&b.query, kMaxRows * kHeads * kDim * 2));
+  CUDA_OK(cudaMalloc(&b.weights, kMaxRows * kHeads * 4));
+  CUDA_OK(cudaMalloc(&b.keys_bf16, b.bf16_tokens * kDim * 2));
+  CUDA_OK(cudaMalloc(&b.keys_fp8, b.fp8_tokens * kDim));
+  CUDA_OK(cudaMalloc(&b.scales, b.fp8_tokens * 4));
+  CUDA_OK(cudaMalloc(&b.lengths, kMaxRows * 4));
+  CUDA_OK(cudaMalloc(&b.scores, kMaxRows * kMaxTokens * 4));
+  const int grid = 8 * prop.multiProcessorCount;
+  FillBf16<<<grid, 256, 0, stream>>>(b.query, kMaxRows * kHeads * kDim, 11, 2.0f);
+  FillF32<<<grid, 256, 0, stream>>>(b.weights, kMaxRows * kHeads, 12, 1.0f / std::sqrt(float(kHeads * kDim)));
+  FillBf16<<<grid, 256, 0, stream>>>(b.keys_bf16, b.bf16_tokens * kDim, 13, 1.0f);
+  QuantizeTokens<<<(b.fp8_tokens * 32 + 255) / 256, 256, 0, stream>>>(b.keys_fp8, b.scales, b.fp8_tokens, 14);
+  CUDA_OK(cudaGetLastError());
+  b.host_query.resize(kMaxRows * kHeads * kDim);
+  b.host_weights.resize(kMaxRows * kHeads);
+  CUDA_OK(cudaMemcpyAsync(b.host_query.data(), b.query, b.host_query.size() * 2, cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(cudaMemcpyAsync(b.host_weights.data(), b.weights, b.host_weights.size() * 4, cudaMemcpyDeviceToHost,
+                          stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+
+  // --- the -inf sentinel -----------------------------------------------------
+  bool all_ok = true;
+  for (IndexKeyType key_type : {IndexKeyType::kBf16, IndexKeyType::kFp8E4m3}) {
+    for (IndexerKernel kernel : {IndexerKernel::kAuto, IndexerKernel::kGeneral}) {
+      const Check c = CheckLengths(b, key_type, kernel, stream);
+      const bool ok = c.failures == 0;
+      all_ok = all_ok && ok;
+      std::printf("lengths check (%s keys, %s kernel, b = %lld, T = %lld, lengths 0 .. T): %lld tokens, "
+                  "%lld failures, worst error / bound %.3f: %s\n",
+                  key_type == IndexKeyType::kFp8E4m3 ? "fp8" : "bf16",
+                  KernelName(Config{key_type, kLengthsRows, kLengthsTokens}.dims(), kernel),
+                  (long long)kLengthsRows, (long long)kLengthsTokens, (long long)c.checked, (long long)c.failures,
+                  c.worst, ok ? "ok" : "FAIL");
+    }
+  }
+
+  // --- the table -------------------------------------------------------------
+  std::vector<Result> results;
+  std::printf("\n| keys | kernel | b | T | key MB | min us | median us | max us | GB/s | of read | of memcpy "
+              "| check |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (IndexKeyType key_type : {IndexKeyType::kBf16, IndexKeyType::kFp8E4m3}) {
+    for (int64_t tokens : tokens_list) {
+      for (int64_t rows : rows_list) {
+        const Config c{key_type, rows, tokens};
+        const Check check = CheckConfig(b, c, stream);
+        const bool ok = check.failures == 0 && check.deterministic && check.kernels_agree;
+        all_ok = all_ok && ok;
+        Result r = Measure(b, c, {}, iters, stream);
+        r.check = check;
+        results.push_back(r);
+        std::printf("| %s | %s | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f "
+                    "| %s (%.2f of bound%s%s) |\n",
+                    c.name(), KernelName(c.dims(), IndexerKernel::kAuto), (long long)rows, (long long)tokens,
+                    c.key_bytes() / 1e6, r.stats.min_us, r.stats.median_us, r.stats.max_us, r.gbs, r.gbs / read_gbs,
+                    r.gbs / copy_gbs, ok ? "ok" : "FAIL", check.worst,
+                    check.deterministic ? "" : ", NOT DETERMINISTIC",
+                    check.kernels_agree ? "" : ", KERNELS DIFFER");
+        std::fflush(stdout);
+      }
+    }
+  }
+
+  // --- launch-shape sweep -----------------------------------------------------
+  std::vector<Result> sweep_results;
+  if (sweep) {
+    std::printf("\nLaunch shape at b = 8, T = 131072 (0 = automatic):\n\n"
+                "| keys | kernel | warps/block | blocks/SM | median us | GB/s | of read |\n"
+                "|---|---|---|---|---|---|---|\n");
+    for (IndexKeyType key_type : {IndexKeyType::kBf16, IndexKeyType::kFp8E4m3}) {
+      for (IndexerKernel kernel : {IndexerKernel::kAuto, IndexerKernel::kGeneral}) {
+        for (int warps : {0, 2, 4, 8}) {
+          for (int blocks : {0, 1, 2, 3}) {
+            const Config c{key_type, 8, 131072};
+            const Result r = Measure(b, c, {warps, blocks, kernel}, iters, stream);
+            sweep_results.push_back(r);
+            std::printf("| %s | %s | %d | %d | %.1f | %.0f | %.2f |\n", c.name(), KernelName(c.dims(), kernel),
+                        warps, blocks, r.stats.median_us, r.gbs, r.gbs / read_gbs);
+          }
+        }
+      }
+    }
+  }
+
+  // --- JSON --------------------------------------------------------------------
+  FILE* f = std::fopen(json_path, "w");
+  if (!f) {
+    std::fprintf(stderr, "cannot write %s\n", json_path);
+    return 2;
+  }
+  std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"cuda_runtime\": %d, \"driver\": %d,\n",
+               prop.name, prop.multiProcessorCount, runtime, driver);
+  std::fprintf(f, "  \"heads\": %lld, \"dim\": %lld, \"iters\": %d,\n", (long long)kHeads, (long long)kDim, iters);
+  std::fprintf(f, "  \"hbm\": {\"memcpy_d2d_gbs\": %.1f, \"read_kernel_gbs\": %.1f, \"bytes\": %lld},\n", copy_gbs,
+               read_gbs, (long long)ceiling_bytes);
+  auto write = [&](const char* name, const std::vector<Result>& list, bool last) {
+    std::fprintf(f, "  \"%s\": [\n", name);
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Result& r = list[i];
+      std::fprintf(f,
+                   "    {\"keys\": \"%s\", \"kernel\": \"%s\", \"b\": %lld, \"T\": %lld, \"key_bytes\": %lld, "
+                   "\"warps_per_block\": %d, \"blocks_per_sm\": %d, \"us_min\": %.2f, \"us_median\": %.2f, "
+                   "\"us_max\": %.2f, \"gbs\": %.1f, \"of_read\": %.4f, \"of_memcpy\": %.4f, "
+                   "\"checked_tokens\": %lld, \"check_failures\": %lld, \"worst_error_over_bound\": %.4f, "
+                   "\"deterministic\": %s, \"kernels_agree\": %s}%s\n",
+                   r.config.name(), KernelName(r.config.dims(), r.tuning.kernel), (long long)r.config.rows,
+                   (long long)r.config.tokens, (long long)r.config.key_bytes(), r.tuning.warps_per_block,
+                   r.tuning.blocks_per_sm, r.stats.min_us, r.stats.median_us, r.stats.max_us, r.gbs,
+                   r.gbs / read_gbs, r.gbs / copy_gbs, (long long)r.check.checked, (long long)r.check.failures,
+                   r.check.worst, r.check.deterministic ? "true" : "false",
+                   r.check.kernels_agree ? "true" : "false", i + 1 < list.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]%s\n", last ? "" : ",");
+  };
+  write("results", results, false);
+  write("sweep", sweep_results, false);
+  std::fprintf(f, "  \"all_checks_passed\": %s\n}\n", all_ok ? "true" : "false");
+  std::fclose(f);
+  std::printf("\nJSON: %s; checks %s\n", json_path, all_ok ? "passed" : "FAILED");
+  return all_ok ? 0 : 1;
+}

@@ -1,0 +1,44 @@
+// XLA FFI handler of TOP-K for platform "CUDA": check, then enqueue the
+// kernel of topk_kernels.cu. The kernel's scratch is the call's second
+// output (XLA allocates it), and the handler only enqueues work on XLA's
+// stream, so it is marked kCmdBufferCompatible.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "topk.h"
+#include "topk_checks.h"
+#include "topk_cuda.h"
+
+namespace hisparse {
+namespace {
+
+ffi::Error TopkCudaImpl(cudaStream_t stream, ffi::AnyBuffer scores, ffi::AnyBuffer sealed,
+                        ffi::Result<ffi::AnyBuffer> selected,
+                        ffi::Result<ffi::AnyBuffer> workspace, int64_t k) {
+  constexpr const char* op = "hisparse_topk";
+  auto dims = CheckTopk(scores, sealed, selected, workspace, k);
+  if (dims.has_error()) return dims.error();
+  if (dims->records > kTopkMaxRecords)
+    return ffi::Error::InvalidArgument(std::string(op) + ": scores R = " +
+                                       std::to_string(dims->records) +
+                                       " exceeds the CUDA kernel's limit of " +
+                                       std::to_string(kTopkMaxRecords));
+  const char* failed_kernel = "hisparse topk kernel";
+  const cudaError_t err =
+      LaunchTopk(*dims, TopkIo(scores, sealed, selected),
+                 static_cast<uint32_t*>(workspace->untyped_data()), stream, {}, &failed_kernel);
+  if (err != cudaSuccess)
+    return ffi::Error::Internal(std::string(op) + ": launching the " + failed_kernel +
+                                " failed: " + cudaGetErrorName(err) + " (" +
+                                cudaGetErrorString(err) + ")");
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace hisparse
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    HisparseTopkCuda, hisparse::TopkCudaImpl,
+    hisparse::BindTopkOperands(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
