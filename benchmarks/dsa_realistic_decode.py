@@ -52,11 +52,11 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     margin = args.steps * (args.reps + 1)
-    config = dsa.Config.realistic(max_context=args.context + margin, n_layers=args.layers)
+    config = dsa.Config.realistic(max_context=args.context + margin, num_layers=args.num_layers)
     weights = dsa.init_weights(config, seed=0)
     rng = np.random.default_rng(0)
     prompts = jnp.asarray(rng.integers(0, config.vocab, (args.batch, args.context)), jnp.int32)
@@ -67,7 +67,7 @@ def main(argv=None):
     h, d = results["hisparse"], results["device"]
     equal_tokens = bool(np.array_equal(h["tokens"], d["tokens"]))
     equal_logits = bool(np.array_equal(h["logits"], d["logits"]))
-    k, L = config.top_k, config.n_layers
+    k, L = config.top_k, config.num_layers
     miss_rate = float(h["misses"][1:].sum() / (k * L * args.batch * (args.steps - 1)))
     summary = dict(
         device=str(jax.devices()[0].device_kind), jax=jax.__version__, context=args.context,

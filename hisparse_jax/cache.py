@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import SingleDeviceSharding, Sharding
 
+from . import layout
 from .config import CacheConfig
-
-PINNED_HOST = "pinned_host"
+from .layout import PINNED_HOST
 
 
 @jax.tree_util.register_dataclass
@@ -26,9 +26,9 @@ class HotCache:
       lru: [L, *streams, B] int32, a permutation of slot ids, least recently used first.
     """
 
-    hot: jax.Array
-    slot_record: jax.Array
-    lru: jax.Array
+    hot: jax.Array = layout.field(layout.KV_RECORDS, batch_axis=1)
+    slot_record: jax.Array = layout.field(layout.SLOT_METADATA, batch_axis=1)
+    lru: jax.Array = layout.field(layout.SLOT_METADATA, batch_axis=1)
 
     @property
     def num_layers(self) -> int:

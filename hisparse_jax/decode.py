@@ -16,22 +16,38 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .models import common, get_family
+from .models import get_family
+from .traces import ForcedSelection
 
-_STATIC = ("family", "config", "steps", "sampling", "return_logits")
+_STATIC = ("family", "config", "steps", "sampling", "return_logits", "skip_indexer")
+
+SAMPLING = ("greedy", "sample")
 
 
-def _generate_program(family, config, steps, sampling, return_logits, weights, state, first_tokens, key):
-    def step(carry, i):
+def next_tokens(logits: jax.Array, sampling: str, key: jax.Array) -> jax.Array:
+    """logits [b, V] float32 -> [b] int32: argmax (lowest id on ties) or a seeded draw."""
+    if sampling == "greedy":
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if sampling == "sample":
+        return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+    raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
+
+
+def _generate_program(family, config, steps, sampling, return_logits, skip_indexer, weights, state,
+                      first_tokens, key, selections, forced_on):
+    def step(carry, xs):
         state, tokens = carry
+        i, ids = xs
+        forced = None if ids is None else ForcedSelection(ids, forced_on, skip_indexer)
         with jax.named_scope("decode_step"):
-            state, logits, misses = family.decode_step(config, weights, state, tokens)
+            state, logits, misses = family.decode_step(config, weights, state, tokens, forced)
         with jax.named_scope("sample"):
-            nxt = common.next_tokens(logits, sampling, jax.random.fold_in(key, i))
+            nxt = next_tokens(logits, sampling, jax.random.fold_in(key, i))
         return (state, nxt), (nxt, logits if return_logits else None, misses)
 
     carry = (state, first_tokens)
-    (state, _), (tokens, logits, misses) = jax.lax.scan(step, carry, jnp.arange(steps, dtype=jnp.int32))
+    xs = (jnp.arange(steps, dtype=jnp.int32), selections)
+    (state, _), (tokens, logits, misses) = jax.lax.scan(step, carry, xs)
     return tokens, logits, misses, state
 
 
@@ -93,6 +109,8 @@ def generate(
     sampling: str = "greedy",
     seed: int = 0,
     return_logits: bool = False,
+    selections: jax.Array | None = None,
+    skip_indexer: bool = False,
 ):
     """Decodes `steps` tokens per stream in one jitted scan.
 
@@ -103,6 +121,10 @@ def generate(
       first_tokens: [b] int32, fed at step 0 (typically argmax of prefill logits).
       sampling: "greedy" (argmax, lowest id on ties) or "sample" (categorical,
         key fold_in(key(seed), step)).
+      selections: [steps, layers, *S, k] int32 ids to attend instead of the model's own
+        top-k (a selection trace, hisparse_jax.traces.selections; shapes from
+        family.selecting_layout), or None. The model still computes its indexer and top-k.
+      skip_indexer: with selections, do not compute the indexer at all (a diagnostic).
     Returns:
       tokens [steps, b] int32 (tokens[i] is produced by step i and fed to step
       i + 1), logits [steps, b, V] float32 or None, misses [steps, *family
@@ -112,29 +134,44 @@ def generate(
     _check_family_config(family, config)
     if not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"generate: steps must be a positive int, got {steps!r}")
-    if sampling not in common.SAMPLING:
-        raise ValueError(f"generate: sampling must be one of {common.SAMPLING}, got {sampling!r}")
+    if sampling not in SAMPLING:
+        raise ValueError(f"generate: sampling must be one of {SAMPLING}, got {sampling!r}")
     _check_batch("first_tokens", first_tokens, state.lengths.shape[0])
     _check_context(config, state.lengths, int(steps))
-    first_tokens = _like_lengths(state, first_tokens)
-    key = jax.random.key(seed)
-    return _generate_jit(
-        family=family, config=config, steps=int(steps), sampling=sampling,
-        return_logits=bool(return_logits), weights=weights, state=state,
-        first_tokens=first_tokens, key=key,
+    return _generate_jit(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
+                                      return_logits, selections, skip_indexer))
+
+
+def _arguments(family, config, weights, state, first_tokens, steps, sampling, seed, return_logits,
+               selections, skip_indexer) -> dict:
+    if selections is not None:
+        layers, streams, _ = family.selecting_layout(config, state.lengths.shape[0])
+        want = (int(steps), layers, *streams, config.top_k)
+        if tuple(jnp.shape(selections)) != want or jnp.result_type(selections) != jnp.int32:
+            raise ValueError(
+                f"generate: selections must be int32 [steps, layers, *streams, k] = {list(want)}, got "
+                f"{jnp.result_type(selections)} {list(jnp.shape(selections))}"
+            )
+        if state.store.mode == "dense":
+            raise ValueError('generate: a "dense" state attends to every record; it takes no selections')
+    elif skip_indexer:
+        raise ValueError("generate: skip_indexer=True needs selections (what else would select?)")
+    return dict(
+        family=family, config=config, steps=int(steps), sampling=sampling, return_logits=bool(return_logits),
+        skip_indexer=bool(skip_indexer), weights=weights, state=state,
+        first_tokens=_like_lengths(state, first_tokens), key=jax.random.key(seed), selections=selections,
+        # A program input, not a constant: XLA cannot drop the indexer the selections override.
+        forced_on=jnp.asarray(True) if selections is not None else None,
     )
 
 
 def trace_generate(family, config, weights, state, first_tokens, steps, *, sampling="greedy", seed=0,
-                   return_logits=False) -> jax.stages.Traced:
+                   return_logits=False, selections=None, skip_indexer=False) -> jax.stages.Traced:
     """The traced (not run) program of `generate`: `.jaxpr`, `.lower().as_text()`,
     `.lower().compile().as_text()` for program tests and benchmarks."""
     family = get_family(family)
-    return _generate_jit.trace(
-        family=family, config=config, steps=int(steps), sampling=sampling,
-        return_logits=bool(return_logits), weights=weights, state=state,
-        first_tokens=_like_lengths(state, first_tokens), key=jax.random.key(seed),
-    )
+    return _generate_jit.trace(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
+                                            return_logits, selections, skip_indexer))
 
 
 def prefill(family, config, weights, state, prompts: jax.Array, lengths: jax.Array):
@@ -170,7 +207,7 @@ def prefill(family, config, weights, state, prompts: jax.Array, lengths: jax.Arr
 
 @functools.partial(jax.jit, static_argnames=("family", "config"), donate_argnames=("state",))
 def _step_jit(family, config, weights, state, tokens):
-    return family.decode_step(config, weights, state, tokens)
+    return family.decode_step(config, weights, state, tokens, None)
 
 
 def decode_step(family, config, weights, state, tokens: jax.Array):

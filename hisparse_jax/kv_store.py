@@ -1,14 +1,14 @@
 """Where sealed KV records live, behind one interface for the three decode modes.
 
-- "hisparse": authoritative records in the pinned host pool, a hot buffer of B
-  slots per stream on device; `gather_selected` runs RESOLVE and reads hot slots.
-- "device":   every record in HBM ([L, *S, R, ...]); `gather_selected` reads the
-  same records directly. The baseline HiSparse must match bit for bit.
-- "dense":    like "device"; models attend to every sealed record instead of a
-  selection (selection = all ids in position order).
+- "hisparse": authoritative records in the pinned host pool, a hot buffer of B slots per stream
+  on device; `locate` runs RESOLVE, `gather` reads the hot slots.
+- "device":   every record in HBM, one buffer per layer; `gather` reads the selected records
+  from it. The baseline HiSparse must match bit for bit.
+- "dense":    like "device", but nothing is selected: `gather` hands attention the whole layer
+  buffer in place (every sealed record, in position order, no gather).
 
-Only placement differs between modes: `gather_selected` returns the same
-records, in selection order, with zeros at padding, whatever the mode.
+Only placement differs between modes: the records attention sees are the same values, in the same
+order, with the same shapes, whatever the mode (for "dense", the same as a selection of every id).
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from . import layout
 from .cache import HotCache, alloc_host_pool, init_hot_cache
 from .config import CacheConfig
 from .pool import write_records
-from .resolve import ResolveResult, resolve
+from .resolve import resolve
 
 Mode = Literal["hisparse", "device", "dense"]
 MODES = ("hisparse", "device", "dense")
@@ -37,22 +38,28 @@ class RecordStore:
       sealed: [*S] int32, sealed records per stream (ids in [0, sealed) exist).
       host_pool: [L, *S, R, P, W] pinned_host ("hisparse"), else None.
       cache: HotCache on device ("hisparse"), else None.
-      device_kv: [L, *S, R, P, W] on device ("device", "dense"), else None.
+      device_kv: L arrays [*S, R, P, W] on device, one per layer ("device", "dense"), else None.
       mode: static.
-      fetch: static; False makes RESOLVE skip copying missed records into the
-        hot buffer (benchmarks of the pure resolve cost: what attention reads is
-        then stale). Slots, misses and LRU state are what they would be.
+      fetch: static; False makes RESOLVE skip copying missed records into the hot buffer
+        (benchmarks of the pure resolve cost: what attention reads is then stale). Slots,
+        misses and LRU state are what they would be.
+      implementation: static; RESOLVE's implementation ("auto", "ffi", "reference").
     """
 
-    sealed: jax.Array
-    host_pool: jax.Array | None
-    cache: HotCache | None
-    device_kv: jax.Array | None
-    mode: str = dataclasses.field(metadata=dict(static=True))
+    sealed: jax.Array = layout.field(layout.COUNTERS, batch_axis=0)
+    host_pool: jax.Array | None = layout.field(layout.KV_RECORDS, batch_axis=1, memory=layout.PINNED_HOST)
+    cache: HotCache | None = dataclasses.field(default=None)
+    device_kv: tuple[jax.Array, ...] | None = layout.field(layout.KV_RECORDS, batch_axis=0, default=None)
+    mode: str = dataclasses.field(default="hisparse", metadata=dict(static=True))
     fetch: bool = dataclasses.field(default=True, metadata=dict(static=True))
+    implementation: str = dataclasses.field(default="auto", metadata=dict(static=True))
+
+    @property
+    def num_layers(self) -> int:
+        return self.host_pool.shape[0] if self.mode == "hisparse" else len(self.device_kv)
 
 
-def init_store(mode: Mode, config: CacheConfig, sharding=None) -> RecordStore:
+def init_store(mode: Mode, config: CacheConfig, sharding=None, implementation: str = "auto") -> RecordStore:
     """An empty store: no sealed records."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -62,31 +69,25 @@ def init_store(mode: Mode, config: CacheConfig, sharding=None) -> RecordStore:
     sealed = jax.device_put(jnp.zeros(config.stream_shape, jnp.int32), device)
     if mode == "hisparse":
         return RecordStore(
-            sealed=sealed,
-            host_pool=alloc_host_pool(config, sharding),
-            cache=init_hot_cache(config, sharding),
-            device_kv=None,
-            mode=mode,
+            sealed=sealed, host_pool=alloc_host_pool(config, sharding), cache=init_hot_cache(config, sharding),
+            mode=mode, implementation=implementation,
         )
-    kv = jax.device_put(jnp.zeros(config.pool_shape, config.dtype), device)
-    return RecordStore(sealed=sealed, host_pool=None, cache=None, device_kv=kv, mode=mode)
+    layer_shape = config.pool_shape[1:]
+    kv = tuple(jax.device_put(jnp.zeros(layer_shape, config.dtype), device) for _ in range(config.num_layers))
+    return RecordStore(sealed=sealed, host_pool=None, device_kv=kv, mode=mode, implementation=implementation)
 
 
-def _write_device(kv, records, start, count):
-    """kv[l, s, start[s] + i] = records[l, s, i] for i < count[s] (device array)."""
+def _write_layer(kv, records, start, count):
+    """kv[s, start[s] + i] = records[s, i] for i < count[s] (one layer's device buffer)."""
     ns = start.ndim
-    n, R = records.shape[1 + ns], kv.shape[1 + ns]
+    n, R = records.shape[ns], kv.shape[ns]
     i = jnp.arange(n, dtype=jnp.int32)
     target = start[..., None] + i
     target = jnp.where((i < count[..., None]) & (target < R), target, R)  # R: dropped
-
-    def per_stream(kv_s, rec_s, tgt_s):
-        return kv_s.at[tgt_s].set(rec_s, mode="drop")
-
-    stream_fn = per_stream
+    put = lambda kv_s, rec_s, tgt_s: kv_s.at[tgt_s].set(rec_s, mode="drop")
     for _ in range(ns):
-        stream_fn = jax.vmap(stream_fn)
-    return jax.vmap(stream_fn, in_axes=(0, 0, None))(kv, records, target)
+        put = jax.vmap(put)
+    return put(kv, records, target)
 
 
 def write_sealed(store: RecordStore, records: jax.Array, count: jax.Array) -> RecordStore:
@@ -95,50 +96,86 @@ def write_sealed(store: RecordStore, records: jax.Array, count: jax.Array) -> Re
     Args:
       records: [L, *S, n, P, W] on device.
       count: [*S] int32 in [0, n] (prefill: prompt pages; decode: 0 or 1).
-    Writes past the pool's R records are an error in eager code and are
-    reported by write_records(checked=True) under jit; callers size R for the
-    longest context (model configs check this at construction).
+    Writes past the pool's R records are an error in eager code and are reported by
+    write_records(checked=True) under jit; model configs size R for the longest context.
     """
     count = jnp.asarray(count, jnp.int32)
     if store.mode == "hisparse":
         pool = write_records(store.host_pool, records, store.sealed, count)
         return dataclasses.replace(store, host_pool=pool, sealed=store.sealed + count)
-    kv = _write_device(store.device_kv, records, store.sealed, count)
+    kv = tuple(_write_layer(kv, records[l], store.sealed, count) for l, kv in enumerate(store.device_kv))
     return dataclasses.replace(store, device_kv=kv, sealed=store.sealed + count)
 
 
-def gather_selected(
-    store: RecordStore, layer, selection: jax.Array, *, implementation: str = "auto"
-) -> tuple[jax.Array, jax.Array, ResolveResult | None, RecordStore]:
-    """The selected records of one layer, in selection order.
+def write_open_page(store: RecordStore, layer: int, page: jax.Array) -> RecordStore:
+    """Writes the open page [*S, P, W] of `layer` at record id `sealed` of its device buffer
+    ("device", "dense"; a no-op for "hisparse", whose pool gets whole pages when they seal).
+
+    The decode step writes its token through, before the layer reads the buffer: the read then
+    depends on the write and XLA updates the buffer in place. (Writing only when a page seals,
+    after the reads, would leave the write unordered against them, and XLA copies the whole
+    buffer to keep the reads safe.) Ids >= sealed are never attended, so the open page there
+    changes nothing until it seals and `sealed` counts it.
+    """
+    if store.mode == "hisparse":
+        return store
+    kv = store.device_kv[layer]
+    updated = _write_layer(kv, page[..., None, :, :].astype(kv.dtype), store.sealed, jnp.ones_like(store.sealed))
+    return dataclasses.replace(store, device_kv=(*store.device_kv[:layer], updated, *store.device_kv[layer + 1 :]))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Located:
+    """Where one layer's selected records are.
+
+    Attributes:
+      index: [*S, k] int32 rows of the layer's source to read (hot slots, or record ids).
+      valid: [*S, k] bool, selected ids that are neither padding nor invalid.
+      misses: [*S] int32 records RESOLVE fetched (0 outside "hisparse").
+    """
+
+    index: jax.Array
+    valid: jax.Array
+    misses: jax.Array
+
+
+def locate(store: RecordStore, layer: int, selection: jax.Array) -> tuple[Located, RecordStore]:
+    """Makes one layer's selected records readable: RESOLVE ("hisparse") or nothing ("device").
 
     Args:
-      layer: int32 scalar (may be traced, e.g. the index of a scan over layers).
+      layer: the layer (a Python int).
       selection: [*S, k] int32 record ids, -1 = padding.
-
-    Returns:
-      records: [*S, k, P, W], zeros where selection is padding or invalid.
-      valid: [*S, k] bool.
-      resolve result (None outside "hisparse").
-      the updated store (hot buffers after RESOLVE).
     """
-    R = (store.host_pool if store.mode == "hisparse" else store.device_kv).shape[1 + store.sealed.ndim]
+    if store.mode == "dense":
+        raise ValueError('locate: a "dense" store attends to every record in place; nothing is selected')
+    R = (store.host_pool.shape[1 + store.sealed.ndim] if store.mode == "hisparse"
+         else store.device_kv[layer].shape[store.sealed.ndim])
     valid = (selection >= 0) & (selection < jnp.minimum(store.sealed, R)[..., None])
     if store.mode == "hisparse":
-        result, cache = resolve(
-            store.cache, store.host_pool, selection, store.sealed, layer, implementation=implementation,
-            fetch=store.fetch,
-        )
-        source, index = cache.hot[layer], result.slots
-        store = dataclasses.replace(store, cache=cache)
-    else:
-        result = None
-        source, index = store.device_kv[layer], selection
-    ns = selection.ndim - 1
+        result, cache = resolve(store.cache, store.host_pool, selection, store.sealed, layer,
+                                implementation=store.implementation, fetch=store.fetch)
+        return Located(result.slots, valid, result.misses), dataclasses.replace(store, cache=cache)
+    return Located(selection, valid, jnp.zeros(store.sealed.shape, jnp.int32)), store
+
+
+def gather(store: RecordStore, layer: int, located: Located | None):
+    """The records one layer attends to, in selection order, and which are valid.
+
+    Args:
+      located: where the selection is (`locate`), or None in "dense" mode: every record of the
+        layer, read in place (k = R).
+    Returns:
+      records [*S, k, P, W] (zeros where the selection is padding or invalid; "dense": the layer
+      buffer itself), valid [*S, k] bool.
+    """
+    if store.mode == "dense":
+        kv = store.device_kv[layer]
+        return kv, jnp.arange(kv.shape[store.sealed.ndim], dtype=jnp.int32) < store.sealed[..., None]
+    source = store.cache.hot[layer] if store.mode == "hisparse" else store.device_kv[layer]
     take = lambda src, idx: src[jnp.clip(idx, 0, src.shape[0] - 1)]
-    for _ in range(ns):
+    for _ in range(located.index.ndim - 1):
         take = jax.vmap(take)
-    rows = take(source, index)
-    mask = valid.reshape(*valid.shape, *([1] * (rows.ndim - valid.ndim)))
-    records = jnp.where(mask, rows, jnp.zeros((), rows.dtype))
-    return records, valid, result, store
+    rows = take(source, located.index)
+    mask = located.valid.reshape(*located.valid.shape, *([1] * (rows.ndim - located.valid.ndim)))
+    return jnp.where(mask, rows, jnp.zeros((), rows.dtype)), located.valid

@@ -1,6 +1,6 @@
 """Scale-out over a device mesh: streams sharded data-parallel, one pinned host pool per device.
 
-Streams are independent (DESIGN.md section 3): RESOLVE, the pool writes and a
+Streams are independent (docs/contract.md): RESOLVE, the pool writes and a
 model's whole decode step touch only their own streams. So the batch (stream)
 axis is split over a mesh axis, every array of the state carries a
 NamedSharding on that axis, each device keeps its shard of the host pool in
@@ -39,7 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .cache import PINNED_HOST, HotCache, alloc_host_pool, init_hot_cache
+from . import layout
+from .cache import HotCache, alloc_host_pool, init_hot_cache
 from .config import CacheConfig
 from .models import get_family
 from .resolve import ResolveResult, resolve
@@ -135,7 +136,7 @@ def sharded_resolve(
     specs = cache_spec(axis)
     cache_specs = HotCache(specs, specs, specs)
     stream = P(axis)
-    result_specs = ResolveResult(stream, stream, stream, stream, stream)
+    result_specs = ResolveResult(stream, stream, stream, stream, stream, stream)
 
     def body(cache, host_pool, selection, sealed, layer):
         return resolve(
@@ -170,55 +171,34 @@ def _one_stream_state(family, config, mode: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _batch_dims_cached(family: types.ModuleType, config, mode: str):
-    local = _local_sharding()
-    a = jax.eval_shape(lambda: family.init_state(config, 2, mode, sharding=local))
-    b = jax.eval_shape(lambda: family.init_state(config, 3, mode, sharding=local))
-
-    def dim(x, y):
-        differ = [i for i, (m, n) in enumerate(zip(x.shape, y.shape)) if m != n]
-        if len(differ) != 1:
-            raise ValueError(
-                f"{family.__name__}.init_state: an array of shape {x.shape} at batch 2 and "
-                f"{y.shape} at batch 3 has no single batch dim; it cannot be sharded on the batch"
-            )
-        return differ[0]
-
-    return jax.tree.map(dim, a, b)
+def _template(family: types.ModuleType, config, mode: str):
+    """The shapes of the family's one-stream state (jax.eval_shape: nothing is allocated)."""
+    return jax.eval_shape(lambda: family.init_state(config, 1, mode, sharding=_local_sharding()))
 
 
 def state_batch_dims(family, config, mode: str):
-    """The family's State pytree with, at every array, the index of its batch dim.
-
-    Read off jax.eval_shape of init_state at two batch sizes (nothing is allocated):
-    the one dim that changes is the batch dim (0 for lengths and sealed, 1 for
-    [L, b, ...] store arrays, ...).
-    """
-    return _batch_dims_cached(get_family(family), config, mode)
+    """The family's State pytree with, at every array, the index of its batch dim (the layout
+    each state field declares, hisparse_jax.layout)."""
+    return layout.map_arrays(lambda leaf: leaf.layout.batch_axis, _template(get_family(family), config, mode))
 
 
 def state_specs(family, config, mode: str, axis: str = DEFAULT_AXIS):
     """The family's State pytree of PartitionSpecs: every array split on its batch dim."""
-    return jax.tree.map(lambda d: _spec(d, axis), state_batch_dims(family, config, mode))
+    return layout.map_arrays(lambda leaf: _spec(leaf.layout.batch_axis, axis),
+                             _template(get_family(family), config, mode))
+
+
+def state_shardings(family, config, mode: str, mesh: Mesh, axis: str = DEFAULT_AXIS):
+    """NamedShardings of the family's State: split on the batch dim, in the memory kind each
+    array declares (the host pool in pinned_host)."""
+    return layout.map_arrays(
+        lambda leaf: NamedSharding(mesh, _spec(leaf.layout.batch_axis, axis), memory_kind=leaf.layout.memory),
+        _template(get_family(family), config, mode),
+    )
 
 
 def _is_host(x) -> bool:
-    if isinstance(x, jax.ShapeDtypeStruct):  # from jax.eval_shape
-        return getattr(x.sharding, "memory_kind", None) in (PINNED_HOST, "unpinned_host")
     return jax.typeof(x).memory_space == jax.memory.Space.Host
-
-
-def state_shardings(family, config, mode: str, mesh: Mesh, axis: str = DEFAULT_AXIS, like=None):
-    """NamedShardings of the family's State: split on the batch dim; the host pool's
-    (every array in host memory in `like`, default a one-stream init_state) in pinned_host."""
-    family = get_family(family)
-    # eval_shape drops memory kinds, so the default template is a real one-stream state.
-    like = like if like is not None else _one_stream_state(family, config, mode)
-    specs = state_specs(family, config, mode, axis)
-    return jax.tree.map(
-        lambda s, x: NamedSharding(mesh, s, memory_kind=PINNED_HOST if _is_host(x) else "device"),
-        specs, like,
-    )
 
 
 def _host_values(x) -> np.ndarray:
@@ -240,11 +220,10 @@ def init_sharded_state(family, config, batch: int, mode: str, mesh: Mesh, axis: 
     family = get_family(family)
     _check_divisible("init_sharded_state", batch, mesh, axis)
     one = _one_stream_state(family, config, mode)
-    dims = state_batch_dims(family, config, mode)
-    shardings = state_shardings(family, config, mode, mesh, axis, like=one)
+    shardings = state_shardings(family, config, mode, mesh, axis)
 
-    def build(x, d, sharding):
-        row = _host_values(x)
+    def build(leaf, sharding):
+        row, d = _host_values(leaf.value), leaf.layout.batch_axis
         shape = (*row.shape[:d], batch, *row.shape[d + 1 :])
 
         def shard(index):
@@ -253,7 +232,7 @@ def init_sharded_state(family, config, batch: int, mode: str, mesh: Mesh, axis: 
 
         return jax.make_array_from_callback(shape, sharding, shard)
 
-    return jax.tree.map(build, one, dims, shardings)
+    return layout.map_arrays(build, one, shardings)
 
 
 def shard_state(family, config, state, mesh: Mesh, axis: str = DEFAULT_AXIS):
@@ -262,8 +241,7 @@ def shard_state(family, config, state, mesh: Mesh, axis: str = DEFAULT_AXIS):
     the whole state)."""
     family = get_family(family)
     _check_divisible("shard_state", state.lengths.shape[0], mesh, axis)
-    shardings = state_shardings(family, config, state.store.mode, mesh, axis, like=state)
-    return jax.device_put(state, shardings)
+    return jax.device_put(state, state_shardings(family, config, state.store.mode, mesh, axis))
 
 
 def replicate(tree, mesh: Mesh):
@@ -291,18 +269,18 @@ def _misses_spec(axis: str) -> P:
 
 
 _SINGLE_DEVICE_ONLY = (
-    "selection traces (state.trace) and no-IO stores (store.fetch=False) are single-device "
+    "selection traces (forced selections) and no-IO stores (store.fetch=False) are single-device "
     "benchmark features: run them with the base family, not a sharded one"
 )
 
 
-def _check_single_device_features(op: str, state) -> None:
-    if getattr(state, "trace", None) is not None or not state.store.fetch:
+def _check_single_device_features(op: str, state, forced=None) -> None:
+    if forced is not None or not state.store.fetch:
         raise ValueError(f"{op}: {_SINGLE_DEVICE_ONLY}")
 
 
-def _no_trace_layout(config, batch):
-    raise ValueError(f"trace_layout: {_SINGLE_DEVICE_ONLY}")
+def _no_selecting_layout(config, batch):
+    raise ValueError(f"selecting_layout: {_SINGLE_DEVICE_ONLY}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -341,12 +319,12 @@ def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.Module
         )
         return fn(weights, state, prompts, lengths)
 
-    def decode_step(config, weights, state, tokens):
+    def decode_step(config, weights, state, tokens, forced=None):
         _check_divisible("decode_step", tokens.shape[0], mesh, axis)
-        _check_single_device_features("decode_step", state)
+        _check_single_device_features("decode_step", state, forced)
         specs = state_specs(base, config, state.store.mode, axis)
         fn = jax.shard_map(
-            functools.partial(base.decode_step, config), mesh=mesh,
+            lambda weights, state, tokens: base.decode_step(config, weights, state, tokens), mesh=mesh,
             in_specs=(P(), specs, stream), out_specs=(specs, stream, _misses_spec(axis)),
         )
         return fn(weights, state, tokens)
@@ -356,7 +334,8 @@ def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.Module
     module.init_state = init_state
     module.prefill = prefill
     module.decode_step = decode_step
-    module.trace_layout = _no_trace_layout
+    module.selecting_layout = _no_selecting_layout
+    module.metadata_bytes_read = base.metadata_bytes_read
     module.base = base
     module.mesh = mesh
     module.axis = axis

@@ -212,7 +212,7 @@ def _():
 
 # --------------------------------------------------------------------------- DSA tiny decode
 
-DSA = dsa.Config.tiny(n_layers=2, top_k=8, hot_slots=12)
+DSA = dsa.Config.tiny(num_layers=2, top_k=8, hot_slots=12)
 LENGTHS = np.array([37, 20, 5, 40, 12, 1, 30, 25, 9, 33, 17, 2, 40, 28, 6, 21], np.int32)[: 2 * DEVICES]
 T, DECODE_STEPS = 40, 12
 
@@ -298,14 +298,14 @@ def _():
     traced = decode.trace_generate(s["family"], DSA, s["weights"], s["state"], first, 3)
     text = traced.lower().compile().as_text()
     per = len(LENGTHS) // DEVICES
-    pool_shape = f"f32[{DSA.n_layers},{per},{DSA.num_records},{DSA.page_size},{DSA.record_width}]"
+    pool_shape = f"f32[{DSA.num_layers},{per},{DSA.num_records},{DSA.page_size},{DSA.record_width}]"
     rep = hlo_report(text, pool_shape)
     hlo = Hlo(text)
     _, result = hlo.entry_layout()
     rep["pool_result_in_S5"] = f"{pool_shape}{{4,3,2,1,0:S(5)}}" in result
     ok = (
         hlo_clean(rep, pool_shape) and rep["pool_result_in_S5"]
-        and rep["resolve_executions"] == 3 * DSA.n_layers
+        and rep["resolve_executions"] == 3 * DSA.num_layers
         and rep["pool_write_executions"] == 3
         and rep["num_partitions"] == DEVICES
     )
@@ -349,7 +349,7 @@ def _():
     family = hsh.sharded_family("dsa", mesh)
     messages = []
     try:
-        family.trace_layout(DSA, DEVICES)
+        family.selecting_layout(DSA, DEVICES)
     except ValueError as err:
         messages.append(str(err))
     state = hsh.init_sharded_state("dsa", DSA, DEVICES, "hisparse", mesh)

@@ -1,4 +1,4 @@
-"""The calibrated selection-trace generator (DESIGN.md section 7)."""
+"""The calibrated selection-trace generator (docs/traces.md) and the ids it feeds a decode."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _overlap(a, b) -> float:
 
 def test_defaults_reproduce_the_published_locality():
     """n = 65,536, k = 2048: step overlap ~0.73, LRU misses ~27% / 14% / 6% at B = k / 2k / 4k
-    (four seeds measured 27.0-27.7%, 13.8-14.4%, 6.0-6.4%; DESIGN.md section 7 quotes 27 / 14.5 / 6.9)."""
+    (four seeds measured 27.0-27.7%, 13.8-14.4%, 6.0-6.4%; docs/traces.md has the published figures)."""
     n, k, steps, warm = 65536, 2048, 100, 40
     sel = _selections(traces.TraceConfig(), n, k, steps)[:, 0]
     overlap = np.mean([_overlap(sel[t], sel[t + 1]) for t in range(warm, steps - 1)])
@@ -94,19 +94,6 @@ def test_sink_and_local_records_are_always_selected():
             assert must <= set(top[stream].tolist())
 
 
-def test_steer_ignores_the_model_at_weight_zero_and_survives_infinities():
-    config = traces.TraceConfig()
-    trace = traces.advance(traces.init_trace(config, 1, (2,), 64))
-    sealed = jnp.asarray([64, 10], jnp.int32)
-    model = jnp.where(jnp.arange(64) % 5 == 0, -jnp.inf, jnp.arange(64, dtype=jnp.float32))[None].repeat(2, 0)
-    assert traces.steer(lambda: model, None, 0, sealed) is model
-    steered = traces.steer(lambda: model, trace, 0, sealed)
-    np.testing.assert_array_equal(np.asarray(steered), np.asarray(traces.scores(trace, 0, sealed)))
-    weighted = traces.steer(lambda: model, dataclasses.replace(trace, indexer_weight=jnp.float32(1.0)), 0, sealed)
-    finite = np.where(np.isfinite(np.asarray(model)), np.asarray(model), 0.0)
-    np.testing.assert_array_equal(np.asarray(weighted), np.asarray(traces.scores(trace, 0, sealed)) + finite)
-
-
 def test_same_seed_same_trace_and_steps_differ():
     config = traces.TraceConfig()
     a = _selections(config, 2048, 128, steps=3, seed=7)
@@ -141,12 +128,37 @@ def test_for_page_size_counts_sink_and_local_in_tokens():
     assert traces.TraceConfig.for_page_size(1) == traces.TraceConfig()
 
 
-def test_run_indexer_false_never_computes_the_model_scores():
-    trace = traces.advance(traces.init_trace(traces.TraceConfig(run_indexer=False), 1, (1,), 32))
-    sealed = jnp.asarray([32], jnp.int32)
+def test_named_calibrations():
+    glm = traces.TraceConfig.calibration("glm-5.1")
+    assert (glm.beta, glm.rho_e, glm.name) == (0.75, 0.8, "glm-5.1") and glm == traces.TraceConfig()
+    deepseek = traces.TraceConfig.calibration("deepseek-v3.2", page_size=16)
+    assert (deepseek.beta, deepseek.rho_e, deepseek.sink, deepseek.local) == (0.55, 0.5, 1, 4)
+    assert "deepseek-v3.2-like" in traces.describe(deepseek)
+    with pytest.raises(ValueError, match="unknown trace calibration 'llama'.*glm-5.1, deepseek-v3.2"):
+        traces.TraceConfig.calibration("llama")
 
-    def model_scores():
-        raise AssertionError("the indexer ran")
 
-    np.testing.assert_array_equal(np.asarray(traces.steer(model_scores, trace, 0, sealed)),
-                                  np.asarray(traces.scores(trace, 0, sealed)))
+def test_selections_are_the_stepped_generator_top_k():
+    """selections() == init_trace, then advance + top-k of every layer's scores each step, with the
+    sealed records growing by one page every page_size steps; ascending ids, -1 padding."""
+    config, layers, k, P, steps = traces.TraceConfig(sink=1, local=2), 2, 6, 4, 9
+    lengths = jnp.asarray([9, 30], jnp.int32)  # 2 and 7 sealed pages of 4 at the first step
+    ids = np.asarray(traces.selections(config, layers, (2,), 16, k, lengths, steps, page_size=P, seed=5))
+    assert ids.shape == (steps, layers, 2, k) and ids.dtype == np.int32
+    trace = traces.init_trace(config, layers, (2,), 16, seed=5)
+    for t in range(steps):
+        trace = traces.advance(trace)
+        sealed = (np.asarray(lengths) + t) // P
+        for layer in range(layers):
+            scores = np.asarray(traces.scores(trace, layer, jnp.asarray(sealed)))
+            for s, n in enumerate(sealed):
+                order = sorted(range(n), key=lambda i: (-scores[s, i], i))[:k]
+                want = sorted(order) + [-1] * (k - len(order))
+                np.testing.assert_array_equal(ids[t, layer, s], want, err_msg=f"step {t} layer {layer} stream {s}")
+
+
+def test_selections_check_their_arguments():
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        traces.selections(traces.TraceConfig(), 1, (1,), 16, 4, jnp.asarray([8]), 0)
+    with pytest.raises(ValueError, match=r"k must be an int in \[1, num_records=16\]"):
+        traces.selections(traces.TraceConfig(), 1, (1,), 16, 17, jnp.asarray([8]), 2)

@@ -1,9 +1,9 @@
 """An honest byte account of a decode state, and the largest batch each mode fits.
 
-The account is read off the family's real State pytree (jax.eval_shape of
-`init_state`, so nothing is allocated): every array is counted, by where it
-lives and what it holds. Per-request bytes are the difference between batch 2
-and batch 1; what does not scale with batch is counted once.
+The account is read off the family's real State pytree (jax.eval_shape of `init_state`, so
+nothing is allocated) through the layout every state field declares (hisparse_jax.layout):
+every array is counted, by the memory it lives in and the category it declares; an array's bytes
+per request are its bytes over its batch axis, and arrays without one are counted once.
 """
 
 from __future__ import annotations
@@ -14,25 +14,9 @@ from types import ModuleType
 import jax
 import numpy as np
 
-# Last path component (as in jax.tree_util.keystr) -> (memory, category). Any
-# other array of the state is device-resident family metadata: indexer keys,
-# page min/max, compressed keys, sliding windows, lengths.
-_KNOWN = {
-    "host_pool": ("host", "kv pool"),
-    "device_kv": ("device", "kv records"),
-    "hot": ("device", "kv records"),
-    "slot_record": ("device", "slot metadata"),
-    "lru": ("device", "slot metadata"),
-    "tail": ("device", "open page"),
-}
+from .. import layout
 
-
-def _classify(path: str) -> tuple[str, str]:
-    last = path.rsplit(".", 1)[-1].split("[", 1)[0]
-    for suffix, where in _KNOWN.items():
-        if last == suffix or last.endswith("_" + suffix) or last == suffix + "s":
-            return where
-    return ("device", "indexer and other metadata")
+MEMORY = {layout.DEVICE: "device", layout.PINNED_HOST: "host"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,21 +24,23 @@ class ByteAccount:
     """Bytes of one decode state.
 
     Attributes:
-      arrays: path -> (memory "device"/"host", category, bytes).
+      arrays: path -> (memory "device"/"host", category, bytes, bytes per request (0 for an
+        array without a batch axis)).
     """
 
-    arrays: dict[str, tuple[str, str, int]]
+    arrays: dict[str, tuple[str, str, int, int]]
 
     def total(self, memory: str, category: str | None = None) -> int:
-        return sum(
-            n for mem, cat, n in self.arrays.values() if mem == memory and category in (None, cat)
-        )
+        return sum(n for mem, cat, n, _ in self.arrays.values() if mem == memory and category in (None, cat))
 
-    def by_category(self, memory: str) -> dict[str, int]:
+    def per_request(self, memory: str) -> int:
+        return sum(r for mem, _, _, r in self.arrays.values() if mem == memory)
+
+    def by_category(self, memory: str, per_request: bool = False) -> dict[str, int]:
         out: dict[str, int] = {}
-        for mem, cat, n in self.arrays.values():
+        for mem, cat, n, r in self.arrays.values():
             if mem == memory:
-                out[cat] = out.get(cat, 0) + n
+                out[cat] = out.get(cat, 0) + (r if per_request else n)
         return out
 
 
@@ -62,10 +48,11 @@ def account(family: ModuleType, config, batch: int, mode: str) -> ByteAccount:
     """The byte account of `family.init_state(config, batch, mode)`, allocating nothing."""
     state = jax.eval_shape(lambda: family.init_state(config, batch, mode))
     arrays = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-        name = jax.tree_util.keystr(path)
-        memory, category = _classify(name)
-        arrays[name] = (memory, category, int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize)
+    for leaf in layout.leaves(state):
+        nbytes = int(np.prod(leaf.value.shape)) * np.dtype(leaf.value.dtype).itemsize
+        axis = leaf.layout.batch_axis
+        per = nbytes // leaf.value.shape[axis] if axis is not None else 0
+        arrays[leaf.path] = (MEMORY[leaf.layout.memory], leaf.layout.category, nbytes, per)
     return ByteAccount(arrays)
 
 
@@ -107,14 +94,9 @@ def capacity(
     max_batch_cap: int | None = None,
 ) -> Capacity:
     """The largest batch of `mode` whose state fits `device_budget` (and `host_budget`) bytes."""
-    one, two = account(family, config, 1, mode), account(family, config, 2, mode)
-    dev_per = two.total("device") - one.total("device")
-    host_per = two.total("host") - one.total("host")
+    one = account(family, config, 1, mode)
+    dev_per, host_per = one.per_request("device"), one.per_request("host")
     dev_fixed, host_fixed = one.total("device") - dev_per, one.total("host") - host_per
-    by_cat = {
-        cat: two.by_category("device").get(cat, 0) - one.by_category("device").get(cat, 0)
-        for cat in two.by_category("device")
-    }
     limits = {
         "device": _fits(dev_fixed, dev_per, device_budget),
         "host": _fits(host_fixed, host_per, host_budget),
@@ -128,7 +110,7 @@ def capacity(
         host_per_request=host_per,
         device_fixed=dev_fixed,
         host_fixed=host_fixed,
-        device_per_request_by_category=by_cat,
+        device_per_request_by_category=one.by_category("device", per_request=True),
         max_batch=int(limits[limited_by]),
         limited_by=limited_by,
     )

@@ -1,20 +1,19 @@
 """Decode states holding `context` tokens of synthetic data, built without a prefill.
 
-A dense prefill costs O(T^2) per layer: at 128K tokens and the batch of a
-capacity wall it would take far longer than the decode it prepares. Timing a
-decode needs a state of the right shapes holding non-zero data (never time on
-zeros), not the state of one particular prompt. So every array of the state
-is filled with a counter-based hash of its element index (uniform, unit
-variance), in place:
+A dense prefill costs O(T^2) per layer: at 128K tokens and the batch of a capacity wall it would
+take far longer than the decode it prepares. Timing a decode needs a state of the right shapes
+holding non-zero data (never time on zeros), not the state of one particular prompt. So the
+arrays of the state are filled with a counter-based hash of their element index (uniform, unit
+variance), in place, by what their declared layout (hisparse_jax.layout) says they hold:
 
-- the host pool ("hisparse") in chunks through the pool-write FFI call, so no
-  device buffer of the pool's size is ever needed;
-- every device array in one jitted call with the state donated;
-- lengths = context and sealed = context // page_size; hot caches stay empty
-  (the first decode steps fill them, as after a real prefill).
-
-A record gets the same bytes in the host pool and in the device KV, so
-"hisparse" and "device" states decode to the same tokens, bit for bit.
+- a RecordStore's records: the host pool ("hisparse") in chunks through the pool-write FFI call
+  (no device buffer of the pool's size is ever needed), the per-layer device KV in one jitted
+  call; a record gets the same bytes in both, so "hisparse" and "device" states decode to the
+  same tokens, bit for bit; `sealed` = context // page_size; hot caches stay empty (the first
+  decode steps fill them, as after a real prefill);
+- counters: `lengths` = context;
+- every other array (open pages, indexer metadata, windows, compressed KV) hashed, in one
+  jitted call with the state donated.
 """
 
 from __future__ import annotations
@@ -28,27 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import traces
-from ..models import common
+from .. import layout
+from ..kv_store import RecordStore
 from ..pool import write_records_inplace
 
 MiB = 2**20
 
-# Leaves of a state that are not filled with hashed values (last path component).
-_COUNTERS = ("lengths", "sealed")
-_RECORDS = ("host_pool", "device_kv")  # one content: a record's bytes do not depend on the mode
-_CACHE = ("hot", "slot_record", "lru")  # hot caches start empty
 
-
-def _leaf_name(path) -> str:
-    return jax.tree_util.keystr(path).rsplit(".", 1)[-1].split("[", 1)[0]
-
-
-def _salt(path, seed: int) -> int:
-    """A per-array salt: the records' is shared by host pool and device KV."""
-    name = jax.tree_util.keystr(path)
-    for records in _RECORDS:
-        name = name.replace(records, "records")
+def _salt(name: str, seed: int) -> int:
     return zlib.crc32(f"{seed}:{name}".encode()) & 0x7FFFFFFF
 
 
@@ -98,32 +84,29 @@ def synthetic_state(family: ModuleType, config, batch: int, mode: str, context: 
         )
     state = family.init_state(config, batch, mode)
     sealed = context // config.page_size
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(state)
-    pool_at = [i for i, (path, _) in enumerate(leaves) if _leaf_name(path) == "host_pool"]
-    device_at = [i for i, (path, _) in enumerate(leaves) if _leaf_name(path) not in ("host_pool", *_CACHE)]
-    plans = tuple(_plan(path, leaf, context, sealed, seed) for path, leaf in (leaves[i] for i in device_at))
-    values = [leaf for _, leaf in leaves]
-    filled = _fill_device(plans, tuple(values[i] for i in device_at))
-    for i, array in zip(device_at, filled):
-        values[i] = array
-    for i in pool_at:
-        path, pool = leaves[i]
-        values[i] = _fill_pool(pool, sealed, _salt(path, seed), chunk_bytes)
+    stores = [f.name for f in dataclasses.fields(state) if isinstance(getattr(state, f.name), RecordStore)]
+    in_store = lambda leaf: leaf.path.split(".", 1)[0] in stores
+    others = [leaf for leaf in layout.leaves(state) if not in_store(leaf)]
+    plans = tuple(_plan(leaf, context, seed) for leaf in others)
+    filled = dict(zip((leaf.path for leaf in others), _fill_device(plans, tuple(leaf.value for leaf in others))))
+    state = layout.map_arrays(lambda leaf: filled.get(leaf.path, leaf.value), state)
+    changes = {name: _fill_store(getattr(state, name), sealed, _salt(name, seed), chunk_bytes) for name in stores}
     # Committed, like the arrays a jitted decode returns (one compiled program for every call).
-    return common.commit(jax.tree_util.tree_unflatten(treedef, values))
+    return layout.commit(dataclasses.replace(state, **changes))
 
 
-def _plan(path, leaf, context: int, sealed: int, seed: int) -> tuple:
-    """What one device array becomes: ("const", value) for counters, ("hash", salt) for data."""
-    name = _leaf_name(path)
-    if name in _COUNTERS:
-        return ("const", context if name == "lengths" else sealed)
-    if not jnp.issubdtype(leaf.dtype, jnp.floating):
+def _plan(leaf: layout.Leaf, context: int, seed: int) -> tuple:
+    """What one array becomes: ("const", value) for counters, ("hash", salt) for data."""
+    if leaf.layout.category == layout.COUNTERS:
+        if not leaf.path.endswith("lengths"):
+            raise ValueError(f"synthetic_state: no fill rule for the counter {leaf.path}")
+        return ("const", context)
+    if not jnp.issubdtype(leaf.value.dtype, jnp.floating):
         raise ValueError(
-            f"synthetic_state: no fill rule for the integer array {jax.tree_util.keystr(path)}; "
-            "teach hisparse_jax.bench.synthetic what it holds"
+            f"synthetic_state: no fill rule for the integer array {leaf.path}; teach "
+            "hisparse_jax.bench.synthetic what it holds"
         )
-    return ("hash", _salt(path, seed))
+    return ("hash", _salt(leaf.path, seed))
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
@@ -135,6 +118,25 @@ def _fill_device(plans, arrays):
         else:
             out.append(hashed(array.shape, array.dtype, value))
     return tuple(out)
+
+
+def _fill_store(store: RecordStore, sealed: int, salt: int, chunk_bytes: int) -> RecordStore:
+    """The store holding records [0, sealed) of every stream and layer: record (l, s, r) gets the
+    values it has in a hashed [L, *S, R, P, W] array, in the host pool and the device KV alike."""
+    sealed_ids = jnp.full(store.sealed.shape, sealed, jnp.int32)
+    if store.mode == "hisparse":
+        pool = _fill_pool(store.host_pool, sealed, salt, chunk_bytes)
+        return dataclasses.replace(store, host_pool=pool, sealed=sealed_ids)
+    L = len(store.device_kv)
+    shape = (L, *store.device_kv[0].shape)
+    kv = tuple(_device_layer(shape, store.device_kv[0].dtype, salt, l) for l in range(L))
+    return dataclasses.replace(store, device_kv=kv, sealed=sealed_ids)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _device_layer(full_shape, dtype, salt, layer):
+    block = hashed((1, *full_shape[1:]), dtype, salt, full_shape=full_shape, offset_axis=0, offset=layer)
+    return block[0]
 
 
 def _fill_pool(pool: jax.Array, sealed: int, salt: int, chunk_bytes: int) -> jax.Array:
@@ -157,13 +159,6 @@ def _pool_chunk(pool_shape, dtype, salt, chunk, first):
     L, *streams, R, P, W = pool_shape
     return hashed((L, *streams, chunk, P, W), dtype, salt, full_shape=pool_shape,
                   offset_axis=1 + len(streams), offset=first)
-
-
-def with_trace(family: ModuleType, config, state, trace_config: traces.TraceConfig, seed: int = 0):
-    """`state` with a TraceState of `family.trace_layout` steering its selection."""
-    layers, streams, records = family.trace_layout(config, state.lengths.shape[0])
-    trace = traces.init_trace(trace_config, layers, streams, records, seed=seed)
-    return dataclasses.replace(state, trace=trace)
 
 
 def without_fetch(state):

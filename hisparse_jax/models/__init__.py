@@ -5,44 +5,47 @@ so `hisparse_jax.decode` and the benchmarks drive every family the same way.
 Shapes: b = batch, T = prompt length, V = vocab, L = sparse layers.
 
 `Config`
-    Frozen, hashable dataclass (a static jit argument), validated at construction
-    with ValueErrors that name the field (`Config.top_k: ...`). Presets:
-    `Config.tiny(**overrides)` (CPU tests in seconds), `Config.realistic(**overrides)`
-    (GPU benchmark shapes) and `Config.preset(name, **overrides)`. Fields every
-    family has: `top_k` (records selected per stream and step), `hot_slots` (B),
-    `max_context` (tokens per stream), `page_size` (tokens per record).
-    `config.cache_config(batch) -> hisparse_jax.CacheConfig` sizes the store.
+    Frozen, hashable dataclass (a static jit argument) built on `config.ModelConfig`, which
+    holds the fields every family shares (sizes, top_k, hot_slots, max_context, page_size,
+    pool_records, dtype, implementation), validated at construction with ValueErrors that name
+    the field (`Config.top_k: ...`). Presets: `Config.tiny(**overrides)` (CPU tests in
+    seconds), `Config.realistic(**overrides)` (GPU benchmark shapes) and
+    `Config.preset(name, **overrides)`. `config.cache_config(batch) -> CacheConfig` sizes the
+    store; `config.implementation` picks the RESOLVE and top-k kernels (same bits in each).
 
 `init_weights(config, seed) -> Weights`
-    Registered pytree; per-layer weights stacked on a leading layer axis so the
-    layer loop is a `lax.scan`.
+    Registered pytree; per-layer weights are a tuple of per-layer pytrees (one buffer per
+    layer: the decode step unrolls its layers and reads each layer's weights in place).
 
 `init_state(config, batch, mode) -> State`
-    Registered pytree with at least `store` (a kv_store.RecordStore in `mode`:
-    "hisparse", "device" or "dense"), `tail` (the open page of every layer and
-    stream, on device), the family's indexer metadata (on device) and `lengths`
-    ([b] int32 tokens held per stream) and `trace` (None, or a TraceState).
+    Registered pytree whose every array field declares its layout (memory kind, byte category,
+    batch axis; hisparse_jax.layout), with at least `store` (a kv_store.RecordStore in `mode`:
+    "hisparse", "device" or "dense"), `tail` (the open page of every layer) and `lengths`
+    ([b] int32 tokens held per stream). Per-layer arrays are tuples of per-layer buffers.
 
 `prefill(config, weights, state, prompts [b, T] int32, lengths [b] int32)`
-    `-> (state, logits [b, V] float32)`. Dense causal prefill of ragged prompts
-    (row i valid up to lengths[i], 1 <= lengths[i] <= T <= max_context) into a
-    fresh state: sealed pages go to the store with `write_sealed`, the open page
-    to the tail; logits are those of each prompt's last token.
+    `-> (state, logits [b, V] float32)`. Dense causal prefill of ragged prompts (row i valid up
+    to lengths[i], 1 <= lengths[i] <= T <= max_context) into a fresh state: sealed pages go to
+    the store with `write_sealed`, the open page to the tail; logits are those of each prompt's
+    last token.
 
-`decode_step(config, weights, state, tokens [b] int32)`
-    `-> (state, logits [b, V] float32, misses int32 [L, *streams])`. Appends one
-    token per stream to the tail, selects sealed records with the family's
-    indexer (all sealed records in position order in "dense" mode), attends to
-    the gathered records plus the tail, and seals the open page once it is full.
-    Every mode runs the same ops on the same shapes; only the selection (dense)
-    or the placement of records (hisparse/device) differs, so "hisparse" and
-    "device" agree bit for bit.
+`decode_step(config, weights, state, tokens [b] int32, forced=None)`
+    `-> (state, logits [b, V] float32, misses int32 [L, *streams])`. Appends one token per
+    stream to the tail, selects sealed records with the family's indexer and
+    `paging.select` (every sealed record, in place, in "dense" mode), attends to them plus the
+    tail, and seals the open page once it is full. `forced` (a traces.ForcedSelection) replaces
+    the selected ids by a trace's at run time. Every mode runs the same ops on the same shapes;
+    only the selection (dense) or the placement of records (hisparse/device) differs, so
+    "hisparse" and "device" agree bit for bit.
 
-`trace_layout(config, batch) -> (layers, stream_shape, num_records)`
-    The shape of a `hisparse_jax.traces.TraceState` that steers this family's
-    selection: a State whose `trace` field holds one (default None) ranks
-    records by the calibrated synthetic trace instead of its own indexer scores
-    (which it still computes), for benchmarks with realistic locality.
+`selecting_layout(config, batch) -> (layers, stream_shape, num_records)`
+    The shape of the selections a trace feeds this family (hisparse_jax.traces.selections:
+    [steps, layers, *stream_shape, top_k]).
+
+`metadata_bytes_read(config, context) -> int`
+    Device bytes one decode step reads per request besides weights and the attended records
+    (index keys, page bounds, compressed KV, dense layers): the family's part of the step's
+    roofline (hisparse_jax.bench.profile).
 
 `decode.generate(family, ...)` runs `decode_step` in a jitted `lax.scan` over
 steps with the state donated; see hisparse_jax/decode.py.
@@ -60,7 +63,8 @@ FAMILIES = {
     "quest": "hisparse_jax.models.quest",
 }
 
-PROTOCOL = ("Config", "init_weights", "init_state", "prefill", "decode_step", "trace_layout")
+PROTOCOL = ("Config", "init_weights", "init_state", "prefill", "decode_step", "selecting_layout",
+            "metadata_bytes_read")
 
 
 def known_families() -> tuple[str, ...]:

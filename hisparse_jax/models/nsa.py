@@ -1,12 +1,12 @@
 """Native Sparse Attention (NSA) on GQA, its selected branch decoding through a HiSparse RecordStore.
 
 Every layer mixes three attention branches per query head, gated by sigmoid(W_gate h)
-(DESIGN.md section 6; Yuan et al. 2025), all reading one set of rope'd keys and values:
+(Yuan et al. 2025, "Native Sparse Attention"), all reading one set of rope'd keys and values:
 
 - compressed: block i covers tokens [i d, i d + l) (l = cmp_block, d = cmp_stride); its key and
   value are a learned linear map of the block's l keys (values), one weight matrix per position
   in the block (so the map sees intra-block position), initialized to mean pooling. Compressed
-  keys/values stay on device, `[L, b, kvh, Nc, 2hd]`, Nc = (max_context - l) / d + 1. A block
+  keys/values stay on device, one `[b, kvh, Nc, 2hd]` buffer per layer, Nc = (max_context - l) / d + 1. A block
   is compressed once its last token is written, from the sliding-window ring.
 - selected: records are selection blocks of l' = page_size tokens of one KV head. The
   compressed attention probabilities are spread evenly over the d-token chunks of each
@@ -16,8 +16,9 @@ Every layer mixes three attention branches per query head, gated by sigmoid(W_ga
   the open block (the tail) is always attended, so top_k + 1 = the paper's top-n blocks
   (1 initial + 2 local: the latest sealed block and the open one). Sealed blocks go through
   the RecordStore: host pool + hot buffer ("hisparse") or HBM ("device"); "dense" attends to
-  every sealed block.
-- sliding window: the last `window` tokens, in a device ring `[L, b, kvh, w, 2hd]` (slot = position % w).
+  every sealed block in place.
+- sliding window: the last `window` tokens, in a device ring per layer, `[b, kvh, w, 2hd]`
+  (slot = position % w).
 
 Prefill runs the same three branches for every prompt token (per-query selection), a chunk of
 queries at a time.
@@ -26,36 +27,25 @@ queries at a time.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from .. import kv_store, traces
-from ..config import CacheConfig
+from .. import kv_store, layout
 from ..kv_store import RecordStore
-from . import common, gqa
-
-PRESETS = {
-    "tiny": dict(
-        vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
-        cmp_block=8, cmp_stride=4, page_size=16, top_k=3, hot_slots=6, window=32,
-        max_context=256, prefill_chunk=64, dtype="float32",
-    ),
-    # NSA paper attention: 64 query heads in 4 GQA groups, l = 32, d = 16, l' = 64, n = 16, w = 512.
-    "realistic": dict(
-        vocab=32000, d_model=4096, n_layers=4, n_heads=64, n_kv_heads=4, head_dim=128, d_ff=11008,
-        cmp_block=32, cmp_stride=16, page_size=64, top_k=15, hot_slots=32, window=512,
-        max_context=32768, prefill_chunk=128, dtype="bfloat16",
-    ),
-}
+from ..topk import select_topk
+from ..traces import ForcedSelection
+from . import gqa, layers, paging
+from .config import require
+from .weights import init_normal, ones, split_layers
 
 _BRANCHES = 3  # gate order: compressed, selected, window
 
 
-@dataclasses.dataclass(frozen=True)
-class Config(gqa.GQAConfigMixin):
-    """Static NSA model configuration (hashable: a static jit argument).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config(gqa.GQAConfig):
+    """Static NSA model configuration (hashable: a static jit argument). Shared fields: ModelConfig
+    and GQAConfig.
 
     Presets (`Config.preset(name)`, `Config.tiny()`, `Config.realistic()`): "tiny", CPU-test
     shapes: l=8, d=4, l'=16, top-n=4 (k=3), w=32, context 256 (16 blocks), float32;
@@ -63,55 +53,45 @@ class Config(gqa.GQAConfigMixin):
     d=16, l'=64, top-n=16, w=512) in bf16, context 32K.
 
     Attributes:
-      vocab, d_model, n_layers, d_ff: transformer sizes (SwiGLU MLP).
-      n_heads, n_kv_heads, head_dim: GQA attention; G = n_heads // n_kv_heads.
       cmp_block, cmp_stride: l and d of the compressed branch (d divides l and page_size).
       page_size: l', tokens per selection block = per record.
       top_k: sealed blocks selected per (request, KV head) and step (>= 2: the initial and the
         latest sealed block are forced in); with the open block, top_n = top_k + 1.
-      hot_slots: B >= top_k; window: w, sliding-window tokens (>= cmp_block).
-      max_context: tokens per stream; pool_records: records per stream (None: max_context // l').
-      prefill_chunk: queries per block of the prefill attention.
-      dtype: weights, activations, records and compressed keys (float32 or bfloat16).
+      window: w, sliding-window tokens (>= cmp_block).
     """
 
-    vocab: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    d_ff: int
-    top_k: int
-    hot_slots: int
-    max_context: int
     cmp_block: int = 32
     cmp_stride: int = 16
     page_size: int = 64
     window: int = 512
-    pool_records: int | None = None
-    prefill_chunk: int = 128
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
-    dtype: Any = "float32"
 
-    PRESETS: ClassVar = PRESETS
+    PRESETS = {
+        "tiny": dict(
+            vocab=256, d_model=64, num_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128, cmp_block=8,
+            cmp_stride=4, page_size=16, top_k=3, hot_slots=6, window=32, max_context=256, prefill_chunk=64,
+            dtype="float32",
+        ),
+        # NSA paper attention: 64 query heads in 4 GQA groups, l = 32, d = 16, l' = 64, n = 16, w = 512.
+        "realistic": dict(
+            vocab=32000, d_model=4096, num_layers=4, n_heads=64, n_kv_heads=4, head_dim=128, d_ff=11008,
+            cmp_block=32, cmp_stride=16, page_size=64, top_k=15, hot_slots=32, window=512, max_context=32768,
+            prefill_chunk=128, dtype="bfloat16",
+        ),
+    }
+    POSITIVE = gqa.GQAConfig.POSITIVE + ("cmp_block", "cmp_stride", "window")
 
-    def __post_init__(self):
-        common.check_model_fields(self, "n_heads", "n_kv_heads", "head_dim", "cmp_block", "cmp_stride", "window")
-        gqa.check_heads(self)
-        req = lambda ok, field, msg: common.require(ok, self, field, msg)
+    def check(self) -> None:
+        super().check()
         l, d, P = self.cmp_block, self.cmp_stride, self.page_size
-        req(l % d == 0, "cmp_stride", f"cmp_stride d={d} must divide cmp_block l={l}")
-        req(P % d == 0, "cmp_stride",
-            f"cmp_stride d={d} must divide page_size l'={P}: compressed scores map onto "
-            "selection blocks by d-token chunks")
-        req(l <= P, "cmp_block", f"cmp_block l={l} must be <= page_size l'={P}")
-        req(self.window >= l, "window",
-            f"window w={self.window} must be >= cmp_block l={l}: a block is compressed from the window ring")
-        req(self.top_k >= 2, "top_k",
-            f"top_k={self.top_k} must be >= 2: the initial and the latest sealed block are always selected")
-        common.check_record_layout(self, "head_dim", "page_size x 2 x head_dim")
+        require(l % d == 0, self, "cmp_stride", f"cmp_stride d={d} must divide cmp_block l={l}")
+        require(P % d == 0, self, "cmp_stride",
+                f"cmp_stride d={d} must divide page_size l'={P}: compressed scores map onto selection "
+                "blocks by d-token chunks")
+        require(l <= P, self, "cmp_block", f"cmp_block l={l} must be <= page_size l'={P}")
+        require(self.window >= l, self, "window",
+                f"window w={self.window} must be >= cmp_block l={l}: a block is compressed from the window ring")
+        require(self.top_k >= 2, self, "top_k",
+                f"top_k={self.top_k} must be >= 2: the initial and the latest sealed block are always selected")
 
     @property
     def top_n(self) -> int:
@@ -122,28 +102,6 @@ class Config(gqa.GQAConfigMixin):
     def num_compressed(self) -> int:
         """Nc: compressed blocks of a full context, (max_context - l) // d + 1."""
         return _compressed_count(self, self.max_context)
-
-    def cache_config(self, batch: int) -> CacheConfig:
-        return self.store_config(self.n_layers, (batch, self.n_kv_heads))
-
-    def device_bytes(self, batch: int, mode: str = "hisparse") -> dict[str, int]:
-        """HBM held by the decode state of `batch` requests, by part (weights excluded).
-
-        selected_kv: hot buffers + slot metadata ("hisparse") or every block ("device", "dense");
-        compressed_kv: compressed keys and values (grow with context); window: the rings;
-        tail: open selection blocks.
-        """
-        if mode not in kv_store.MODES:
-            raise ValueError(f"mode must be one of {kv_store.MODES}, got {mode!r}")
-        cache = self.cache_config(batch)
-        token_bytes = self.n_layers * batch * self.n_kv_heads * self.record_width * self.dtype.itemsize
-        parts = {
-            "selected_kv": cache.device_bytes if mode == "hisparse" else cache.host_bytes,
-            "compressed_kv": token_bytes * self.num_compressed,
-            "window": token_bytes * self.window,
-            "tail": token_bytes * self.page_size,
-        }
-        return {**parts, "total": sum(parts.values())}
 
 
 def _compressed_count(config: Config, tokens):
@@ -160,27 +118,25 @@ def _compressed_count(config: Config, tokens):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class LayerWeights:
-    """Per-layer weights stacked on a leading [L] axis (h = KV heads, g = query heads per KV head)."""
+    """One layer's weights (h = KV heads, g = query heads per KV head)."""
 
-    attn_norm: jax.Array  # [L, D]
-    w_q: jax.Array  # [L, D, h, g, hd]
-    w_k: jax.Array  # [L, D, h, hd]
-    w_v: jax.Array  # [L, D, h, hd]
-    w_branch: jax.Array  # [L, D, h, g, 3] branch gate logits (compressed, selected, window)
-    cmp_k: jax.Array  # [L, l, hd, hd] key compression, one matrix per position in the block
-    cmp_v: jax.Array  # [L, l, hd, hd] value compression
-    w_o: jax.Array  # [L, h, g, hd, D]
-    mlp_norm: jax.Array  # [L, D]
-    w_gate: jax.Array  # [L, D, F]
-    w_up: jax.Array  # [L, D, F]
-    w_down: jax.Array  # [L, F, D]
+    attn_norm: jax.Array  # [D]
+    w_in: jax.Array  # [D, h, (g + 2) hd + 3 g]: per KV head its g query heads, key, value, then the
+    #                  g x 3 branch gate logits (compressed, selected, window) of its query heads
+    cmp_k: jax.Array  # [l, hd, hd] key compression, one matrix per position in the block
+    cmp_v: jax.Array  # [l, hd, hd] value compression
+    w_o: jax.Array  # [h, g, hd, D]
+    mlp_norm: jax.Array  # [D]
+    w_gate: jax.Array  # [D, F]
+    w_up: jax.Array  # [D, F]
+    w_down: jax.Array  # [F, D]
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Weights:
     embed: jax.Array  # [V, D]
-    layers: LayerWeights
+    layers: tuple[LayerWeights, ...]  # L
     final_norm: jax.Array  # [D]
     unembed: jax.Array  # [D, V]
 
@@ -191,71 +147,72 @@ class State:
     """Decode state of a batch of streams (streams = (b, kvh)).
 
     Attributes:
-      store: sealed selection blocks [L, b, kvh, R, l', 2hd] in `mode`.
-      tail: [L, b, kvh, l', 2hd] the open selection block of every layer, on device.
-      window: [L, b, kvh, w, 2hd] ring of the last w tokens (slot = position % w), on device.
-      compressed: [L, b, kvh, Nc, 2hd] compressed keys then values, zeros until complete, on device.
+      store: sealed selection blocks [b, kvh, R, l', 2hd] of every layer, in `mode`.
+      tail: L arrays [b, kvh, l', 2hd], the open selection block of each layer.
+      window: L arrays [b, kvh, w, 2hd], rings of the last w tokens (slot = position % w).
+      compressed: L arrays [b, kvh, Nc, 2hd], compressed keys then values, zeros until complete.
       lengths: [b] int32 tokens held per stream (the next token's position).
-      trace: a traces.TraceState over [L, b, kvh, R] that steers the selection (benchmarks), or None.
     """
 
     store: RecordStore
-    tail: jax.Array
-    window: jax.Array
-    compressed: jax.Array
-    lengths: jax.Array
-    trace: traces.TraceState | None = None
+    tail: tuple[jax.Array, ...] = layout.field(layout.OPEN_PAGE, batch_axis=0)
+    window: tuple[jax.Array, ...] = layout.field(layout.KV_RECORDS, batch_axis=0)
+    compressed: tuple[jax.Array, ...] = layout.field(layout.KV_RECORDS, batch_axis=0)
+    lengths: jax.Array = layout.field(layout.COUNTERS, batch_axis=0)
 
 
 def init_weights(config: Config, seed: int = 0) -> Weights:
     """Seeded random weights (normal, 1/fan_in variance; norms at 1; compression near mean pooling)."""
     c, dt = config, config.dtype
-    L, D, h, g, hd, F, l = c.n_layers, c.d_model, c.n_kv_heads, c.group_size, c.head_dim, c.d_ff, c.cmp_block
+    L, D, h, g, hd, l = c.num_layers, c.d_model, c.n_kv_heads, c.group_size, c.head_dim, c.cmp_block
     specs = {
         "embed": ((c.vocab, D), D),
-        "w_q": ((L, D, h, g, hd), D),
-        "w_k": ((L, D, h, hd), D),
-        "w_v": ((L, D, h, hd), D),
-        "w_branch": ((L, D, h, g, _BRANCHES), D),
+        **gqa.layer_specs(c, L, extra=g * _BRANCHES),
         "cmp_k": ((L, l, hd, hd), l * hd),
         "cmp_v": ((L, l, hd, hd), l * hd),
-        "w_o": ((L, h, g, hd, D), c.n_heads * hd),
-        "w_gate": ((L, D, F), D),
-        "w_up": ((L, D, F), D),
-        "w_down": ((L, F, D), F),
         "unembed": ((D, c.vocab), D),
     }
-    w = common.init_normal(seed, specs, dt)
+    w = init_normal(seed, specs, dt)
     mean_pool = (jnp.eye(hd, dtype=jnp.float32) / l).astype(dt)  # + noise: a learned map near mean pooling
-    ones = jnp.ones((L, D), dt)
-    layers = LayerWeights(
-        attn_norm=ones, w_q=w["w_q"], w_k=w["w_k"], w_v=w["w_v"], w_branch=w["w_branch"],
-        cmp_k=w["cmp_k"] + mean_pool, cmp_v=w["cmp_v"] + mean_pool, w_o=w["w_o"], mlp_norm=ones,
-        w_gate=w["w_gate"], w_up=w["w_up"], w_down=w["w_down"],
-    )
-    return Weights(w["embed"], layers, jnp.ones((D,), dt), w["unembed"])
+    stacked = {n: w[n] for n in gqa.layer_specs(c, 0)}
+    stacked.update(cmp_k=w["cmp_k"] + mean_pool, cmp_v=w["cmp_v"] + mean_pool, attn_norm=ones((L, D), dt),
+                   mlp_norm=ones((L, D), dt))
+    return Weights(w["embed"], split_layers(stacked, L, LayerWeights), ones((D,), dt), w["unembed"])
 
 
 def init_state(config: Config, batch: int, mode: kv_store.Mode, sharding=None) -> State:
     """An empty state for `batch` requests; `mode` is "hisparse", "device" or "dense"."""
-    L, h, W, dt = config.n_layers, config.n_kv_heads, config.record_width, config.dtype
-    buffer = lambda n: jnp.zeros((L, batch, h, n, W), dt)
+    c = config
+    buffers = lambda n: tuple(jnp.zeros((batch, c.n_kv_heads, n, c.record_width), c.dtype) for _ in range(c.num_layers))
     state = State(
-        store=kv_store.init_store(mode, config.cache_config(batch), sharding),
-        tail=buffer(config.page_size),
-        window=buffer(config.window),
-        compressed=buffer(config.num_compressed),
+        store=kv_store.init_store(mode, c.cache_config(batch), sharding, c.implementation),
+        tail=buffers(c.page_size),
+        window=buffers(c.window),
+        compressed=buffers(c.num_compressed),
         lengths=jnp.zeros((batch,), jnp.int32),
     )
-    return common.commit(state, sharding)
+    return layout.commit(state, sharding)
+
+
+def selecting_layout(config: Config, batch: int) -> tuple[int, tuple[int, ...], int]:
+    """(selecting layers, stream shape, record ids) of a selection trace: every layer selects,
+    per KV head."""
+    return config.num_layers, (batch, config.n_kv_heads), config.num_records
+
+
+def metadata_bytes_read(config: Config, context: int) -> int:
+    """Device bytes one decode step reads per request besides weights and selected blocks: the
+    compressed keys and values of `context` tokens and the sliding window, every layer."""
+    tokens = _compressed_count(config, context) + config.window
+    return config.num_layers * config.n_kv_heads * tokens * config.record_width * config.dtype.itemsize
 
 
 # --------------------------------------------------------------------------- branches
 
 
-def _branch_gates(w: LayerWeights, h: jax.Array) -> jax.Array:
-    """h [..., D] -> sigmoid gates [..., kvh, G, 3] float32."""
-    return jax.nn.sigmoid(jnp.einsum("...d,dhgc->...hgc", h, w.w_branch, preferred_element_type=jnp.float32))
+def _branch_gates(logits: jax.Array) -> jax.Array:
+    """The extra columns of the input projection [..., kvh, 3G] -> sigmoid gates [..., kvh, G, 3] float32."""
+    return jax.nn.sigmoid(logits.reshape(*logits.shape[:-1], -1, _BRANCHES))
 
 
 def compress(config: Config, w: LayerWeights, blocks: jax.Array) -> jax.Array:
@@ -310,8 +267,7 @@ def _compress_new_block(config: Config, w: LayerWeights, compressed, ring, pos):
       compressed: [b, kvh, Nc, 2hd]; ring: [b, kvh, w, 2hd] holding this step's token; pos: [b].
     """
     l, d, Nc = config.cmp_block, config.cmp_stride, compressed.shape[2]
-    n = pos + 1
-    first = n - l  # position of the completed block's first token
+    first = pos + 1 - l  # position of the completed block's first token
     done = (first >= 0) & (first % d == 0)
     slots = (first[:, None] + jnp.arange(l)) % config.window  # [b, l]
     block = jnp.take_along_axis(ring, slots[:, None, :, None], axis=2)  # [b, kvh, l, 2hd]
@@ -333,99 +289,68 @@ def _compressed_branch(config: Config, q, compressed, pos):
     return out, probs
 
 
-def _select(config: Config, store: RecordStore, probs, trace: traces.TraceState | None, layer) -> jax.Array:
-    """Blocks the selected branch attends to: [b, kvh, k] ([b, kvh, R] in "dense" mode)."""
-    if store.mode == "dense":
-        return common.dense_selection(store.sealed, config.num_records)
-    scores = traces.steer(lambda: block_scores(config, jnp.sum(probs, axis=2)), trace, layer, store.sealed)
-    return common.select_topk(forced_scores(scores, store.sealed), store.sealed, config.top_k)
-
-
-def trace_layout(config: Config, batch: int) -> tuple[int, tuple[int, ...], int]:
-    """(selecting layers, stream shape, record ids) of a traces.TraceState for this model:
-    every layer selects, per KV head."""
-    return config.n_layers, (batch, config.n_kv_heads), config.num_records
-
-
-def _decode_layer(config: Config, store: RecordStore, trace, pos, carry, layer, w: LayerWeights):
+def _decode_layer(config: Config, w: LayerWeights, store: RecordStore, forced, pos, x, buffers, layer: int):
     """One layer of one decode step.
 
     Args:
       pos: [b] int32 position of this step's token.
-      carry: (x [b, D], cache, tails, windows, compressed) with the [L, ...] buffers of State.
-    Returns the new carry and (misses [b, kvh], selection [b, kvh, k']).
+      buffers: (tail, window ring, compressed) of this layer.
+    Returns (x, buffers, store, misses [b, kvh]).
     """
-    x, cache, tails, windows, compressed = carry
-    hd, P = config.head_dim, config.page_size
-    at = lambda a: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False)
+    tail, ring, cmp = buffers
     pos_s = gqa.per_stream(pos, config.n_kv_heads)
-    h = common.rms_norm(x, w.attn_norm, config.norm_eps)
+    h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
     with jax.named_scope("project"):
-        q = gqa.query(h, w.w_q, pos, config.rope_theta)  # [b, kvh, G, hd]
-        record = gqa.kv_record(h, w.w_k, w.w_v, pos, config.rope_theta, config.dtype)  # [b, kvh, 2hd]
-        tail = common.tail_write(at(tails), record, pos_s)
-        ring = common.tail_write(at(windows), record, pos_s)
+        q, record, gate_logits = gqa.project(config, h, w.w_in, pos)  # q [b, kvh, G, hd], record [b, kvh, 2hd]
+        tail = paging.tail_write(tail, record, pos_s)
+        ring = paging.tail_write(ring, record, pos_s)
     with jax.named_scope("compressed"):
-        cmp = _compress_new_block(config, w, at(compressed), ring, pos)
+        cmp = _compress_new_block(config, w, cmp, ring, pos)
         out_cmp, probs = _compressed_branch(config, q, cmp, pos)
     with jax.named_scope("selected"):
-        selection = _select(config, store, probs, trace, layer)
-        store = dataclasses.replace(store, cache=cache)
-        kv, valid, misses, store = common.gather_with_tail(store, layer, selection, tail, common.tail_valid(pos_s, P))
-        out_slc = common.attend(q, kv[..., :hd], kv[..., hd:], valid, gqa.scale(config))
+        scores = lambda: forced_scores(block_scores(config, jnp.sum(probs, axis=2)), store.sealed)
+        selection = paging.select(config, store, scores, forced, layer)
+        located, store = paging.locate(store, layer, selection)
+        parts, misses, store = paging.selected_parts(store, layer, located, tail, pos_s, gqa.split(config))
+        out_slc = layers.attend(q, parts, gqa.scale(config))
     with jax.named_scope("window"):
         in_window = jnp.arange(config.window) <= pos_s[..., None]  # slot s holds position <= pos once pos >= s
-        out_win = common.attend(q, ring[..., :hd], ring[..., hd:], in_window, gqa.scale(config))
-    gates = _branch_gates(w, h)  # [b, kvh, G, 3]
+        out_win = layers.attend(q, [layers.Part(*gqa.split(config)(ring), in_window)], gqa.scale(config))
+    gates = _branch_gates(gate_logits)  # [b, kvh, G, 3]
     heads = gates[..., 0:1] * out_cmp + gates[..., 1:2] * out_slc + gates[..., 2:3] * out_win
     x = x + gqa.attention_out(heads, w.w_o, config.dtype)
     with jax.named_scope("mlp"):
-        x = x + common.mlp(w, x, config.norm_eps)
-    put = lambda full, one: jax.lax.dynamic_update_index_in_dim(full, one, layer, 0)
-    carry = (x, store.cache, put(tails, tail), put(windows, ring), put(compressed, cmp))
-    return carry, (misses, selection)
+        x = x + layers.mlp(w, x, config.norm_eps)
+    return x, (tail, ring, cmp), store, misses
 
 
-def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array):
-    """decode_step plus the blocks every layer selected, [L, b, kvh, k]."""
-    pos = state.lengths
-    trace = traces.advance(state.trace)
-    with jax.named_scope("embed"):
-        x = common.embed(weights.embed, tokens)
-
-    def layer_step(carry, xs):
-        layer, w = xs
-        return _decode_layer(config, state.store, trace, pos, carry, layer, w)
-
-    carry = (x, state.store.cache, state.tail, state.window, state.compressed)
-    layers = jnp.arange(config.n_layers, dtype=jnp.int32)
-    (x, cache, tails, windows, compressed), (misses, selections) = jax.lax.scan(
-        layer_step, carry, (layers, weights.layers)
-    )
-    logits = common.lm_head(weights, x, config.norm_eps)
-    with jax.named_scope("seal"):
-        store = dataclasses.replace(state.store, cache=cache)
-        store = common.seal_full_pages(store, tails, gqa.per_stream(pos + 1, config.n_kv_heads))
-    return State(store, tails, windows, compressed, pos + 1, trace), logits, misses, selections
-
-
-def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Array):
+def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Array,
+                forced: ForcedSelection | None = None):
     """One token per stream.
 
     Args:
       tokens: [b] int32, the token at position state.lengths.
+      forced: a trace's ids [L, b, kvh, k] for this step (benchmarks), or None.
     Returns:
       (state, logits [b, V] float32, misses [L, b, kvh] int32: blocks RESOLVE fetched per layer
       and KV head, zeros outside "hisparse").
     """
-    state, logits, misses, _ = _decode(config, weights, state, tokens)
+    pos, store = state.lengths, state.store
+    tails, windows, compressed = list(state.tail), list(state.window), list(state.compressed)
+    with jax.named_scope("embed"):
+        x = layers.embed(weights.embed, tokens)
+    misses = []
+    for layer, w in enumerate(weights.layers):
+        buffers = (tails[layer], windows[layer], compressed[layer])
+        x, buffers, store, m = _decode_layer(config, w, store, forced, pos, x, buffers, layer)
+        tails[layer], windows[layer], compressed[layer] = buffers
+        misses.append(m)
+    logits = layers.lm_head(weights, x, config.norm_eps)
+    misses = jnp.stack(misses)
+    with jax.named_scope("seal"):
+        store = paging.seal_full_pages(store, tails, gqa.per_stream(pos + 1, config.n_kv_heads), misses)
+    state = State(store, tuple(tails), tuple(windows), tuple(compressed), pos + 1)
     return state, logits, misses
-
-
-def decode_step_with_selection(config: Config, weights: Weights, state: State, tokens: jax.Array):
-    """decode_step, plus the sealed blocks every layer selected: [L, b, kvh, k] int32
-    ([L, b, kvh, max_context // l'] in "dense" mode), for tests and trace collection."""
-    return _decode(config, weights, state, tokens)
 
 
 # --------------------------------------------------------------------------- prefill
@@ -461,7 +386,7 @@ def _prefill_chunk(config: Config, mode: str, q, t, keys, values, compressed):
         scores = forced_scores(block_scores(config, jnp.sum(probs, axis=2)), sealed)
         short = max(config.top_k - R, 0)  # a prompt of fewer than k blocks: pad, never selected
         scores = jnp.pad(scores, [(0, 0)] * 3 + [(0, short)], constant_values=-jnp.inf)
-        selection = common.select_topk(scores, sealed, config.top_k)  # [b, kvh, C, k]
+        selection = select_topk(scores, sealed, config.top_k, implementation=config.implementation)  # [b, kvh, C, k]
         chosen = jnp.any(selection[..., None] == jnp.arange(R), axis=-2)  # [b, kvh, C, R]
     block = jnp.arange(T) // P
     own = block == (t // P)[:, None]  # [C, T]
@@ -469,40 +394,38 @@ def _prefill_chunk(config: Config, mode: str, q, t, keys, values, compressed):
     slc_mask = (chosen[..., block] | own) & causal  # [b, kvh, C, T]
     win_mask = causal & (jnp.arange(T) > t[:, None] - config.window)
     logits = jnp.einsum("bchgk,bshk->bhgcs", q, keys, preferred_element_type=f32) * scale
-    attend = lambda mask: jnp.einsum(
-        "bhgcs,bshk->bchgk", masked_softmax(logits, mask), values.astype(f32)
-    )
+    attend = lambda mask: jnp.einsum("bhgcs,bshk->bchgk", masked_softmax(logits, mask), values.astype(f32))
     return out_cmp, attend(slc_mask[:, :, None]), attend(win_mask)
 
 
-def _prefill_layer(config: Config, mode: str, positions, chunk, x, w: LayerWeights):
-    """One layer over the whole prompt: x [b, T, D] -> (x, (records [b, T, kvh, 2hd], compressed))."""
+def _prefill_layer(config: Config, w: LayerWeights, mode: str, positions, chunk, x):
+    """One layer over the whole prompt: x [b, T, D] -> (x, records [b, T, kvh, 2hd], compressed)."""
     hd = config.head_dim
-    h = common.rms_norm(x, w.attn_norm, config.norm_eps)
-    records = gqa.kv_record(h, w.w_k, w.w_v, positions[None, :], config.rope_theta, config.dtype)
+    h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
+    q_all, records, gate_logits = gqa.project(config, h, w.w_in, positions[None, :])
     compressed = _compress_prompt(config, w, records)
 
     def one_chunk(start):
         t = start + jnp.arange(chunk, dtype=jnp.int32)
-        q = gqa.query(jax.lax.dynamic_slice_in_dim(h, start, chunk, axis=1), w.w_q, t[None, :], config.rope_theta)
+        q = jax.lax.dynamic_slice_in_dim(q_all, start, chunk, axis=1)
         return _prefill_chunk(config, mode, q, t, records[..., :hd], records[..., hd:], compressed)
 
     T = x.shape[1]
     outs = jax.lax.map(one_chunk, jnp.arange(0, T, chunk, dtype=jnp.int32))  # 3 x [T/C, b, C, kvh, G, hd]
     out_cmp, out_slc, out_win = (jnp.moveaxis(o, 0, 1).reshape(x.shape[0], T, *o.shape[3:]) for o in outs)
-    gates = _branch_gates(w, h)  # [b, T, kvh, G, 3]
+    gates = _branch_gates(gate_logits)  # [b, T, kvh, G, 3]
     heads = gates[..., 0:1] * out_cmp + gates[..., 1:2] * out_slc + gates[..., 2:3] * out_win
     x = x + gqa.attention_out(heads, w.w_o, config.dtype)
-    x = x + common.mlp(w, x, config.norm_eps)
-    return x, (records, compressed)
+    x = x + layers.mlp(w, x, config.norm_eps)
+    return x, records, compressed
 
 
 def _prompt_window(config: Config, records: jax.Array, lengths: jax.Array) -> jax.Array:
-    """records [L, b, kvh, T, 2hd] -> the ring [L, b, kvh, w, 2hd] after lengths [b] tokens."""
+    """records [b, kvh, T, 2hd] -> the ring [b, kvh, w, 2hd] after lengths [b] tokens."""
     last = lengths - 1
     position = last[:, None] - jnp.mod(last[:, None] - jnp.arange(config.window), config.window)  # [b, w]
-    ring = jnp.take_along_axis(records, jnp.clip(position, 0)[None, :, None, :, None], axis=3)
-    return jnp.where((position >= 0)[None, :, None, :, None], ring, jnp.zeros((), records.dtype))
+    ring = jnp.take_along_axis(records, jnp.clip(position, 0)[:, None, :, None], axis=2)
+    return jnp.where((position >= 0)[:, None, :, None], ring, jnp.zeros((), records.dtype))
 
 
 def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, lengths: jax.Array):
@@ -514,19 +437,21 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
     Returns:
       (state, logits [b, V] float32 of each prompt's last token).
     """
-    x, lengths, positions, chunk, keep = common.embed_prompts(config, weights.embed, prompts, lengths)
-    layer = lambda x, w: _prefill_layer(config, state.store.mode, positions, chunk, x, w)
-    x, (records, compressed) = jax.lax.scan(layer, x, weights.layers)
-    records = jnp.swapaxes(records[:, :, :keep], 2, 3)  # [L, b, kvh, keep, 2hd]
+    c = config
+    x, lengths, positions, chunk, keep = layers.embed_prompts(c, weights.embed, prompts, lengths)
+    records, compressed = [], []
+    for layer, w in enumerate(weights.layers):
+        x, rec, cmp = _prefill_layer(c, w, state.store.mode, positions, chunk, x)
+        records.append(jnp.swapaxes(rec[:, :keep], 1, 2))  # [b, kvh, keep, 2hd]
+        with jax.named_scope("compressed"):
+            n = min(cmp.shape[2], c.num_compressed)
+            done = jnp.arange(n) < _compressed_count(c, lengths)[:, None]  # [b, n]: complete in the prompt
+            cmp = jnp.where(done[:, None, :, None], cmp[:, :, :n], jnp.zeros((), c.dtype))
+            compressed.append(jax.lax.dynamic_update_slice(state.compressed[layer], cmp, (0, 0, 0, 0)))
     with jax.named_scope("write_sealed"):
-        lengths_s = gqa.per_stream(lengths, config.n_kv_heads)
-        pages, count, tails = common.prefill_pages(records, lengths_s, config.page_size)
+        lengths_s = gqa.per_stream(lengths, c.n_kv_heads)
+        pages, count, tails = paging.prefill_pages(jnp.stack(records), lengths_s, c.page_size)
         store = kv_store.write_sealed(state.store, pages, count)
-    with jax.named_scope("compressed"):
-        n = min(compressed.shape[3], config.num_compressed)
-        done = jnp.arange(n) < _compressed_count(config, lengths)[:, None]  # [b, n]: complete in the prompt
-        compressed = jnp.where(done[None, :, None, :, None], compressed[:, :, :, :n], jnp.zeros((), config.dtype))
-        compressed = jax.lax.dynamic_update_slice(state.compressed, compressed, (0, 0, 0, 0, 0))
-    window = _prompt_window(config, records, lengths)
-    logits = common.lm_head(weights, common.last_token(x, lengths), config.norm_eps)
-    return State(store, tails, window, compressed, lengths, state.trace), logits
+    windows = tuple(_prompt_window(c, r, lengths) for r in records)
+    logits = layers.lm_head(weights, layers.last_token(x, lengths), c.norm_eps)
+    return State(store, tuple(tails), windows, tuple(compressed), lengths), logits

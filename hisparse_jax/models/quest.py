@@ -3,19 +3,19 @@
 A record is one page of `page_size` (16) tokens of one KV head: its keys then its values,
 `[P, 2 * head_dim]`. Selection is per KV head, so streams are (batch, kv_heads).
 
-Indexer (DESIGN.md section 6). When a page seals, the elementwise max M and min m of its
-keys (post-rope, as attended) are kept on device, `[L_sparse, b, kvh, R, hd]`. A query head
+Indexer (Tang et al. 2024, "Quest"). When a page seals, the elementwise max M and min m of its
+keys (post-rope, as attended) are kept on device, one `[b, kvh, R, hd]` buffer per sparse layer. A query head
 scores page r with the upper bound U = sum_i max(q_i M_i, q_i m_i) of its dot products; the
 query heads of a GQA group add their bounds, so one selection serves the group. Each step a
 sparse layer attends to the top-k sealed pages (ids ascending, -1 padding) plus the open page
 in the tail, which is always attended.
 
 Dense layers. The first `dense_layers` (2) layers attend to every sealed page. Their KV stays
-in HBM in every mode, in a second RecordStore of mode "device" (`State.dense_store`): a dense
+in HBM in every mode, in a second RecordStore of mode "dense" (`State.dense_store`): a dense
 layer reads all its pages every step, so paging them through a hot buffer would need B >= R
-slots (no HBM saved) or refetch the whole context per step. They go through the same gather
-and attention code as the sparse layers with the "dense" selection, and their bytes are
-counted in `Config.device_bytes` with the rest of what stays on device.
+slots (no HBM saved) or refetch the whole context per step. They attend to their KV in place
+(no gather, no copy), through the same attention code as the sparse layers, and their bytes are
+counted as KV records by the byte account.
 
 Prefill is dense causal attention over the prompt (Quest only sparsifies decode).
 """
@@ -23,34 +23,22 @@ Prefill is dense causal attention over the prompt (Quest only sparsifies decode)
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from .. import kv_store, traces
-from ..config import CacheConfig
+from .. import kv_store, layout
 from ..kv_store import RecordStore
-from . import common, gqa
-
-PRESETS = {
-    "tiny": dict(
-        vocab=256, d_model=64, n_layers=4, dense_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
-        d_ff=128, top_k=4, hot_slots=8, max_context=256, prefill_chunk=64, dtype="float32",
-    ),
-    # Llama-3-8B attention and MLP shapes; 2 dense + 4 sparse layers; a 4096-token budget.
-    "realistic": dict(
-        vocab=32000, d_model=4096, n_layers=6, dense_layers=2, n_heads=32, n_kv_heads=8,
-        head_dim=128, d_ff=14336, top_k=256, hot_slots=512, max_context=32768,
-        prefill_chunk=256, dtype="bfloat16",
-    ),
-}
+from ..traces import ForcedSelection
+from . import gqa, layers, paging
+from .config import require
+from .weights import init_normal, ones, split_layers
 
 
-@dataclasses.dataclass(frozen=True)
-class Config(gqa.GQAConfigMixin):
-    """Static Quest model configuration (hashable: a static jit argument).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config(gqa.GQAConfig):
+    """Static Quest model configuration (hashable: a static jit argument). Shared fields:
+    ModelConfig and GQAConfig.
 
     Presets (`Config.preset(name)`, `Config.tiny()`, `Config.realistic()`): "tiny", CPU-test
     shapes: 2 dense + 2 sparse layers, 4 q / 2 kv heads of 16, context 256 (16 pages);
@@ -58,75 +46,40 @@ class Config(gqa.GQAConfigMixin):
     k = 256 pages.
 
     Attributes:
-      vocab, d_model, n_layers, d_ff: transformer sizes (SwiGLU MLP).
       dense_layers: the first layers, attending to every page from HBM (Quest: 2).
-      n_heads, n_kv_heads, head_dim: GQA attention; G = n_heads // n_kv_heads.
-      top_k: k pages selected per (request, KV head) and step; hot_slots: B >= k.
-      max_context: tokens per stream; page_size: tokens per page (Quest: 16).
-      pool_records: records per stream in the stores (None: max_context // P).
-      prefill_chunk: queries per block of the dense prefill attention.
-      dtype: weights, activations, records and page metadata (float32 or bfloat16).
+      page_size: tokens per page (Quest: 16).
     """
 
-    vocab: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    d_ff: int
-    top_k: int
-    hot_slots: int
-    max_context: int
     dense_layers: int = 2
     page_size: int = 16
-    pool_records: int | None = None
-    prefill_chunk: int = 128
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
-    dtype: Any = "float32"
 
-    PRESETS: ClassVar = PRESETS
+    PRESETS = {
+        "tiny": dict(
+            vocab=256, d_model=64, num_layers=4, dense_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
+            top_k=4, hot_slots=8, max_context=256, prefill_chunk=64, dtype="float32",
+        ),
+        # Llama-3-8B attention and MLP shapes; 2 dense + 4 sparse layers; a 4096-token budget.
+        "realistic": dict(
+            vocab=32000, d_model=4096, num_layers=6, dense_layers=2, n_heads=32, n_kv_heads=8, head_dim=128,
+            d_ff=14336, top_k=256, hot_slots=512, max_context=32768, prefill_chunk=256, dtype="bfloat16",
+        ),
+    }
 
-    def __post_init__(self):
-        common.check_model_fields(self, "n_heads", "n_kv_heads", "head_dim")
-        gqa.check_heads(self)
+    def check(self) -> None:
+        super().check()
         dense = self.dense_layers
-        common.require(
-            isinstance(dense, (int, np.integer)) and not isinstance(dense, bool) and 0 <= dense < self.n_layers,
-            self, "dense_layers",
-            f"must be an int in [0, n_layers={self.n_layers}): at least one layer must be sparse, got {dense!r}",
-        )
-        common.check_record_layout(self, "head_dim", "page_size x 2 x head_dim")
+        require(isinstance(dense, int) and not isinstance(dense, bool) and 0 <= dense < self.num_layers, self,
+                "dense_layers",
+                f"must be an int in [0, num_layers={self.num_layers}): at least one layer must be sparse, "
+                f"got {dense!r}")
 
     @property
     def sparse_layers(self) -> int:
-        return self.n_layers - self.dense_layers
+        return self.num_layers - self.dense_layers
 
-    def cache_config(self, batch: int, num_layers: int | None = None) -> CacheConfig:
+    def cache_config(self, batch: int, num_layers: int | None = None):
         """The sparse layers' store (num_layers overrides the layer count: the dense store)."""
-        layers = self.sparse_layers if num_layers is None else num_layers
-        return self.store_config(layers, (batch, self.n_kv_heads))
-
-    def device_bytes(self, batch: int, mode: str = "hisparse") -> dict[str, int]:
-        """HBM held by the decode state of `batch` requests, by part (weights excluded).
-
-        sparse_kv: hot buffers + slot metadata ("hisparse") or every page ("device", "dense");
-        dense_kv: every page of the dense layers (HBM in every mode); page_minmax: Quest's
-        per-page key max and min of the sparse layers (grows with context); tail: open pages.
-        """
-        if mode not in kv_store.MODES:
-            raise ValueError(f"mode must be one of {kv_store.MODES}, got {mode!r}")
-        sparse, dense = self.cache_config(batch), self.cache_config(batch, max(self.dense_layers, 1))
-        per_layer_stream = batch * self.n_kv_heads
-        parts = {
-            "sparse_kv": sparse.device_bytes if mode == "hisparse" else sparse.host_bytes,
-            "dense_kv": dense.host_bytes if self.dense_layers else 0,
-            "page_minmax": 2 * self.sparse_layers * per_layer_stream * sparse.pool_records
-            * self.head_dim * self.dtype.itemsize,
-            "tail": self.n_layers * per_layer_stream * self.record_bytes,
-        }
-        return {**parts, "total": sum(parts.values())}
+        return super().cache_config(batch, self.sparse_layers if num_layers is None else num_layers)
 
 
 # --------------------------------------------------------------------------- weights and state
@@ -135,27 +88,22 @@ class Config(gqa.GQAConfigMixin):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class LayerWeights:
-    """Per-layer weights stacked on a leading layer axis (h = KV heads, g = query heads per KV head)."""
+    """One layer's weights (h = KV heads, g = query heads per KV head)."""
 
-    attn_norm: jax.Array  # [L, D]
-    w_q: jax.Array  # [L, D, h, g, hd]
-    w_k: jax.Array  # [L, D, h, hd]
-    w_v: jax.Array  # [L, D, h, hd]
-    w_o: jax.Array  # [L, h, g, hd, D]
-    mlp_norm: jax.Array  # [L, D]
-    w_gate: jax.Array  # [L, D, F]
-    w_up: jax.Array  # [L, D, F]
-    w_down: jax.Array  # [L, F, D]
+    attn_norm: jax.Array  # [D]
+    w_in: jax.Array  # [D, h, (g + 2) hd]: per KV head its g query heads, its key, its value
+    w_o: jax.Array  # [h, g, hd, D]
+    mlp_norm: jax.Array  # [D]
+    w_gate: jax.Array  # [D, F]
+    w_up: jax.Array  # [D, F]
+    w_down: jax.Array  # [F, D]
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Weights:
-    """Dense and sparse layers are two stacks, so each layer loop scans its own stack (no slicing)."""
-
     embed: jax.Array  # [V, D]
-    dense_layers: LayerWeights  # [dense_layers, ...]
-    sparse_layers: LayerWeights  # [sparse_layers, ...]
+    layers: tuple[LayerWeights, ...]  # L: dense_layers first, then the sparse layers
     final_norm: jax.Array  # [D]
     unembed: jax.Array  # [D, V]
 
@@ -166,83 +114,60 @@ class State:
     """Decode state of a batch of streams (streams = (b, kvh)).
 
     Attributes:
-      store: sealed pages of the sparse layers, [L_sparse, b, kvh, R, P, 2hd], in `mode`.
-      dense_store: sealed pages of the dense layers, mode "device" whatever `mode` is.
-      tail: [n_layers, b, kvh, P, 2hd] the open page of every layer (dense first), on device.
-      page_max, page_min: [L_sparse, b, kvh, R, hd] key bounds of each sealed page, on device.
+      store: sealed pages of the sparse layers, [b, kvh, R, P, 2hd] each, in `mode`.
+      dense_store: sealed pages of the dense layers, mode "dense" (HBM, read in place) whatever
+        `mode` is; None without dense layers.
+      tail: num_layers arrays [b, kvh, P, 2hd], the open page of each layer (dense first).
+      page_max, page_min: L_sparse arrays [b, kvh, R, hd], key bounds of each sealed page.
       lengths: [b] int32 tokens held per stream (the next token's position).
-      trace: a traces.TraceState over [L_sparse, b, kvh, R] that steers the selection
-        (benchmarks), or None.
     """
 
     store: RecordStore
-    dense_store: RecordStore
-    tail: jax.Array
-    page_max: jax.Array
-    page_min: jax.Array
-    lengths: jax.Array
-    trace: traces.TraceState | None = None
-
-
-def _layer_specs(config: Config, L: int) -> dict[str, tuple[tuple[int, ...], int]]:
-    """{name: (shape, fan_in)} of one layer stack of L layers."""
-    D, h, g, hd, F = config.d_model, config.n_kv_heads, config.group_size, config.head_dim, config.d_ff
-    return {
-        "w_q": ((L, D, h, g, hd), D),
-        "w_k": ((L, D, h, hd), D),
-        "w_v": ((L, D, h, hd), D),
-        "w_o": ((L, h, g, hd, D), config.n_heads * hd),
-        "w_gate": ((L, D, F), D),
-        "w_up": ((L, D, F), D),
-        "w_down": ((L, F, D), F),
-    }
+    dense_store: RecordStore | None
+    tail: tuple[jax.Array, ...] = layout.field(layout.OPEN_PAGE, batch_axis=0)
+    page_max: tuple[jax.Array, ...] = layout.field(layout.INDEXER_METADATA, batch_axis=0)
+    page_min: tuple[jax.Array, ...] = layout.field(layout.INDEXER_METADATA, batch_axis=0)
+    lengths: jax.Array = layout.field(layout.COUNTERS, batch_axis=0)
 
 
 def init_weights(config: Config, seed: int = 0) -> Weights:
     """Seeded random weights (normal, 1/fan_in variance; norms at 1)."""
-    D, V, dt = config.d_model, config.vocab, config.dtype
-    stacks = {"dense": config.dense_layers, "sparse": config.sparse_layers}
-    specs = {"embed": ((V, D), D), "unembed": ((D, V), D)}
-    for stack, L in stacks.items():
-        specs.update({f"{stack}.{n}": spec for n, spec in _layer_specs(config, L).items()})
-    w = common.init_normal(seed, specs, dt)
-
-    def layers(stack: str) -> LayerWeights:
-        ones = jnp.ones((stacks[stack], D), dt)
-        mats = {n: w[f"{stack}.{n}"] for n in _layer_specs(config, 0)}
-        return LayerWeights(attn_norm=ones, mlp_norm=ones, **mats)
-
-    return Weights(w["embed"], layers("dense"), layers("sparse"), jnp.ones((D,), dt), w["unembed"])
+    c, dt, L, D = config, config.dtype, config.num_layers, config.d_model
+    w = init_normal(seed, {"embed": ((c.vocab, D), D), **gqa.layer_specs(c, L), "unembed": ((D, c.vocab), D)}, dt)
+    stacked = {n: w[n] for n in gqa.layer_specs(c, 0)}
+    stacked.update(attn_norm=ones((L, D), dt), mlp_norm=ones((L, D), dt))
+    return Weights(w["embed"], split_layers(stacked, L, LayerWeights), ones((D,), dt), w["unembed"])
 
 
 def init_state(config: Config, batch: int, mode: kv_store.Mode, sharding=None) -> State:
     """An empty state for `batch` requests; `mode` is "hisparse", "device" or "dense"."""
-    Ls, h, R = config.sparse_layers, config.n_kv_heads, common.pool_records(config)
-    # A store needs >= 1 layer; with dense_layers == 0 the dense store is a 1-layer stub never read.
-    dense = config.cache_config(batch, max(config.dense_layers, 1))
-    bounds = lambda: jnp.zeros((Ls, batch, h, R, config.head_dim), config.dtype)  # two buffers: both donated
+    c, h, R = config, config.n_kv_heads, config.store_records
+    bounds = lambda: tuple(jnp.zeros((batch, h, R, c.head_dim), c.dtype) for _ in range(c.sparse_layers))
+    dense = c.cache_config(batch, c.dense_layers) if c.dense_layers else None
     state = State(
-        store=kv_store.init_store(mode, config.cache_config(batch), sharding),
-        dense_store=kv_store.init_store("device", dense, sharding),
-        tail=jnp.zeros((config.n_layers, batch, h, config.page_size, config.record_width), config.dtype),
+        store=kv_store.init_store(mode, c.cache_config(batch), sharding, c.implementation),
+        dense_store=kv_store.init_store("dense", dense, sharding) if dense else None,
+        tail=tuple(jnp.zeros((batch, h, c.page_size, c.record_width), c.dtype) for _ in range(c.num_layers)),
         page_max=bounds(),
         page_min=bounds(),
         lengths=jnp.zeros((batch,), jnp.int32),
     )
-    return common.commit(state, sharding)
+    return layout.commit(state, sharding)
 
 
-# --------------------------------------------------------------------------- layers
+def selecting_layout(config: Config, batch: int) -> tuple[int, tuple[int, ...], int]:
+    """(selecting layers, stream shape, record ids) of a selection trace: the sparse layers, per
+    KV head."""
+    return config.sparse_layers, (batch, config.n_kv_heads), config.num_records
 
 
-def _query(config: Config, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
-    """h [b, ..., D] at positions [b, ...] -> rope(q) [b, ..., kvh, G, hd]."""
-    return gqa.query(h, w.w_q, positions, config.rope_theta)
-
-
-def _kv_record(config: Config, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
-    """h [b, ..., D] at positions [b, ...] -> record [b, ..., kvh, 2hd] = [rope(k), v], config.dtype."""
-    return gqa.kv_record(h, w.w_k, w.w_v, positions, config.rope_theta, config.dtype)
+def metadata_bytes_read(config: Config, context: int) -> int:
+    """Device bytes one decode step reads per request besides weights and selected pages: the key
+    bounds of the sealed pages of every sparse layer, and every token of the dense layers."""
+    pages = context // config.page_size
+    bounds = config.sparse_layers * config.n_kv_heads * pages * 2 * config.head_dim * config.dtype.itemsize
+    dense = config.dense_layers * config.n_kv_heads * context * config.record_width * config.dtype.itemsize
+    return bounds + dense
 
 
 # --------------------------------------------------------------------------- Quest indexer
@@ -266,169 +191,112 @@ def page_scores(q: jax.Array, page_max: jax.Array, page_min: jax.Array) -> jax.A
     return upper + lower
 
 
-def _select(config: Config, store: RecordStore, q, page_max, page_min, trace: traces.TraceState | None,
-            layer) -> jax.Array:
-    """Pages sparse layer `layer` attends to: [b, kvh, k] ([b, kvh, R] in "dense" mode)."""
-    if store.mode == "dense":
-        return common.dense_selection(store.sealed, config.num_records)
-    scores = traces.steer(lambda: page_scores(q, page_max, page_min), trace, layer, store.sealed)
-    return common.select_topk(scores, store.sealed, config.top_k)
-
-
-def trace_layout(config: Config, batch: int) -> tuple[int, tuple[int, ...], int]:
-    """(selecting layers, stream shape, record ids) of a traces.TraceState for this model:
-    the sparse layers, per KV head."""
-    return config.sparse_layers, (batch, config.n_kv_heads), config.num_records
-
-
 # --------------------------------------------------------------------------- decode
 
 
-def _decode_layer(config: Config, store: RecordStore, select, pos, carry, layer, w: LayerWeights):
-    """One layer of one decode step.
+def _decode_layer(config: Config, w: LayerWeights, store: RecordStore, select, pos, x, tail, layer: int):
+    """One layer of one decode step, dense or sparse.
 
     Args:
-      select: fn(q [b, kvh, G, hd], layer) -> selection [b, kvh, k'] of `store`'s records.
-      pos: [b] int32 position of this step's token.
-      carry: (x [b, D], cache (the store's HotCache or None), tails [L', b, kvh, P, 2hd]).
-    Returns the new carry and (misses [b, kvh], selection [b, kvh, k']).
+      store: the layer's store ("dense": read in place, every sealed page).
+      select: (q [b, kvh, G, hd], tail with this step's token) -> selection [b, kvh, k] of
+        `store`'s records (None: dense).
+      pos: [b] int32 position of this step's token; layer: index of the layer in `store`.
+    Returns (x, tail, store, misses [b, kvh]).
     """
-    x, cache, tails = carry
-    hd, P = config.head_dim, config.page_size
     pos_s = gqa.per_stream(pos, config.n_kv_heads)
-    h = common.rms_norm(x, w.attn_norm, config.norm_eps)
+    h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
     with jax.named_scope("project"):
-        q = _query(config, w, h, pos)  # [b, kvh, G, hd]
-        tail = jax.lax.dynamic_index_in_dim(tails, layer, keepdims=False)
-        tail = common.tail_write(tail, _kv_record(config, w, h, pos), pos_s)
+        q, record, _ = gqa.project(config, h, w.w_in, pos)  # q [b, kvh, G, hd]
+        tail = paging.tail_write(tail, record, pos_s)
     with jax.named_scope("select"):
-        selection = select(q, layer)
-    with jax.named_scope("gather"):
-        store = dataclasses.replace(store, cache=cache)
-        kv, valid, misses, store = common.gather_with_tail(
-            store, layer, selection, tail, common.tail_valid(pos_s, P)
-        )
+        selection = select(q, tail)
     with jax.named_scope("attention"):
-        heads = common.attend(q, kv[..., :hd], kv[..., hd:], valid, gqa.scale(config))  # [b, kvh, G, hd]
+        located, store = paging.locate(store, layer, selection)
+        parts, misses, store = paging.selected_parts(store, layer, located, tail, pos_s, gqa.split(config))
+        heads = layers.attend(q, parts, gqa.scale(config))  # [b, kvh, G, hd]
         x = x + gqa.attention_out(heads, w.w_o, config.dtype)
     with jax.named_scope("mlp"):
-        x = x + common.mlp(w, x, config.norm_eps)
-    tails = jax.lax.dynamic_update_index_in_dim(tails, tail, layer, 0)
-    return (x, store.cache, tails), (misses, selection)
-
-
-def _layer_loop(config, store, select, pos, x, tails, stack: LayerWeights):
-    """Scans _decode_layer over a layer stack.
-
-    Returns (x, store with its new hot cache, tails, misses [L', b, kvh], selections [L', b, kvh, k']).
-    """
-
-    def step(carry, xs):
-        layer, w = xs
-        return _decode_layer(config, store, select, pos, carry, layer, w)
-
-    layers = jnp.arange(tails.shape[0], dtype=jnp.int32)
-    (x, cache, tails), (misses, selections) = jax.lax.scan(step, (x, store.cache, tails), (layers, stack))
-    return x, dataclasses.replace(store, cache=cache), tails, misses, selections
+        x = x + layers.mlp(w, x, config.norm_eps)
+    return x, tail, store, misses
 
 
 def _put_page(meta: jax.Array, new: jax.Array, index: jax.Array, write: jax.Array) -> jax.Array:
-    """meta[l, b, h, index[b, h]] = new[l, b, h] where write[b, h].
-
-    Args: meta [L, b, kvh, R, hd]; new [L, b, kvh, hd]; index [b, kvh] int32; write [b, kvh] bool.
-    """
-    R = meta.shape[3]
+    """meta[b, h, index[b, h]] = new[b, h] where write[b, h]; meta [b, kvh, R, hd], new [b, kvh, hd]."""
+    R = meta.shape[2]
     at = jnp.where(write, index, R)  # R is out of range: dropped
     put = lambda m, v, i: m.at[i].set(v, mode="drop")
-    return jax.vmap(jax.vmap(jax.vmap(put)), in_axes=(0, 0, None))(meta, new, at)
+    return jax.vmap(jax.vmap(put))(meta, new, at)
 
 
-def _seal(config: Config, state: State, store, dense_store, tails: jax.Array, trace):
-    """Seals the open pages this step filled (both stores) and records the sparse pages' key bounds."""
-    Ld = config.dense_layers
-    new_lengths = gqa.per_stream(state.lengths + 1, config.n_kv_heads)
-    sealing = new_lengths % config.page_size == 0
-    page_max, page_min = page_bounds(tails[Ld:, ..., : config.head_dim])  # [Ls, b, kvh, hd]
-    page_max = _put_page(state.page_max, page_max, store.sealed, sealing)
-    page_min = _put_page(state.page_min, page_min, store.sealed, sealing)
-    store = common.seal_full_pages(store, tails[Ld:], new_lengths)
-    if Ld:
-        dense_store = common.seal_full_pages(dense_store, tails[:Ld], new_lengths)
-    return State(store, dense_store, tails, page_max, page_min, state.lengths + 1, trace)
-
-
-def _decode(config: Config, weights: Weights, state: State, tokens: jax.Array):
-    """decode_step plus the selection of every sparse layer [L_sparse, b, kvh, k]."""
-    Ld, pos = config.dense_layers, state.lengths
-    trace = traces.advance(state.trace)
-    with jax.named_scope("embed"):
-        x = common.embed(weights.embed, tokens)
-    dense_store, tails = state.dense_store, state.tail
-    if Ld:
-        with jax.named_scope("dense_layers"):
-            select_all = lambda q, layer: common.dense_selection(dense_store.sealed, config.num_records)
-            x, dense_store, dense_tails, _, _ = _layer_loop(
-                config, dense_store, select_all, pos, x, tails[:Ld], weights.dense_layers
-            )
-
-    def select_pages(q, layer):
-        at = lambda a: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False)
-        return _select(config, state.store, q, at(state.page_max), at(state.page_min), trace, layer)
-
-    with jax.named_scope("sparse_layers"):
-        x, store, sparse_tails, misses, selections = _layer_loop(
-            config, state.store, select_pages, pos, x, tails[Ld:], weights.sparse_layers
-        )
-    logits = common.lm_head(weights, x, config.norm_eps)
-    with jax.named_scope("seal"):
-        tails = jnp.concatenate([dense_tails, sparse_tails], axis=0) if Ld else sparse_tails
-        state = _seal(config, state, store, dense_store, tails, trace)
-    return state, logits, misses, selections
-
-
-def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Array):
+def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Array,
+                forced: ForcedSelection | None = None):
     """One token per stream.
 
     Args:
       tokens: [b] int32, the token at position state.lengths.
+      forced: a trace's ids [L_sparse, b, kvh, k] for this step (benchmarks), or None.
     Returns:
-      (state, logits [b, V] float32, misses [L_sparse, b, kvh] int32: pages RESOLVE fetched
-      per sparse layer and KV head, zeros outside "hisparse").
+      (state, logits [b, V] float32, misses [L_sparse, b, kvh] int32: pages RESOLVE fetched per
+      sparse layer and KV head, zeros outside "hisparse").
     """
-    state, logits, misses, _ = _decode(config, weights, state, tokens)
+    c, Ld, pos = config, config.dense_layers, state.lengths
+    store, dense_store, tails = state.store, state.dense_store, list(state.tail)
+    with jax.named_scope("embed"):
+        x = layers.embed(weights.embed, tokens)
+    page_max, page_min = list(state.page_max), list(state.page_min)
+    sealing = gqa.per_stream(pos + 1, c.n_kv_heads) % c.page_size == 0
+    misses = []
+    for layer, w in enumerate(weights.layers):
+        if layer < Ld:
+            with jax.named_scope("dense_layer"):
+                x, tails[layer], dense_store, _ = _decode_layer(c, w, dense_store, lambda q, tail: None, pos, x,
+                                                                tails[layer], layer)
+            continue
+        s = layer - Ld
+
+        def select(q, tail, s=s):
+            # The bounds of a page this token fills are written before the scores read the
+            # buffer (ids >= sealed are never selected): the read then follows the in-place
+            # write, which XLA would otherwise order by copying the buffer.
+            top, bottom = page_bounds(tail[..., : c.head_dim])  # [b, kvh, hd]
+            page_max[s] = _put_page(page_max[s], top, store.sealed, sealing)
+            page_min[s] = _put_page(page_min[s], bottom, store.sealed, sealing)
+            scores = lambda: page_scores(q, page_max[s], page_min[s])
+            return paging.select(c, store, scores, forced, s)
+
+        with jax.named_scope("sparse_layer"):
+            x, tails[layer], store, m = _decode_layer(c, w, store, select, pos, x, tails[layer], s)
+        misses.append(m)
+    logits = layers.lm_head(weights, x, c.norm_eps)
+    with jax.named_scope("seal"):
+        new_lengths = gqa.per_stream(pos + 1, c.n_kv_heads)
+        misses = jnp.stack(misses)
+        store = paging.seal_full_pages(store, tails[Ld:], new_lengths, misses)
+        if Ld:
+            dense_store = paging.seal_full_pages(dense_store, tails[:Ld], new_lengths, misses)
+    state = State(store, dense_store, tuple(tails), tuple(page_max), tuple(page_min), pos + 1)
     return state, logits, misses
-
-
-def decode_step_with_selection(config: Config, weights: Weights, state: State, tokens: jax.Array):
-    """decode_step, plus the pages every sparse layer attended: [L_sparse, b, kvh, k] int32
-    ([L_sparse, b, kvh, max_context // P] in "dense" mode), for tests and trace collection."""
-    return _decode(config, weights, state, tokens)
 
 
 # --------------------------------------------------------------------------- prefill
 
 
-def _prefill_layer(config: Config, positions, chunk, x, w: LayerWeights):
+def _prefill_layer(config: Config, w: LayerWeights, positions, chunk, x):
     """One layer over the whole prompt: x [b, T, D] -> (x, records [b, T, kvh, 2hd])."""
-    h = common.rms_norm(x, w.attn_norm, config.norm_eps)
-    record = _kv_record(config, w, h, positions[None, :])
-    keys, values = record[..., : config.head_dim], record[..., config.head_dim :]
+    h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
+    q, record, _ = gqa.project(config, h, w.w_in, positions[None, :])  # q [b, T, kvh, G, hd]
+    keys, values = gqa.split(config)(record)
 
     def q_fn(q_pos):
-        h_chunk = jax.lax.dynamic_slice_in_dim(h, q_pos[0], chunk, axis=1)
-        return _query(config, w, h_chunk, q_pos[None, :])  # [b, C, kvh, G, hd]
+        return jax.lax.dynamic_slice_in_dim(q, q_pos[0], chunk, axis=1)  # [b, C, kvh, G, hd]
 
     with jax.named_scope("attention"):
-        heads = common.causal_attention(q_fn, keys, values, gqa.scale(config), chunk)  # [b, T, kvh, G, hd]
+        heads = layers.causal_attention(q_fn, keys, values, gqa.scale(config), chunk)  # [b, T, kvh, G, hd]
         x = x + gqa.attention_out(heads, w.w_o, config.dtype)
     with jax.named_scope("mlp"):
-        x = x + common.mlp(w, x, config.norm_eps)
+        x = x + layers.mlp(w, x, config.norm_eps)
     return x, record
-
-
-def _all_layers(weights: Weights) -> LayerWeights:
-    """Both stacks as one [n_layers] stack (prefill treats every layer alike: one scan body)."""
-    return jax.tree.map(lambda d, s: jnp.concatenate([d, s]), weights.dense_layers, weights.sparse_layers)
 
 
 def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, lengths: jax.Array):
@@ -440,22 +308,25 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
     Returns:
       (state, logits [b, V] float32 of each prompt's last token).
     """
-    Ld, hd = config.dense_layers, config.head_dim
-    x, lengths, positions, chunk, keep = common.embed_prompts(config, weights.embed, prompts, lengths)
-    layer = lambda x, w: _prefill_layer(config, positions, chunk, x, w)
-    x, records = jax.lax.scan(layer, x, _all_layers(weights))  # records [L, b, T, kvh, 2hd]
+    c, Ld, hd = config, config.dense_layers, config.head_dim
+    x, lengths, positions, chunk, keep = layers.embed_prompts(c, weights.embed, prompts, lengths)
+    records = []
+    for w in weights.layers:
+        x, record = _prefill_layer(c, w, positions, chunk, x)
+        records.append(jnp.swapaxes(record[:, :keep], 1, 2))  # [b, kvh, keep, 2hd]
     with jax.named_scope("write_sealed"):
-        records = jnp.swapaxes(records[:, :, :keep], 2, 3)
-        lengths_s = gqa.per_stream(lengths, config.n_kv_heads)
-        pages, count, tails = common.prefill_pages(records, lengths_s, config.page_size)
+        lengths_s = gqa.per_stream(lengths, c.n_kv_heads)
+        pages, count, tails = paging.prefill_pages(jnp.stack(records), lengths_s, c.page_size)
         store = kv_store.write_sealed(state.store, pages[Ld:], count)
-        dense_store = kv_store.write_sealed(state.dense_store, pages[:Ld], count) if Ld else state.dense_store
+        dense_store = kv_store.write_sealed(state.dense_store, pages[:Ld], count) if Ld else None
     with jax.named_scope("page_bounds"):
-        page_max, page_min = page_bounds(pages[Ld:, ..., :hd])  # [Ls, b, kvh, T/P, hd]
-        sealed = (jnp.arange(pages.shape[3]) < count[..., None])[None, ..., None]
-        put = lambda meta, new: jax.lax.dynamic_update_slice(
-            meta, jnp.where(sealed, new, jnp.zeros((), new.dtype)), (0, 0, 0, 0, 0)
-        )
-        page_max, page_min = put(state.page_max, page_max), put(state.page_min, page_min)
-    logits = common.lm_head(weights, common.last_token(x, lengths), config.norm_eps)
-    return State(store, dense_store, tails, page_max, page_min, lengths, state.trace), logits
+        sealed = (jnp.arange(pages.shape[3]) < count[..., None])[..., None]  # [b, kvh, T/P, 1]
+        page_max, page_min = [], []
+        for s in range(c.sparse_layers):
+            top, bottom = page_bounds(pages[Ld + s, ..., :hd])  # [b, kvh, T/P, hd]
+            put = lambda meta, new: jax.lax.dynamic_update_slice(
+                meta, jnp.where(sealed, new, jnp.zeros((), new.dtype)), (0, 0, 0, 0))
+            page_max.append(put(state.page_max[s], top))
+            page_min.append(put(state.page_min[s], bottom))
+    logits = layers.lm_head(weights, layers.last_token(x, lengths), c.norm_eps)
+    return State(store, dense_store, tuple(tails), tuple(page_max), tuple(page_min), lengths), logits

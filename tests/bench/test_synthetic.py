@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hisparse_jax import decode, traces
+from hisparse_jax import decode, layout, traces
 from hisparse_jax.bench import synthetic
 from hisparse_jax.models import get_family
 
@@ -39,40 +39,46 @@ def test_synthetic_states_hold_the_same_records_in_every_mode(name):
     hs = synthetic.synthetic_state(family, config, BATCH, "hisparse", CONTEXT, chunk_bytes=4096)
     dev = synthetic.synthetic_state(family, config, BATCH, "device", CONTEXT)
     assert hs.store.host_pool.sharding.memory_kind == "pinned_host"
-    pool = np.asarray(jax.device_get(hs.store.host_pool))
-    kv = np.asarray(dev.store.device_kv)
+    pool = np.asarray(jax.device_get(jax.device_put(hs.store.host_pool, hs.store.host_pool.sharding.with_memory_kind("device"))))
+    kv = np.stack([np.asarray(a) for a in dev.store.device_kv])
     np.testing.assert_array_equal(pool[..., :sealed, :, :], kv[..., :sealed, :, :])
     assert np.all(pool[..., :sealed, :, :] != 0)
     np.testing.assert_array_equal(np.asarray(hs.lengths), CONTEXT)
     np.testing.assert_array_equal(np.asarray(hs.store.sealed), sealed)
     np.testing.assert_array_equal(np.asarray(hs.store.cache.slot_record), -1)  # hot caches start empty
-    dev_leaves = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(dev)}
-    for path, a in jax.tree_util.tree_leaves_with_path(hs):
-        where = jax.tree_util.keystr(path)
-        if "store" not in where and jnp.issubdtype(a.dtype, jnp.floating):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(dev_leaves[where]), err_msg=where)
-            assert np.all(np.asarray(a) != 0), where
+    dev_leaves = {leaf.path: leaf.value for leaf in layout.leaves(dev)}
+    for leaf in layout.leaves(hs):
+        if not leaf.path.split(".")[0].endswith("store") and jnp.issubdtype(leaf.value.dtype, jnp.floating):
+            np.testing.assert_array_equal(np.asarray(leaf.value), np.asarray(dev_leaves[leaf.path]), err_msg=leaf.path)
+            assert np.all(np.asarray(leaf.value) != 0), leaf.path
+
+
+def _selections(family, config):
+    layers, streams, records = family.selecting_layout(config, BATCH)
+    trace = traces.TraceConfig.for_page_size(config.page_size)
+    return traces.selections(trace, layers, streams, records, config.top_k, jnp.full((BATCH,), CONTEXT, jnp.int32),
+                             STEPS, config.page_size)
 
 
 @functools.cache
-def _decode(name, mode, weights_seed=0):
+def _decode(name, mode, weights_seed=0, fetch=True):
     """Tokens, logits and misses of STEPS trace-steered steps from a synthetic state (cached)."""
     family, config = get_family(name), _config(name)
     weights = family.init_weights(config, weights_seed)
     state = synthetic.synthetic_state(family, config, BATCH, mode, CONTEXT)
-    state = synthetic.with_trace(family, config, state, traces.TraceConfig.for_page_size(config.page_size))
+    if not fetch:
+        state = synthetic.without_fetch(state)
     first = jnp.arange(BATCH, dtype=jnp.int32)
     tokens, logits, misses, state = decode.generate(family, config, weights, state, first, STEPS,
-                                                    return_logits=True)
-    assert int(state.trace.step) == STEPS
+                                                    return_logits=True, selections=_selections(family, config))
     assert state.store.mode != "hisparse" or state.store.host_pool.sharding.memory_kind == "pinned_host"
-    return np.asarray(tokens), np.asarray(logits), np.asarray(misses)
+    return np.asarray(tokens), np.asarray(logits), np.asarray(misses), state
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_trace_steered_decode_is_bitwise_equal_across_modes(name):
-    t_h, l_h, m_h = _decode(name, "hisparse")
-    t_d, l_d, _ = _decode(name, "device")
+    t_h, l_h, m_h, _ = _decode(name, "hisparse")
+    t_d, l_d, _, _ = _decode(name, "device")
     np.testing.assert_array_equal(t_h, t_d)
     np.testing.assert_array_equal(l_h, l_d)
     assert m_h.sum() > 0
@@ -80,22 +86,17 @@ def test_trace_steered_decode_is_bitwise_equal_across_modes(name):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_the_trace_not_the_indexer_decides_the_selection(name):
-    """At indexer_weight 0 other weights change the tokens, not the misses (the selection)."""
-    t_0, l_0, m_0 = _decode(name, "hisparse")
-    t_1, l_1, m_1 = _decode(name, "hisparse", weights_seed=1)
+    """Other weights change the tokens, not the misses (the selection)."""
+    _, l_0, m_0, _ = _decode(name, "hisparse")
+    _, l_1, m_1, _ = _decode(name, "hisparse", weights_seed=1)
     assert not np.array_equal(l_0, l_1)
     np.testing.assert_array_equal(m_0, m_1)
 
 
 def test_a_no_io_state_resolves_the_same_misses_without_copying():
-    _, _, m_h = _decode("dsa", "hisparse")
-    family, config = get_family("dsa"), _config("dsa")
-    quiet = synthetic.without_fetch(synthetic.with_trace(
-        family, config, synthetic.synthetic_state(family, config, BATCH, "hisparse", CONTEXT),
-        traces.TraceConfig()))
-    weights = family.init_weights(config, 0)
-    _, _, m_q, quiet = decode.generate(family, config, weights, quiet, jnp.arange(BATCH, dtype=jnp.int32), STEPS)
-    np.testing.assert_array_equal(np.asarray(m_q), m_h)  # the selection follows the trace, not the tokens
+    _, _, m_h, _ = _decode("dsa", "hisparse")
+    _, _, m_q, quiet = _decode("dsa", "hisparse", fetch=False)
+    np.testing.assert_array_equal(m_q, m_h)  # the selection follows the trace, not the tokens
     assert quiet.store.fetch is False
     np.testing.assert_array_equal(np.asarray(quiet.store.cache.hot), 0)  # nothing was copied in
 
@@ -112,8 +113,8 @@ def test_an_unknown_integer_array_is_an_error_not_a_guess():
 
     def init_state(config, batch, mode, sharding=None):
         state = real_init(config, batch, mode)
-        return dataclasses.replace(state, index_keys=jnp.zeros((2, 2), jnp.int32))
+        return dataclasses.replace(state, index_keys=(jnp.zeros((2, 2), jnp.int32),))
 
     fake = type("fake_family", (), {"init_state": staticmethod(init_state)})
-    with pytest.raises(ValueError, match=r"no fill rule for the integer array \.index_keys"):
+    with pytest.raises(ValueError, match=r"no fill rule for the integer array index_keys\[0\]"):
         synthetic.synthetic_state(fake, config, 1, "device", 10)

@@ -1,14 +1,15 @@
-"""The compiled decode program, not just its values (STYLE.md principle 5).
+"""The compiled decode program of every family, not just its values.
 
-- one RESOLVE per sparse layer per step and one pool write per step, inside
-  the scans (counted in the jaxpr, weighted by scan lengths);
-- the host pool enters and leaves the program in pinned_host memory (S(5)),
-  reaches the RESOLVE custom calls without a copy, and is never copied;
-- a second generate call with equal shapes neither traces nor compiles;
-- the state is donated.
-The shapes match the session runs of conftest.py, so lowering reuses their compilation.
-(conftest.py sets jax_disable_most_optimizations once for the whole process: jit's cache is
-not keyed on it, so it must never flip between compilations.)
+- one RESOLVE per sparse layer per step and one pool write per step (counted in the jaxpr,
+  weighted by scan lengths);
+- the host pool enters and leaves the program in pinned_host memory (S(5)), reaches the RESOLVE
+  custom calls without a copy, and is never copied;
+- no weight-, key- or KV-sized array is copied, sliced or padded in the step: every layer reads
+  its weights, index keys and KV buffers in place;
+- a second generate call with equal shapes neither traces nor compiles, and the state is donated.
+The shapes match the session runs of test_families.py, so lowering reuses their compilation.
+(conftest.py sets jax_disable_most_optimizations once for the whole process: jit's cache is not
+keyed on it, so it must never flip between compilations.)
 """
 
 from __future__ import annotations
@@ -21,19 +22,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax._src import dispatch
+from model_helpers import STEPS
 
-from hisparse_jax import _targets, decode
-from hisparse_jax.models import dsa
-
-STEPS = 64
-BATCH = 3
+from hisparse_jax import _targets, decode, layout
 
 
-def _traced(config, weights, mode="hisparse"):
-    state = dsa.init_state(config, BATCH, mode)
-    return decode.trace_generate("dsa", config, weights(config), state, jnp.zeros((BATCH,), jnp.int32), STEPS,
-                                 return_logits=True)
-
+def _traced(case, config, mode="hisparse"):
+    batch = len(case.lengths)
+    state = case.module.init_state(config, batch, mode)
+    return decode.trace_generate(case.family, config, case.weights(config), state, jnp.zeros((batch,), jnp.int32),
+                                 STEPS, return_logits=True)
 
 def _sub_jaxprs(eqn):
     for value in eqn.params.values():
@@ -64,21 +62,20 @@ def needs_ffi(ffi_backend):
         pytest.skip(f"no RESOLVE FFI handler on {jax.default_backend()}: resolve runs the JAX reference")
 
 
-@pytest.mark.parametrize("overrides", [dict(), dict(n_layers=4, index_share=2)], ids=["per-layer", "shared"])
-def test_one_resolve_per_sparse_layer_per_step(needs_ffi, make_config, weights, overrides):
-    config = make_config(**overrides)
-    calls = ffi_calls(_traced(config, weights).jaxpr.jaxpr)
+def test_one_resolve_per_sparse_layer_per_step(needs_ffi, case):
+    config = case.config()
+    calls = ffi_calls(_traced(case, config).jaxpr.jaxpr)
     resolves = [c for c in calls if c[0] == _targets.RESOLVE]
     writes = [c for c in calls if c[0] == _targets.POOL_WRITE]
-    assert len(resolves) == 1, "one RESOLVE call site, in the layer loop body"
-    assert sum(trips for _, trips, _ in resolves) == STEPS * config.n_layers
-    assert resolves[0][2] == 3, "RESOLVE sits in step scan > group scan > layer scan"
+    layers = config.cache_config(1).num_layers
+    assert len(resolves) == layers, "one RESOLVE call site per sparse layer (the layers are unrolled)"
+    assert all(trips == STEPS and scans == 1 for _, trips, scans in resolves), "each runs once per step"
     assert len(writes) == 1 and writes[0][1] == STEPS, "one pool write (the sealed page) per step"
 
 
-def test_no_resolve_or_pool_outside_hisparse(make_config, weights):
-    calls = ffi_calls(_traced(make_config(), weights, "device").jaxpr.jaxpr)
-    assert calls == []
+def test_no_resolve_or_pool_outside_hisparse(case):
+    calls = ffi_calls(_traced(case, case.config(), "device").jaxpr.jaxpr)
+    assert not [c for c in calls if c[0] in (_targets.RESOLVE, _targets.POOL_WRITE)]
 
 
 _DEFINITION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
@@ -109,15 +106,20 @@ def _instructions(hlo_text):
     return out
 
 
+def _hlo_shape(shape, dtype) -> str:
+    name = {"float32": "f32", "bfloat16": "bf16", "float8_e4m3fn": "f8e4m3fn", "int32": "s32"}[np.dtype(dtype).name]
+    return f"{name}[{','.join(map(str, shape))}]"
+
+
 def _pool_shape(config) -> str:
-    c = config.cache_config(BATCH)
+    c = config.cache_config(3)
     dtype = {"float32": "f32", "bfloat16": "bf16"}[c.dtype.name]
     return f"{dtype}[{','.join(map(str, c.pool_shape))}]"
 
 
-def test_host_pool_stays_pinned_and_is_never_copied(needs_ffi, make_config, weights):
-    config = make_config()
-    hlo = _traced(config, weights).lower().compile().as_text()
+def test_host_pool_stays_pinned_and_is_never_copied(needs_ffi, case):
+    config = case.config()
+    hlo = _traced(case, config).lower().compile().as_text()
     pool = _pool_shape(config)
     entry = re.search(r"entry_computation_layout=\{\((.*)\)->(.*)\}", hlo)
     assert entry, "no entry_computation_layout in the compiled HLO"
@@ -160,20 +162,112 @@ def _count_events(function_name):
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
-def test_second_generate_reuses_the_program_and_donates(make_config, weights, prompts):
-    config = make_config()
-    w = weights(config)
-    state = dsa.init_state(config, BATCH, "hisparse")
-    state, logits = decode.prefill("dsa", config, w, state, *prompts)
+def test_second_generate_reuses_the_program_and_donates(case):
+    config = case.config()
+    w = case.weights(config)
+    tokens, lengths = case.prompts()
+    lengths = np.minimum(lengths, config.max_context - 2 * STEPS)  # room for two calls
+    state = case.module.init_state(config, len(case.lengths), "hisparse")
+    state, logits = decode.prefill(case.family, config, w, state, jnp.asarray(tokens), jnp.asarray(lengths))
     first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    tokens, _, _, state = decode.generate("dsa", config, w, state, first, STEPS, return_logits=True)
+    out, _, _, state = decode.generate(case.family, config, w, state, first, STEPS, return_logits=True)
     donated, programs = state, decode._generate_jit._cache_size()
     with _count_events(decode._generate_program.__name__) as counts:
-        tokens, _, _, state = decode.generate("dsa", config, w, state, tokens[-1], STEPS, return_logits=True)
-        jax.block_until_ready(tokens)
+        out, _, _, state = decode.generate(case.family, config, w, state, out[-1], STEPS, return_logits=True)
+        jax.block_until_ready(out)
     assert counts[dispatch.JAXPR_TRACE_EVENT] == 0, "generate was traced again"
     assert counts[dispatch.BACKEND_COMPILE_EVENT] == 0, "generate was compiled again"
     assert decode._generate_jit._cache_size() == programs
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(donated)), "the state was not donated"
     assert state.store.host_pool.sharding.memory_kind == "pinned_host"
-    np.testing.assert_array_equal(np.asarray(state.lengths), np.array([37, 20, 5]) + 2 * STEPS)
+    np.testing.assert_array_equal(np.asarray(state.lengths), lengths + 2 * STEPS)
+
+
+# --------------------------------------------------------------------------- in-place reads
+
+
+def _big_shapes(case, config, mode):
+    """HLO shapes of every weight matrix, every per-layer state buffer and the device KV: arrays a
+    step must read in place (a copy of one of them is a copy of weights, keys or KV)."""
+    batch = len(case.lengths)
+    state = jax.eval_shape(lambda: case.module.init_state(config, batch, mode))
+    shapes = {_hlo_shape(leaf.value.shape, leaf.value.dtype) for leaf in layout.leaves(state)
+              if leaf.layout.category not in (layout.COUNTERS, layout.OPEN_PAGE) and leaf.layout.memory == layout.DEVICE
+              and not leaf.path.startswith("store.cache")}
+    weights = jax.eval_shape(lambda: case.weights(config))
+    shapes |= {_hlo_shape(w.shape, w.dtype) for w in jax.tree.leaves(weights) if len(w.shape) >= 2}
+    return shapes
+
+
+def _fully_optimized(lowered) -> str:
+    """Compiled HLO text with the optimizations conftest.py turns off for speed. An AOT compile
+    (lower().compile()) never enters jit's dispatch cache, so flipping the flag around it cannot
+    leak a program into the cached runs."""
+    was = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        return lowered.compile().as_text()
+    finally:
+        jax.config.update("jax_disable_most_optimizations", was)
+
+
+# Opcodes that may produce a big array: passing it through, or updating it in place.
+_IN_PLACE = {"parameter", "get-tuple-element", "tuple", "bitcast", "while", "opt-barrier", "custom-call",
+             "dynamic-update-slice", "scatter", "call", "conditional"}
+
+
+def _computations(hlo):
+    """computation name -> its instruction lines."""
+    bodies, current = {}, None
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+        if head and not line.startswith(" "):
+            current = head.group(1)
+            bodies[current] = []
+        elif current is not None and line.strip() and line.strip() != "}":
+            bodies[current].append(line)
+    return bodies
+
+
+def _materialized(hlo):
+    """(name, shape, opcode, fusion root opcode) of every instruction that gets a buffer: those of
+    every computation but the bodies of fusions (what a fusion computes inside stays in registers)."""
+    bodies = _computations(hlo)
+    fused = set(re.findall(r" fusion\(.*?calls=%?([\w.\-]+)", hlo))
+    roots = {}
+    for name, lines in bodies.items():
+        for line in lines:
+            root = re.match(r"^\s*ROOT %?[\w.\-]+ = (.*)$", line)
+            if root:
+                roots[name] = _split_shape(root.group(1))[1]
+    out = []
+    for name, lines in bodies.items():
+        if name in fused:
+            continue
+        for line in lines:
+            m = _DEFINITION.match(line)
+            if not m:
+                continue
+            shape, opcode, rest = _split_shape(m.group(2))
+            called = re.search(r"calls=%?([\w.\-]+)", rest)
+            out.append((m.group(1), shape, opcode, roots.get(called.group(1)) if called else None))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["hisparse", "device", "dense"])
+def test_no_weight_key_or_kv_sized_copy(case, mode):
+    # 32 records of 16 tokens for Quest and NSA: no small buffer (an open page, a window) then has
+    # the shape of a record-indexed one (page bounds, KV), and a copy of one cannot hide as the other.
+    config = case.config(max_context=512)
+    # At full optimization (the session's runs compile with most optimizations off, which leaves
+    # every elementwise op unfused and materialized): this is the program a user runs.
+    hlo = _fully_optimized(_traced(case, config, mode).lower())
+    big = _big_shapes(case, config, mode)
+    bad = []
+    for name, shape, opcode, root in _materialized(hlo):
+        if shape.split("{")[0] not in big or opcode in _IN_PLACE:
+            continue
+        if opcode == "fusion" and root in ("dynamic-update-slice", "scatter"):
+            continue  # an in-place update fusion
+        bad.append(f"{name} = {shape} {opcode} (root {root})")
+    assert not bad, "weight-, key- or KV-sized arrays produced in the step:\n" + "\n".join(bad[:20])

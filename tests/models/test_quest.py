@@ -1,113 +1,66 @@
-"""Quest model: every decode mode gives the same bits, decode agrees with prefill, page bounds,
-the indexer formula, config errors.
-
-End-to-end runs (prefill of 3 ragged prompts, 64 greedy steps) are cached per (config, mode):
-compiling is what costs time on CPU, so each program is built once and shared by the tests.
+"""Quest only: page bounds, the indexer's upper bound, dense layers attending in place, Quest's own
+config rules. What every family does is in test_families.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from model_helpers import Run, assert_bitwise_equal, decode_run, make_prompts, weights_for
+from model_helpers import CASES, STEPS
 
-from hisparse_jax import decode
-from hisparse_jax.models import get_family, quest
+from hisparse_jax.bench.capacity import account
+from hisparse_jax.models import gqa, layers, paging, quest
 
-STEPS = 64
-LENGTHS = (170, 101, 37)  # ragged: 10, 6 and 2 sealed pages of 16 plus an open page each
-T = 240  # prompt buffer: room for a prompt plus every generated token (decode-vs-prefill test)
-K = 4
-
-
-def config(**overrides) -> quest.Config:
-    """Tiny Quest (2 dense + 2 sparse layers, 16 pages of 16), k = 4, B = 6: LRU evicts every step."""
-    return quest.Config.tiny(**{"top_k": K, "hot_slots": K + 2, **overrides})
-
-
-def prompts():
-    return make_prompts(0, LENGTHS, T)
-
-
-def weights():
-    # Weight shapes do not depend on top_k / hot_slots: one set serves every config here.
-    return weights_for("quest", config())
-
-
-def run(cfg: quest.Config, mode: str):
-    """Prefill the shared prompts and decode STEPS greedy tokens (cached per config and mode)."""
-    return decode_run("quest", cfg, mode, STEPS, LENGTHS, T)
-
-
-def device_baseline() -> Run:
-    # "device" mode has no hot buffer and never reads hot_slots, so this run is the baseline of
-    # every hot_slots value (one compile instead of one per B).
-    return run(config(), "device")
-
-
-# --------------------------------------------------------------------------- modes agree bit for bit
-
-
-@pytest.mark.parametrize("hot_slots", [K + 2, K], ids=["B=k+2", "B=k"])
-def test_hisparse_matches_device_while_evicting(hot_slots):
-    cfg = config(hot_slots=hot_slots)
-    hisparse, device = run(cfg, "hisparse"), device_baseline()
-    assert_bitwise_equal(hisparse, device)
-    assert hisparse.misses.shape == (STEPS, cfg.sparse_layers, len(LENGTHS), cfg.n_kv_heads)
-    per_step = hisparse.misses.sum(axis=(1, 2, 3))
-    assert (per_step > 0).mean() >= 0.9, f"misses per step: {per_step}"
-    assert (hisparse.misses <= K).all()
-    assert not device.misses.any()
-    assert hisparse.state.store.host_pool.sharding.memory_kind == "pinned_host"
-    np.testing.assert_array_equal(hisparse.state.lengths, np.asarray(LENGTHS) + STEPS)
-
-
-def test_dense_equals_sparse_when_top_k_covers_every_page():
-    every_page = config(top_k=16, hot_slots=16)  # max_context 256 = 16 pages
-    assert_bitwise_equal(run(every_page, "device"), run(config(), "dense"))
-    # ... and the sparse selection at k = 4 does change the output.
-    assert not np.array_equal(run(config(), "device").logits, run(config(), "dense").logits)
-
-
-# --------------------------------------------------------------------------- decode follows prefill
-
-
-def test_decode_matches_prefill_of_the_same_tokens():
-    """Dense-mode decode at position p == dense prefill of the first p + 1 tokens (float tolerance).
-
-    Checks the paging (tail, sealing, page order, both stores) against plain causal attention.
-    """
-    cfg, dense = config(), run(config(), "dense")
-    tokens, lengths = prompts()
-    sequence = tokens.copy()
-    fed = np.concatenate([dense.prefill_logits.argmax(-1)[None], dense.tokens[:-1]])  # [STEPS, b]
-    for i, n in enumerate(lengths):
-        sequence[i, n : n + STEPS] = fed[:, i]
-    for step in (0, 1, 14, 15, 16, 40, STEPS - 1):  # around page boundaries of the ragged rows
-        state = quest.init_state(cfg, len(LENGTHS), "dense")
-        _, logits = decode.prefill("quest", cfg, weights(), state, sequence, lengths + step + 1)
-        np.testing.assert_allclose(np.asarray(logits), dense.logits[step], rtol=2e-4, atol=2e-4)
-
-
-# --------------------------------------------------------------------------- state
+CASE = CASES["quest"]
 
 
 def test_page_bounds_are_the_key_max_and_min_of_each_sealed_page():
-    cfg, device = config(), device_baseline()
-    state = device.state
-    pages = np.asarray(state.store.device_kv)[..., : cfg.head_dim]  # [Ls, b, kvh, R, P, hd]
+    config, state = CASE.config(), CASE.device_baseline().state
+    pages = np.stack([np.asarray(a) for a in state.store.device_kv])[..., : config.head_dim]  # [Ls, b, kvh, R, P, hd]
     sealed = np.asarray(state.store.sealed)  # [b, kvh]
-    want_sealed = (np.asarray(LENGTHS) + STEPS) // cfg.page_size
+    want_sealed = (np.asarray(CASE.lengths) + STEPS) // config.page_size
     np.testing.assert_array_equal(sealed, np.broadcast_to(want_sealed[:, None], sealed.shape))
     held = np.arange(pages.shape[3]) < sealed[..., None]  # [b, kvh, R]
     for got, want in ((state.page_max, pages.max(-2)), (state.page_min, pages.min(-2))):
-        np.testing.assert_array_equal(np.asarray(got)[:, held], want[:, held])
+        got = np.stack([np.asarray(a) for a in got])
+        np.testing.assert_array_equal(got[:, held], want[:, held])
     # Dense layers keep every page on device in every mode, sealed in step with the sparse ones.
     np.testing.assert_array_equal(np.asarray(state.dense_store.sealed), sealed)
-    hisparse = run(config(), "hisparse").state
-    assert hisparse.dense_store.mode == "device" and hisparse.dense_store.host_pool is None
-    np.testing.assert_array_equal(np.asarray(hisparse.dense_store.device_kv), np.asarray(state.dense_store.device_kv))
+    hisparse = CASE.run(config, "hisparse").state
+    assert hisparse.dense_store.mode == "dense" and hisparse.dense_store.host_pool is None
+    for a, b in zip(hisparse.dense_store.device_kv, state.dense_store.device_kv):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_dense_layers_attend_in_place_with_the_bits_of_a_gather():
+    """A dense layer reads its whole KV buffer in place; gathering every sealed page first (what
+    the dense layers did before) gives the same bits."""
+    config, state = CASE.config(), CASE.device_baseline().state
+    store, tail = state.dense_store, state.tail[0]
+    pos = jnp.broadcast_to(state.lengths[:, None] - 1, store.sealed.shape)
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((*store.sealed.shape, config.group_size, config.head_dim)), jnp.float32)
+    split = gqa.split(config)
+    in_place, _, _ = paging.selected_parts(store, 0, None, tail, pos, split)
+    R = store.device_kv[0].shape[2]
+    every = jnp.where(jnp.arange(R) < store.sealed[..., None], jnp.arange(R, dtype=jnp.int32), -1)
+    device = dataclasses.replace(store, mode="device")
+    located, device = paging.locate(device, 0, every)
+    gathered, _, _ = paging.selected_parts(device, 0, located, tail, pos, split)
+    assert in_place[0].keys.shape == gathered[0].keys.shape
+    a = np.asarray(layers.attend(q, in_place, gqa.scale(config)))
+    b = np.asarray(layers.attend(q, gathered, gqa.scale(config)))
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_dense_layer_kv_counts_as_kv_in_the_byte_account():
+    arrays = account(quest, quest.Config.realistic(), 1, "hisparse").arrays
+    assert arrays["dense_store.device_kv[0]"][:2] == ("device", "kv records")
+    assert arrays["page_max[0]"][1] == arrays["page_min[0]"][1] == "indexer metadata"
+    assert arrays["store.host_pool"][:2] == ("host", "kv records")
 
 
 def test_page_scores_are_quests_upper_bound():
@@ -124,35 +77,13 @@ def test_page_scores_are_quests_upper_bound():
     assert (dots.max(-1) <= np.asarray(got) + 1e-5).all()
 
 
-def test_family_is_registered():
-    assert get_family("quest") is quest
-
-
-def test_device_bytes_account_for_what_stays_on_device():
-    cfg = quest.Config.realistic()
-    hisparse, device = cfg.device_bytes(8, "hisparse"), cfg.device_bytes(8, "device")
-    assert hisparse["dense_kv"] == device["dense_kv"] > 0  # dense layers stay in HBM in every mode
-    assert hisparse["page_minmax"] == device["page_minmax"] > 0
-    assert hisparse["sparse_kv"] < device["sparse_kv"]
-    assert hisparse["total"] == sum(v for k, v in hisparse.items() if k != "total")
-
-
-# --------------------------------------------------------------------------- config errors
-
-
 @pytest.mark.parametrize(
     "overrides, field",
     [
-        (dict(top_k=9, hot_slots=8), "top_k"),  # k > B
         (dict(top_k=17, hot_slots=17), "top_k"),  # more pages than the context holds
-        (dict(pool_records=8), "max_context"),  # context beyond the pool
-        (dict(max_context=250), "page_size"),  # page size not dividing the context
         (dict(n_kv_heads=3), "n_kv_heads"),
         (dict(dense_layers=4), "dense_layers"),
         (dict(head_dim=15), "head_dim"),
-        (dict(prefill_chunk=24), "prefill_chunk"),
-        (dict(dtype="float16"), "dtype"),
-        (dict(hot_slots=0), "hot_slots"),
     ],
 )
 def test_bad_config_names_the_field(overrides, field):

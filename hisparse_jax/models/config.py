@@ -1,0 +1,169 @@
+"""The configuration every model family shares: one base dataclass, its checks and presets.
+
+A family's Config subclasses `ModelConfig` (frozen, keyword-only, hashable: a static jit
+argument), adds its own fields, lists its positive-int fields in `POSITIVE`, its presets in
+`PRESETS`, and checks its own rules in `check()`. Every error names the field
+(`Config.top_k: ...`) and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Mapping
+
+import jax.numpy as jnp
+import numpy as np
+
+from .._ffi import IMPLEMENTATIONS
+from ..config import CacheConfig
+
+
+def field_error(config: Any, field: str, message: str) -> ValueError:
+    return ValueError(f"{type(config).__name__}.{field}: {message}")
+
+
+def require(ok: bool, config: Any, field: str, message: str) -> None:
+    """Raises a ValueError naming `Config.field` unless `ok`."""
+    if not ok:
+        raise field_error(config, field, message)
+
+
+def is_positive_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Fields and checks every family shares.
+
+    Attributes:
+      vocab, d_model, num_layers, d_ff: transformer sizes (SwiGLU MLP).
+      top_k: k records selected per stream and step; hot_slots: B >= k slots per stream.
+      max_context: tokens per stream; page_size: tokens per record.
+      pool_records: records per stream in the store (None: max_context // page_size).
+      prefill_chunk: queries per block of the dense prefill attention (a multiple of page_size).
+      rope_theta, norm_eps: rotary base and normalization epsilon.
+      dtype: weights, activations and records (float32 or bfloat16).
+      implementation: the kernels RESOLVE and top-k run: "ffi" (C++ on CPU, CUDA on GPU),
+        "reference" (pure JAX) or "auto" (the handler when one is registered). Both give the
+        same bits in every implementation.
+    """
+
+    vocab: int
+    d_model: int
+    num_layers: int
+    d_ff: int
+    top_k: int
+    hot_slots: int
+    max_context: int
+    page_size: int = 1
+    pool_records: int | None = None
+    prefill_chunk: int = 128
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    dtype: Any = "float32"
+    implementation: str = "auto"
+
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    POSITIVE: ClassVar[tuple[str, ...]] = ()  # the family's own positive-int fields
+    RECORD_FIELD: ClassVar[str] = "record_width"  # the field to adjust when a record's bytes are off
+    RECORD_SHAPE: ClassVar[str] = "page_size x record_width"
+
+    def __post_init__(self):
+        try:
+            object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        except TypeError as err:
+            raise field_error(self, "dtype", f"not a dtype: {self.dtype!r}") from err
+        require(self.dtype in (np.dtype(np.float32), np.dtype(jnp.bfloat16)), self, "dtype",
+                f"must be float32 or bfloat16, got {self.dtype}")
+        for name in ("vocab", "d_model", "num_layers", "d_ff", *self.POSITIVE, "prefill_chunk", "top_k",
+                     "hot_slots", "max_context", "page_size"):
+            value = getattr(self, name)
+            require(is_positive_int(value), self, name, f"must be a positive int, got {value!r}")
+        if self.pool_records is not None:
+            require(is_positive_int(self.pool_records), self, "pool_records",
+                    f"must be a positive int or None, got {self.pool_records!r}")
+        require(self.implementation in IMPLEMENTATIONS, self, "implementation",
+                f"must be one of {IMPLEMENTATIONS}, got {self.implementation!r}")
+        self.check()
+        self._check_paging()
+
+    def _check_paging(self) -> None:
+        P, T, k, B = self.page_size, self.max_context, self.top_k, self.hot_slots
+        require(T % P == 0, self, "page_size", f"page_size={P} must divide max_context={T}: a stream holds whole pages")
+        require(self.prefill_chunk % P == 0, self, "prefill_chunk",
+                f"prefill_chunk={self.prefill_chunk} must be a multiple of page_size={P}")
+        R, needed = self.store_records, self.num_records
+        require(R >= needed, self, "max_context",
+                f"max_context={T} tokens is {needed} pages of {P}, beyond the pool of pool_records={R} "
+                "records; raise pool_records or lower max_context")
+        require(k <= B, self, "top_k",
+                f"top_k k={k} > hot_slots B={B}: every selected record needs a hot slot; raise hot_slots "
+                "or lower top_k")
+        require(k <= needed, self, "top_k",
+                f"top_k k={k} exceeds the {needed} pages of max_context={T}; use top_k <= {needed} "
+                f"(top_k == {needed} selects every sealed page)")
+        require(self.record_bytes % 8 == 0, self, self.RECORD_FIELD,
+                f"a record is {self.record_bytes} bytes ({self.RECORD_SHAPE} x itemsize); it must be a "
+                f"multiple of 8: adjust {self.RECORD_FIELD}")
+        try:  # the store's own limits (int32 ids, the CUDA kernel's B and k), at construction
+            self.store_config(1, (1,))
+        except ValueError as err:
+            raise ValueError(f"{type(self).__name__}: {err}") from None
+
+    def check(self) -> None:
+        """The family's own rules (override; call require)."""
+
+    # ------------------------------------------------------------------ derived sizes
+
+    @property
+    def record_width(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def record_bytes(self) -> int:
+        """Bytes of one record: page_size x record_width x itemsize."""
+        return self.page_size * self.record_width * self.dtype.itemsize
+
+    @property
+    def num_records(self) -> int:
+        """Records (pages) a stream can seal: max_context // page_size."""
+        return self.max_context // self.page_size
+
+    @property
+    def store_records(self) -> int:
+        """R: records per stream in the store (pool_records, default max_context // page_size)."""
+        return self.pool_records if self.pool_records is not None else self.num_records
+
+    def store_config(self, num_layers: int, stream_shape: tuple[int, ...]) -> CacheConfig:
+        """The CacheConfig of a store of `num_layers` layers over streams of `stream_shape`."""
+        return CacheConfig(
+            num_layers=num_layers, stream_shape=stream_shape, pool_records=self.store_records,
+            hot_slots=self.hot_slots, top_k=self.top_k, record_width=self.record_width,
+            page_size=self.page_size, dtype=self.dtype,
+        )
+
+    # ------------------------------------------------------------------ presets
+
+    @classmethod
+    def preset(cls, name: str, **overrides):
+        """cls(**PRESETS[name], **overrides), with errors naming the unknown preset or field."""
+        if name not in cls.PRESETS:
+            raise ValueError(f"{cls.__name__}: unknown preset {name!r}; presets: {', '.join(cls.PRESETS)}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ValueError(
+                f"{cls.__name__}: unknown field(s) {', '.join(unknown)}; fields: {', '.join(sorted(fields))}"
+            )
+        return cls(**{**cls.PRESETS[name], **overrides})
+
+    @classmethod
+    def tiny(cls, **overrides):
+        """CPU-test shapes (PRESETS["tiny"]): a decode compiles and runs in seconds."""
+        return cls.preset("tiny", **overrides)
+
+    @classmethod
+    def realistic(cls, **overrides):
+        """GPU benchmark shapes (PRESETS["realistic"])."""
+        return cls.preset("realistic", **overrides)
