@@ -18,9 +18,12 @@ class Progress:
         self._draw("starting")
         return self
 
-    def advance(self, what: str = "") -> None:
+    def advance(self, what: str = "", log: bool = True) -> None:
+        """One more step done; log=False keeps it out of a log (no terminal: one line per
+        logged step), a terminal's line still shows it."""
         self.done += 1
-        self._draw(what)
+        if log or self.enabled:
+            self._draw(what)
 
     def _draw(self, what: str) -> None:
         elapsed = time.perf_counter() - self.start

@@ -4,16 +4,26 @@ The state holds `context` tokens per stream, from the family's own dense
 prefill of random prompts ("prefill") or from a synthetic fill
 ("synthetic", hisparse_jax.bench.synthetic: no O(T^2) prefill, for long
 contexts). A TraceConfig makes the selection follow the calibrated synthetic
-trace (hisparse_jax.traces) instead of the indexer on random weights.
+trace (hisparse_jax.traces, docs/traces.md) instead of the indexer on random
+weights: the ids of every step a run will decode are generated once, before
+anything is timed (`traces.selections`), kept in host memory, and each call gets
+its next `steps` of them on device before its clock starts. The model still runs
+its indexer and top-k; only their ids are replaced.
 
 The decode is `hisparse_jax.decode.generate` (one jitted lax.scan over
-`steps`, state donated). The first generate call compiles and warms the hot
-caches; it is not timed. The median of `reps` further calls is.
+`steps`, state donated). `start_run` builds the state and makes the first
+generate call, which compiles and warms the hot caches; it is not timed.
+`time_in_turns` then times `reps` further calls of each run, one call of
+every run per round: on a shared or throttling machine a change in load then
+hits every run of a comparison alike instead of whichever ran at that moment.
+Each timed call gives one sample, its wall time divided by `steps`; a
+DecodeTiming keeps all of them (min / median / max).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from types import ModuleType
 
@@ -22,40 +32,79 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import decode, traces
-from .synthetic import synthetic_state, with_trace, without_fetch
+from . import profile
+from .synthetic import synthetic_state, without_fetch
 
 FILLS = ("prefill", "synthetic")
-
 
 @dataclasses.dataclass(frozen=True)
 class DecodeTiming:
     """One measured decode run.
 
     Attributes:
-      step_seconds: median wall time of one decode step over all streams (TPOT).
-      tokens_per_second: batch / step_seconds.
-      misses_per_step: mean records fetched from the host pool per step (all
-        layers and streams) over the timed calls; 0 outside "hisparse".
+      step_seconds_all: per timed call, its wall time / steps (seconds per decode step over
+        all streams), in call order.
+      misses_per_step: mean records fetched from the host pool per step (all layers and
+        streams) over the timed calls; 0 outside "hisparse".
       selected_per_step: records selected per step (all layers and streams).
       fetch: False for a no-IO run (RESOLVE without the record copy).
-      tokens: [steps, batch] tokens of the last timed call (for equality checks).
+      tokens: [steps, batch] int32 tokens of the last timed call (for equality checks).
     """
 
     mode: str
     batch: int
     context: int
     steps: int
-    step_seconds: float
     step_seconds_all: tuple[float, ...]
-    tokens_per_second: float
     misses_per_step: float
     selected_per_step: float
     fetch: bool
     tokens: np.ndarray
 
+    @property
+    def step_seconds(self) -> float:
+        """Median seconds per step (TPOT)."""
+        return float(np.median(self.step_seconds_all))
+
+    @property
+    def step_seconds_min(self) -> float:
+        return min(self.step_seconds_all)
+
+    @property
+    def step_seconds_max(self) -> float:
+        return max(self.step_seconds_all)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """batch / median step seconds."""
+        return self.batch / self.step_seconds
+
+
+@dataclasses.dataclass
+class DecodeRun:
+    """One state being decoded: its model, its state (donated and replaced at every call),
+    the tokens of its last call ([steps, batch] int32; the next call starts from the last row;
+    [batch] first tokens before any call), how it selects (a trace's ids for every step it will
+    decode, [total steps, layers, *streams, k] in host memory, and the next step's index;
+    skip_indexer) and the samples of its timed calls so far."""
+
+    family: ModuleType
+    config: object
+    weights: object
+    context: int
+    steps: int
+    state: object
+    last_tokens: jax.Array
+    trace_ids: np.ndarray | None = None
+    trace_step: int = 0
+    skip_indexer: bool = False
+    misses_shape: tuple[int, ...] = ()
+    step_seconds: list[float] = dataclasses.field(default_factory=list)
+    fetched_per_step: list[float] = dataclasses.field(default_factory=list)
+
 
 def initial_state(family: ModuleType, config, weights, mode: str, batch: int, context: int, *,
-                  fill: str = "prefill", trace: traces.TraceConfig | None = None, seed: int = 0):
+                  fill: str = "prefill", seed: int = 0):
     """(state holding `context` tokens per stream, first tokens [batch] int32) to decode from."""
     if fill not in FILLS:
         raise ValueError(f"fill must be one of {FILLS}, got {fill!r}")
@@ -69,70 +118,130 @@ def initial_state(family: ModuleType, config, weights, mode: str, batch: int, co
     else:
         state = synthetic_state(family, config, batch, mode, context, seed=seed)
         first = jnp.asarray(rng.integers(0, config.vocab, (batch,)), jnp.int32)
-    if trace is not None:
-        state = with_trace(family, config, state, trace, seed=seed)
     return state, first
 
 
-def tokens_needed(context: int, steps: int, reps: int, no_io: bool = False) -> int:
-    """Tokens a stream holds by the end of decode_timings: the context, then every decode call
-    (warm-up and timed; twice with no_io). Config.max_context must exceed it."""
-    return context + steps * (reps + 1) * (2 if no_io else 1)
+def tokens_needed(context: int, steps: int, reps: int, no_io: bool = False, profile: bool = False) -> int:
+    """Tokens a stream holds once all its calls ran: the context, then every decode call
+    (warm-up and timed; twice with no_io; one more profiled call). Config.max_context must
+    exceed it."""
+    return context + steps * ((reps + 1) * (2 if no_io else 1) + (1 if profile else 0))
 
 
-def time_decode(family: ModuleType, config, weights, state, first_tokens, context: int, steps: int,
-                reps: int):
-    """(DecodeTiming, state after the last call) of decoding from `state` (holding `context` tokens)."""
-    out, _, misses, state = decode.generate(family, config, weights, state, first_tokens, steps)  # compiles
+def trace_ids(family: ModuleType, config, trace: traces.TraceConfig, lengths: jax.Array, steps: int,
+              seed: int = 0) -> np.ndarray:
+    """A trace's ids for `steps` decode steps from streams holding `lengths` tokens, in host
+    memory: [steps, layers, *streams, k] int32 (family.selecting_layout)."""
+    layers, streams, records = family.selecting_layout(config, int(lengths.shape[0]))
+    ids = traces.selections(trace, layers, streams, records, config.top_k, lengths, steps,
+                            page_size=config.page_size, seed=seed)
+    return np.asarray(jax.device_get(ids))
+
+
+def _selection_arguments(run: DecodeRun) -> dict:
+    """generate's selection arguments for `run`'s next call: none for the model's own indexer;
+    else the trace's ids of its next `steps` steps, on device before the call (and its clock)."""
+    if run.trace_ids is None:
+        return {}
+    if run.trace_step + run.steps > len(run.trace_ids):
+        raise ValueError(f"the run decoded past the {len(run.trace_ids)} steps its trace was generated for")
+    ids = jnp.asarray(run.trace_ids[run.trace_step : run.trace_step + run.steps])
+    run.trace_step += run.steps
+    return dict(selections=jax.block_until_ready(ids), skip_indexer=run.skip_indexer)
+
+
+def _warm_up(run: DecodeRun, first_tokens) -> DecodeRun:
+    """The untimed first call: compiles this state's decode and fills its hot caches."""
+    out, _, misses, run.state = decode.generate(run.family, run.config, run.weights, run.state,
+                                                first_tokens, run.steps, **_selection_arguments(run))
+    run.last_tokens = jax.block_until_ready(out)
+    run.misses_shape = tuple(misses.shape)
+    return run
+
+
+def start_run(family: ModuleType, config, weights, mode: str, batch: int, context: int, steps: int, *,
+              fill: str = "prefill", trace: traces.TraceConfig | None = None, trace_steps: int = 0,
+              skip_indexer: bool = False, seed: int = 0) -> DecodeRun:
+    """A warmed-up run of `mode` at `batch` from a state holding `context` tokens per stream.
+
+    With a trace, its ids for `trace_steps` steps (every step the run will decode, warm-up
+    included) are generated first; skip_indexer=True does not compute the model's indexer at all.
+    """
+    state, first = initial_state(family, config, weights, mode, batch, context, fill=fill, seed=seed)
+    ids = None if trace is None else trace_ids(family, config, trace, state.lengths, trace_steps, seed)
+    run = DecodeRun(family, config, weights, context, steps, state, first, ids, 0, skip_indexer)
+    return _warm_up(run, first)
+
+
+def without_io(run: DecodeRun) -> DecodeRun:
+    """A warmed-up run that continues `run`'s state (and trace) with RESOLVE's record copy
+    switched off (the pure resolve cost). `run` must not be called again: its state is donated."""
+    quiet = DecodeRun(run.family, run.config, run.weights, run.context, run.steps, without_fetch(run.state),
+                      run.last_tokens, run.trace_ids, run.trace_step, run.skip_indexer)
+    run.state = None
+    return _warm_up(quiet, jnp.asarray(run.last_tokens[-1]))
+
+
+def profile_run(run: DecodeRun, bandwidths: dict[str, float], trace_dir: str | None = None) -> dict:
+    """One profiled call of `run` (hisparse_jax.bench.profile; the trace kept in `trace_dir`):
+    its report row."""
+    first = jax.block_until_ready(run.last_tokens[-1])
+    selection = _selection_arguments(run)
+    batch = int(run.state.lengths.shape[0])
+    profiled, run.last_tokens, run.state = profile.profile_decode(
+        run.family, run.config, run.weights, run.state, first, run.steps, context=run.context,
+        bandwidths=bandwidths, trace_dir=trace_dir, **selection)
+    return dict(mode=run.state.store.mode, context=run.context, batch=batch, **profiled.as_dict())
+
+
+def timed_call(run: DecodeRun) -> None:
+    """One timed generate call of `run`; appends its seconds per step and misses per step."""
+    # The first tokens are sliced out and ready before the clock starts (slicing compiles
+    # once per shape, which must not be timed).
+    first = jax.block_until_ready(run.last_tokens[-1])
+    selection = _selection_arguments(run)
+    t0 = time.perf_counter()
+    out, _, misses, run.state = decode.generate(run.family, run.config, run.weights, run.state, first,
+                                                run.steps, **selection)
     jax.block_until_ready(out)
-    times, fetched = [], []
-    for _ in range(reps):
-        # The next call's first tokens are ready before the clock starts (slicing them out
-        # compiles once per shape, which must not be timed).
-        first = jax.block_until_ready(out[-1])
-        t0 = time.perf_counter()
-        out, _, misses, state = decode.generate(family, config, weights, state, first, steps)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / steps)
-        fetched.append(float(np.asarray(misses).sum()) / steps)
-    step = float(np.median(times))
-    batch = int(state.lengths.shape[0])
-    streams_per_step = int(np.prod(np.asarray(misses).shape[1:]))  # layers x streams
-    mode = state.store.mode
-    timing = DecodeTiming(
+    run.step_seconds.append((time.perf_counter() - t0) / run.steps)
+    run.last_tokens = out
+    run.fetched_per_step.append(float(np.asarray(misses).sum()) / run.steps)
+
+
+def time_in_turns(runs: list[DecodeRun], reps: int, on_round=None) -> list[DecodeTiming]:
+    """`reps` rounds of one timed call per run; the order rotates by one run per round so
+    that no run always follows the same one. on_round(i) is called after round i. Python's
+    garbage collector is paused meanwhile (as timeit does), so that it runs in no timed call."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for i in range(reps):
+            for j in range(len(runs)):
+                timed_call(runs[(i + j) % len(runs)])
+            if on_round is not None:
+                on_round(i)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return [timing_of(run) for run in runs]
+
+
+def timing_of(run: DecodeRun) -> DecodeTiming:
+    """The DecodeTiming of `run`'s timed calls so far (at least one)."""
+    if not run.step_seconds:
+        raise ValueError("timing_of: the run has no timed call yet")
+    mode = run.state.store.mode
+    layers_and_streams = int(np.prod(run.misses_shape[1:]))  # misses: [steps, layers, *streams]
+    return DecodeTiming(
         mode=mode,
-        batch=batch,
-        context=context,
-        steps=steps,
-        step_seconds=step,
-        step_seconds_all=tuple(times),
-        tokens_per_second=batch / step,
-        misses_per_step=float(np.mean(fetched)) if mode == "hisparse" else 0.0,
-        selected_per_step=float(streams_per_step * config.top_k),
-        fetch=state.store.fetch,
-        tokens=np.asarray(out),
+        batch=int(run.state.lengths.shape[0]),
+        context=run.context,
+        steps=run.steps,
+        step_seconds_all=tuple(run.step_seconds),
+        misses_per_step=float(np.mean(run.fetched_per_step)) if mode == "hisparse" else 0.0,
+        selected_per_step=float(layers_and_streams * run.config.top_k),
+        fetch=run.state.store.fetch,
+        tokens=np.asarray(run.last_tokens),
     )
-    return timing, state
-
-
-def decode_timings(
-    family: ModuleType, config, weights, mode: str, batch: int, context: int, steps: int, reps: int, *,
-    fill: str = "prefill", trace: traces.TraceConfig | None = None, no_io: bool = False, seed: int = 0,
-) -> list[DecodeTiming]:
-    """The timed decode of one state; with no_io (mode "hisparse"), then the same state
-    decoded again with RESOLVE's record copy switched off (the pure resolve cost)."""
-    state, first = initial_state(family, config, weights, mode, batch, context, fill=fill, trace=trace,
-                                 seed=seed)
-    timing, state = time_decode(family, config, weights, state, first, context, steps, reps)
-    timings = [timing]
-    if no_io and mode == "hisparse":
-        quiet, state = time_decode(family, config, weights, without_fetch(state), jnp.asarray(timing.tokens[-1]),
-                                   context, steps, reps)
-        timings.append(quiet)
-    return timings
-
-
-def decode_timing(family: ModuleType, config, weights, mode: str, batch: int, context: int, steps: int,
-                  reps: int, seed: int = 0, **options) -> DecodeTiming:
-    """decode_timings' first (with-IO) timing."""
-    return decode_timings(family, config, weights, mode, batch, context, steps, reps, seed=seed, **options)[0]

@@ -1,0 +1,329 @@
+"""Where a decode step's device time goes, next to the step's roofline.
+
+`profile_decode` runs one jitted decode call under the JAX profiler, reads the device kernels of
+its trace, maps each kernel to the HLO instruction it ran for (the trace names it) and that
+instruction to the named scope of the model code it came from (the compiled program's metadata),
+and sums device time per step in a few categories:
+
+  weights/FFN   matmuls that read weights (projections, MLP, read-out, unembedding, the
+                indexer's projections)
+  attention     the attention over the selected records and the open page (the `attend` scope),
+                and the rest of the attention scopes (gathers, softmax)
+  indexer       the indexer's scoring (DSA's lightning indexer, Quest's page bounds)
+  top-k         the selection of the top-k records
+  resolve, IO   RESOLVE's resolve kernel and its record copy (the split plan's fetch kernel;
+                the fused plan copies inside the resolve kernel, so IO shows under resolve)
+  copies        copies, slices and pads the compiler materialized
+  other         the rest (embedding, sampling, sealing, small fusions)
+
+The roofline is the step's bytes at bandwidths measured in the same run: weights, the family's
+per-request metadata read (index keys, page bounds, compressed KV) and the records attention
+reads, at the HBM copy bandwidth; the miss IO at the pinned-host gather bandwidth of RESOLVE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import gzip
+import json
+import os
+import re
+import tempfile
+import time
+from typing import Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import decode
+
+CATEGORIES = ("weights/FFN", "attention", "indexer", "top-k", "resolve", "IO", "copies", "other")
+
+_GEMM = re.compile(r"gemm|cublas|cutlass|xmma|nvjet|matmul|\bdot\b|sm\d+_", re.IGNORECASE)
+_COPY_OPS = ("copy", "dynamic-slice", "slice", "pad", "concatenate", "transpose")
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """What the compiled program says about one HLO instruction."""
+
+    opcode: str
+    scope: str  # the op_name metadata: jit(...)/while/body/decode_step/indexer/...
+    target: str  # custom_call_target, or ""
+    fused_ops: tuple[str, ...]  # opcodes inside a fusion
+
+
+def hlo_instructions(hlo_text: str) -> dict[str, Instruction]:
+    """Instruction name -> Instruction, from compiled HLO text (fusions know what they fuse)."""
+    bodies: dict[str, list[str]] = {}
+    current = None
+    for line in hlo_text.splitlines():
+        head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+        if head and not line.startswith(" "):
+            current = head.group(1)
+            bodies[current] = []
+        elif current is not None:
+            bodies[current].append(line)
+    out = {}
+    for lines in bodies.values():
+        for line in lines:
+            m = re.match(r"^\s*(?:ROOT )?%?([\w.\-]+) = (?:\([^=]*?\)|\S+) ([\w\-]+)\(", line)
+            if not m:
+                continue
+            name, opcode = m.group(1), m.group(2)
+            scope = re.search(r'op_name="([^"]*)"', line)
+            target = re.search(r'custom_call_target="([^"]*)"', line)
+            called = re.search(r"calls=%?([\w.\-]+)", line)
+            fused = ()
+            if opcode == "fusion" and called and called.group(1) in bodies:
+                fused = tuple(re.findall(r"= (?:\([^=]*?\)|\S+) ([\w\-]+)\(", "\n".join(bodies[called.group(1)])))
+            inst = Instruction(opcode, scope.group(1) if scope else "", target.group(1) if target else "", fused)
+            out[name] = inst
+            out.setdefault(name.replace(".", "_"), inst)  # how kernels are named after instructions
+    return out
+
+
+def classify(kernel: str, instruction: Instruction | None) -> str:
+    """The category of one kernel launch (CATEGORIES).
+
+    Custom calls by their kernels; then copies; then matmuls: those over attended KV (the
+    `attend` scope) are attention, every other one reads weights; the rest by model scope.
+    """
+    inst = instruction or Instruction("", "", "", ())
+    scope = inst.scope.lower()
+    name = kernel.lower()
+    text = f"{name} {inst.target}".lower()
+    if "hisparse_resolve" in text or "resolvekernel" in name or "fetchkernel" in name:
+        return "IO" if "fetchkernel" in name else "resolve"
+    if "hisparse_topk" in text or "topk" in name or "sort" in name:
+        return "top-k"
+    if "hisparse_index_scores" in text or "indexscores" in name:
+        return "indexer"
+    if inst.opcode in _COPY_OPS or "memcpy" in name or "dynamic_slice" in name or (
+        inst.opcode == "fusion" and inst.fused_ops
+        and set(inst.fused_ops) <= {*_COPY_OPS, "parameter", "bitcast", "constant", "tuple"}
+    ):
+        return "copies"
+    if "/attend" in scope:
+        return "attention"
+    if _GEMM.search(kernel) or inst.opcode == "dot" or "gemm" in inst.target.lower():
+        return "weights/FFN"
+    if "/indexer" in scope:
+        return "indexer"
+    if any(s in scope for s in ("/attention", "/selected", "/window", "/compressed", "/select")):
+        return "attention"
+    return "other"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTime:
+    kernel: str
+    hlo_op: str
+    seconds: float
+
+
+def device_kernels(trace_dir: str, module: str | None = None) -> list[KernelTime]:
+    """Every kernel the device ran in the trace under `trace_dir` (the newest run), only those of
+    the HLO module named `module` when given (the profiled program, not small jits around it)."""
+    files = sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz")))
+    if not files:
+        return []
+    with gzip.open(files[-1]) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and re.search(r"/device:(GPU|TPU)", str(e.get("args", {}).get("name", "")))}
+    out = []
+    for e in events:
+        if e.get("ph") != "X" or e.get("pid") not in devices:
+            continue
+        args = e.get("args", {})
+        if module is not None and args.get("hlo_module") != module:
+            continue
+        out.append(KernelTime(str(e.get("name", "")), str(args.get("hlo_op", "")), float(e.get("dur", 0.0)) * 1e-6))
+    return out
+
+
+def _instruction_of(kernel: KernelTime, instructions: dict[str, Instruction]) -> Instruction | None:
+    """The HLO instruction a kernel ran for: the trace's hlo_op, or, inside a command buffer (a
+    captured CUDA graph, whose kernels all carry the command buffer's name), the instruction the
+    kernel is named after (XLA names a fusion's kernel after it, '.' written '_')."""
+    found = instructions.get(kernel.hlo_op)
+    if found is not None and found.opcode != "command-buffer" and not kernel.hlo_op.startswith("command_buffer"):
+        return found
+    return instructions.get(kernel.kernel) or instructions.get(kernel.kernel.replace("_", "."))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProfile:
+    """Device time per step by category, and the roofline of the step.
+
+    Attributes:
+      seconds: category -> device seconds per step.
+      step_seconds: wall time of one step in the profiled call.
+      roofline_seconds: the step's bytes at the measured bandwidths.
+      bytes: part -> bytes per step behind the roofline.
+      bandwidths: "hbm", "host link" -> measured bytes/s.
+      top_kernels: the 12 kernels with the most device time per step: (category, kernel, seconds).
+    """
+
+    seconds: dict[str, float]
+    step_seconds: float
+    roofline_seconds: float
+    bytes: dict[str, float]
+    bandwidths: dict[str, float]
+    top_kernels: list[tuple[str, str, float]]
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def summarize(kernels: Iterable[KernelTime], instructions: dict[str, Instruction], steps: int):
+    """(category -> seconds per step, top kernels) of the kernels of `steps` decode steps."""
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+    per_kernel: dict[tuple[str, str], float] = {}
+    for k in kernels:
+        category = classify(k.kernel, _instruction_of(k, instructions))
+        seconds[category] += k.seconds / steps
+        per_kernel[(category, k.kernel)] = per_kernel.get((category, k.kernel), 0.0) + k.seconds / steps
+    top = sorted(((c, n, s) for (c, n), s in per_kernel.items()), key=lambda t: -t[2])[:12]
+    return seconds, top
+
+
+# --------------------------------------------------------------------------- bandwidths and bytes
+
+
+def _median_seconds(fn, *args, reps: int = 5, calls: int = 20) -> float:
+    """Median seconds per call of `reps` timings of `calls` back-to-back calls (dispatch overlaps
+    the device work, as it does in a decode loop)."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready([fn(*args) for _ in range(calls)])
+        times.append((time.perf_counter() - t0) / calls)
+    return float(np.median(times))
+
+
+def hbm_bandwidth(nbytes: int | None = None) -> float:
+    """Bytes/s the device reads weights at: the faster of a sum over `nbytes` (default 2 GiB, 256
+    MiB on CPU) and a matrix-vector product with a bf16 matrix of `nbytes` (what a decode step
+    does with its weights). The roofline's bytes are reads (weights, keys, records)."""
+    nbytes = nbytes or (2**28 if jax.default_backend() == "cpu" else 2**31)
+    x = jnp.ones((nbytes // 4,), jnp.float32)
+    summed = nbytes / _median_seconds(jax.jit(jnp.sum), x)
+    del x
+    w = jnp.ones((4096, nbytes // (2 * 4096)), jnp.bfloat16)
+    v = jnp.ones((1, 4096), jnp.bfloat16)
+    matvec = nbytes / _median_seconds(jax.jit(lambda v, w: v @ w), v, w)
+    return max(summed, matvec)
+
+
+def host_link_bandwidth(record_bytes: int, streams: int = 64, k: int = 2048, reps: int = 5) -> float:
+    """Bytes/s RESOLVE fetches from pinned host memory when every selected record misses."""
+    from .. import CacheConfig, alloc_host_pool, init_hot_cache, resolve
+
+    config = CacheConfig(num_layers=1, stream_shape=(streams,), pool_records=4 * k, hot_slots=k, top_k=k,
+                         record_width=record_bytes // 4, dtype=np.float32)
+    pool = alloc_host_pool(config)
+    sealed = jnp.full((streams,), 4 * k, jnp.int32)
+    # The pool is an argument: a closed-over array would be a constant of the program, on device.
+    call = jax.jit(lambda cache, pool, sel: resolve(cache, pool, sel, sealed, 0), donate_argnums=0)
+    times = []
+    for rep in range(reps + 1):
+        cache = init_hot_cache(config)  # empty: every id misses
+        sel = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32) + (rep % 4) * k, (streams, k))
+        jax.block_until_ready((cache, sel))
+        t0 = time.perf_counter()
+        jax.block_until_ready(call(cache, pool, sel))
+        if rep:
+            times.append(time.perf_counter() - t0)
+    return streams * k * record_bytes / float(np.median(times))
+
+
+def weight_bytes(weights, batch: int) -> int:
+    """Bytes of weights one step reads: every weight, but only `batch` rows of the embedding."""
+    total = sum(x.nbytes for x in jax.tree.leaves(weights))
+    embed = weights.embed
+    return total - embed.nbytes + batch * embed.shape[1] * embed.dtype.itemsize
+
+
+def step_bytes(family, config, weights, batch: int, context: int, misses_per_step: float) -> dict[str, float]:
+    """Bytes one decode step must move: weights, the family's metadata, the attended records
+    (HBM), and the miss IO (host link)."""
+    cache = config.cache_config(batch)
+    streams = int(np.prod(cache.stream_shape))
+    attended = cache.num_layers * streams * (config.top_k + 1) * config.record_bytes
+    return {
+        "weights": float(weight_bytes(weights, batch)),
+        "metadata": float(batch * family.metadata_bytes_read(config, context)),
+        "attended KV": float(attended),
+        "miss IO": float(misses_per_step * config.record_bytes),
+    }
+
+
+# --------------------------------------------------------------------------- the profiled call
+
+
+def measure_bandwidths(record_bytes: int) -> dict[str, float]:
+    """The roofline's bandwidths, measured now: "hbm" (reading 2 GiB), "host link" (RESOLVE
+    fetching records of `record_bytes` from pinned host memory, every selected record a miss)."""
+    return {"hbm": hbm_bandwidth(), "host link": host_link_bandwidth(record_bytes)}
+
+
+def profile_decode(family, config, weights, state, first_tokens, steps: int, *, context: int,
+                   selections=None, skip_indexer: bool = False, bandwidths: dict[str, float] | None = None,
+                   trace_dir: str | None = None):
+    """(StepProfile, tokens [steps, b], state after the call) of one profiled `decode.generate`
+    call (the state is donated; `selections` and `skip_indexer` as in generate).
+
+    Call it after a warm-up call with the same shapes (so nothing compiles while profiling).
+    `bandwidths` ("hbm", "host link" in bytes/s) default to fresh measurements (`measure_bandwidths`).
+    """
+    batch = int(state.lengths.shape[0])
+    options = dict(selections=selections, skip_indexer=skip_indexer)
+    traced = decode.trace_generate(family, config, weights, state, first_tokens, steps, **options)
+    hlo = traced.lower().compile().as_text()
+    instructions = hlo_instructions(hlo)
+    module = re.match(r"HloModule ([\w.\-]+)", hlo)
+    trace_dir = trace_dir or tempfile.mkdtemp(prefix="hisparse-profile-")
+    os.makedirs(trace_dir, exist_ok=True)
+    with open(os.path.join(trace_dir, "program.hlo.txt"), "w") as f:  # kernel names -> model scopes
+        f.write(hlo)
+    jax.block_until_ready((state, first_tokens))
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        t0 = time.perf_counter()
+        out, _, misses, state = decode.generate(family, config, weights, state, first_tokens, steps, **options)
+        jax.block_until_ready(out)
+        wall = (time.perf_counter() - t0) / steps
+    seconds, top = summarize(device_kernels(trace_dir, module.group(1) if module else None), instructions, steps)
+    if bandwidths is None:
+        bandwidths = measure_bandwidths(config.record_bytes)
+    moved = step_bytes(family, config, weights, batch, context, float(np.asarray(misses).sum()) / steps)
+    hbm = moved["weights"] + moved["metadata"] + moved["attended KV"]
+    roofline = hbm / bandwidths["hbm"] + moved["miss IO"] / bandwidths["host link"]
+    return StepProfile(seconds, wall, roofline, moved, dict(bandwidths), top), out, state
+
+
+def format_profile(rows: list[dict]) -> str:
+    """A markdown table of profile rows (StepProfile fields plus mode, context, batch): device ms
+    per step by category, the device sum, the step and its roofline."""
+    head = "| mode | context | batch | " + " | ".join(CATEGORIES) + " | device sum | step | roofline | step / roofline |"
+    lines = [head, "|" + "---|" * (len(CATEGORIES) + 7)]
+    for r in rows:
+        cells = " | ".join(f"{r['seconds'][c] * 1e3:.3f}" for c in CATEGORIES)
+        total = sum(r["seconds"].values())
+        lines.append(f"| {r['mode']} | {r['context']} | {r['batch']} | {cells} | {total * 1e3:.3f} | "
+                     f"{r['step_seconds'] * 1e3:.3f} | {r['roofline_seconds'] * 1e3:.3f} | "
+                     f"{r['step_seconds'] / r['roofline_seconds']:.2f} |")
+    lines += ["", "ms per step; roofline = (weights + metadata + attended KV) / HBM + miss IO / host link"]
+    for r in rows:
+        parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in r["bytes"].items())
+        bw = ", ".join(f"{k} {v / 1e9:.0f} GB/s" for k, v in r["bandwidths"].items())
+        lines.append(f"- {r['mode']} @ {r['context']}: {parts}; {bw}")
+        if not any(r["seconds"].values()):
+            lines.append("  (no device kernels in the trace: on CPU XLA records no per-kernel events; "
+                         "profile on a GPU)")
+    return "\n".join(lines)

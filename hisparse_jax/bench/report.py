@@ -1,0 +1,191 @@
+"""Rows, ratios, the table and the plots of a `hisparse-bench decode` report.
+
+Every timed run keeps one sample per timed call (seconds per step); a row reports their
+min / median / max. The runs of a context are timed in rounds (one call of each per round,
+back to back), so a ratio between two runs is taken per round, where both calls met the same
+machine load: a ratio is the median of its per-round values, and its range their min and max
+(runs timed one after the other pair their i-th calls the same way).
+The names of ratios say their direction ("throughput hisparse/full-KV": above 1 means HiSparse
+decodes more tokens per second).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .capacity import Capacity
+from .runner import DecodeTiming
+
+MiB, GiB = 2**20, 2**30
+
+
+def range_note(in_turns: bool) -> str:
+    """How the ratios and their ranges were taken."""
+    if in_turns:
+        return ("ratios: median [min, max] over the rounds of timed calls of the ratio of the two runs' calls "
+                "in that round")
+    return ("ratios: median [min, max] over i of the ratio of the two runs' i-th timed calls (the runs were timed "
+            "one after the other: a pair did not meet the same machine load)")
+
+
+# JSON key -> table heading, in table order. Keys of timed ratios have a "<key>_range" twin.
+RATIO_COLUMNS = {
+    "throughput_hisparse_over_full_kv": "throughput hisparse/full-KV",
+    "batch_hisparse_over_full_kv": "batch hisparse/full-KV",
+    "tpot_hisparse_over_full_kv_at_equal_batch": "TPOT hisparse/full-KV at equal batch",
+    "kv_hbm_per_request_full_kv_over_hisparse": "KV HBM per request full-KV/hisparse",
+    "device_bytes_per_request_full_kv_over_hisparse": "device bytes per request full-KV/hisparse",
+    "tokens_equal_at_equal_batch": "tokens equal at equal batch",
+}
+MODE_NAMES = {"device": "full-KV", "hisparse": "hisparse"}
+
+
+def row(run: str, timing: DecodeTiming, cap: Capacity, record_bytes: int, config, limited_by: str) -> dict:
+    """One table row (a decode.json "rows" entry) of a timed run."""
+    miss_rate = timing.misses_per_step / timing.selected_per_step if timing.selected_per_step else 0.0
+    return dict(
+        run=run,
+        mode=timing.mode,
+        context=timing.context,
+        max_context=config.max_context,
+        batch=timing.batch,
+        tokens_per_s=timing.tokens_per_second,
+        tokens_per_s_range=[timing.batch / timing.step_seconds_max, timing.batch / timing.step_seconds_min],
+        tpot_ms_min=timing.step_seconds_min * 1e3,
+        tpot_ms_median=timing.step_seconds * 1e3,
+        tpot_ms_max=timing.step_seconds_max * 1e3,
+        step_ms_all=[t * 1e3 for t in timing.step_seconds_all],
+        miss_rate=miss_rate,
+        io_bytes_per_token=timing.misses_per_step * record_bytes / timing.batch if timing.fetch else 0.0,
+        device_bytes_per_request=cap.device_per_request,
+        kv_device_bytes_per_request=cap.device_per_request_by_category.get("kv records", 0),
+        device_bytes_by_category=cap.device_per_request_by_category,
+        host_bytes_per_request=cap.host_per_request,
+        max_batch=cap.max_batch,
+        limited_by=limited_by,
+        top_k=config.top_k,
+        hot_slots=config.hot_slots,
+    )
+
+
+def _per_round(values: np.ndarray) -> tuple[float, list[float]]:
+    return float(np.median(values)), [float(values.min()), float(values.max())]
+
+
+def _time_ratios(num: DecodeTiming, den: DecodeTiming) -> np.ndarray:
+    """num's step time / den's, per round (the i-th timed calls of both)."""
+    if len(num.step_seconds_all) != len(den.step_seconds_all):
+        raise ValueError("ratios need the same number of timed calls in both runs")
+    return np.asarray(num.step_seconds_all) / np.asarray(den.step_seconds_all)
+
+
+def ratios(context: int, hisparse: DecodeTiming, device: DecodeTiming, equal: DecodeTiming | None,
+           caps: dict[str, Capacity]) -> dict:
+    """The HiSparse / full-KV comparison at one context (a decode.json "ratios" entry); the
+    equal-batch keys only when the equal-batch run ran."""
+    batch = hisparse.batch / device.batch
+    # throughput = batch / step time, so its ratio is the batch ratio x the inverse time ratio.
+    throughput, throughput_range = _per_round(batch * _time_ratios(device, hisparse))
+    kv_h = caps["hisparse"].device_per_request_by_category.get("kv records", 0)
+    kv_d = caps["device"].device_per_request_by_category.get("kv records", 0)
+    out = dict(
+        context=context,
+        throughput_hisparse_over_full_kv=throughput,
+        throughput_hisparse_over_full_kv_range=throughput_range,
+        batch_hisparse_over_full_kv=batch,
+        kv_hbm_per_request_full_kv_over_hisparse=kv_d / kv_h if kv_h else float("inf"),
+        device_bytes_per_request_full_kv_over_hisparse=(
+            caps["device"].device_per_request / caps["hisparse"].device_per_request),
+    )
+    if equal is not None:
+        tpot, tpot_range = _per_round(_time_ratios(equal, device))
+        out.update(
+            tpot_hisparse_over_full_kv_at_equal_batch=tpot,
+            tpot_hisparse_over_full_kv_at_equal_batch_range=tpot_range,
+            tokens_equal_at_equal_batch=bool(np.array_equal(equal.tokens, device.tokens)),
+        )
+    return out
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _fmt_ratio(q: dict, key: str) -> str:
+    if key not in q:
+        return "-"
+    value = q[key]
+    if isinstance(value, bool):
+        return str(value)
+    digits = 1 if key.startswith("kv_hbm") else 2
+    text = f"{value:.{digits}f}"
+    if key + "_range" in q:
+        low, high = q[key + "_range"]
+        text += f" [{low:.2f}, {high:.2f}]"
+    return text
+
+
+def format_table(report: dict) -> str:
+    """The rows table, then (when both modes ran) the ratios table, in Markdown."""
+    head = ("| context | run | mode | batch (limit) | tokens/s (median) | TPOT ms min / median / max | "
+            "miss rate | IO/token | device/request (kv part) | host/request |")
+    lines = [head, "|" + "---|" * 10]
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['context']} | {r['run']} | {MODE_NAMES.get(r['mode'], r['mode'])} | {r['batch']} "
+            f"({r['limited_by']}) | {r['tokens_per_s']:.1f} | {r['tpot_ms_min']:.2f} / "
+            f"{r['tpot_ms_median']:.2f} / {r['tpot_ms_max']:.2f} | {r['miss_rate']:.1%} | "
+            f"{fmt_bytes(r['io_bytes_per_token'])} | {fmt_bytes(r['device_bytes_per_request'])} "
+            f"({fmt_bytes(r['kv_device_bytes_per_request'])}) | {fmt_bytes(r['host_bytes_per_request'])} |"
+        )
+    if report["ratios"]:
+        lines += ["", "| context | " + " | ".join(RATIO_COLUMNS.values()) + " |",
+                  "|" + "---|" * (len(RATIO_COLUMNS) + 1)]
+        for q in report["ratios"]:
+            lines.append(f"| {q['context']} | " + " | ".join(_fmt_ratio(q, k) for k in RATIO_COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def write_plots(report: dict, out: Path) -> list[Path]:
+    """throughput.png and tpot.png vs context, both modes (capacity runs, median with
+    min-max error bars)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: plots skipped (pip install matplotlib)", file=sys.stderr)
+        return []
+    paths = []
+    for key, spread, label, name in (
+        ("tokens_per_s", lambda r: r["tokens_per_s_range"], "decode tokens/s", "throughput.png"),
+        ("tpot_ms_median", lambda r: [r["tpot_ms_min"], r["tpot_ms_max"]], "TPOT (ms per step)", "tpot.png"),
+    ):
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for mode in ("device", "hisparse"):
+            rows = [r for r in report["rows"] if r["mode"] == mode and r["run"] == "capacity"]
+            if rows:
+                mid = np.array([r[key] for r in rows])
+                low, high = np.array([spread(r) for r in rows]).T
+                ax.errorbar([r["context"] for r in rows], mid, yerr=[mid - low, high - mid], marker="o",
+                            capsize=3, label=f"{MODE_NAMES[mode]} (batch at capacity)")
+        ax.set_xscale("log", base=2)
+        contexts = sorted({r["context"] for r in report["rows"]})
+        ax.set_xticks(contexts, labels=[str(c) for c in contexts])
+        ax.minorticks_off()
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel(label)
+        ax.set_title(f"{report['family']} {report['preset']} on {report['device']}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+        paths.append(out / name)
+    return paths

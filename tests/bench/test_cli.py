@@ -1,0 +1,253 @@
+"""`hisparse-bench decode` end to end on the tiny preset: bad input gets one line and a non-zero
+exit before anything compiles; a report names the RESOLVE implementation that ran, the spread
+of every timing and the direction of every ratio."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from hisparse_jax import _ffi
+from hisparse_jax.bench import cli, report
+from hisparse_jax.bench.capacity import account, capacity
+from hisparse_jax.bench.plan import build_plan, layers_field
+from hisparse_jax.bench.runner import DecodeTiming, tokens_needed
+from hisparse_jax.models import get_family
+
+CPU = jax.default_backend() == "cpu"
+PLATFORM = _ffi.platform_of(jax.default_backend())
+FAST = ["--steps", "2", "--reps", "3", "--max-batch", "3", "--device-budget-mib", "0.5", "--no-plots"]
+
+
+def _error(capsys, argv: list[str], status: int = 2) -> str:
+    """Runs the CLI with a bad argv: exit `status`, nothing on stdout, one error line on stderr."""
+    assert cli.main(argv) == status
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("hisparse-bench: error: ") and err.endswith("\n") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["--contexts", "-5"], ["argument --contexts", "positive number of tokens", "-5"]),
+        (["--contexts", "0"], ["argument --contexts", "got 0"]),
+        (["--contexts", "64", "64"], ["argument --contexts", "64 given more than once"]),
+        (["--steps", "0"], ["argument --steps", "positive integer"]),
+        (["--reps", "0"], ["argument --reps", "positive integer"]),
+        (["--reps", "x"], ["argument --reps", "'x'"]),
+        (["--max-batch", "0"], ["argument --max-batch", "positive integer"]),
+        (["--num-layers", "0"], ["argument --num-layers"]),
+        (["--layers", "2"], ["unrecognized arguments: --layers 2"]),
+        (["--device-budget-mib", "-1"], ["argument --device-budget-mib", "positive size"]),
+        (["--device-budget-mib", "0"], ["argument --device-budget-mib"]),
+        (["--device-budget-gib", "-2"], ["argument --device-budget-gib"]),
+        (["--device-budget-mib", "nan"], ["argument --device-budget-mib"]),
+        (["--host-budget-gib", "0"], ["argument --host-budget-gib"]),
+        (["--device-budget-mib", "1", "--device-budget-gib", "1"], ["not allowed with"]),
+        (["--preset", "huge"], ["unknown preset 'huge'", "presets: tiny, realistic"]),
+        (["--family", "llama"], ["argument --family", "invalid choice"]),
+        (["--top-k", "64"], ["Config.top_k", "k=64", "B=32", "raise hot_slots or lower top_k", "--top-k",
+                             "--hot-slots"]),
+        (["--set", "index_share=3"], ["Config.index_share", "--num-layers"]),
+        (["--set", "nope=1"], ["--set 'nope=1': expected FIELD=VALUE"]),
+        (["--set", "index_share=abc"], ["--set 'index_share=abc': index_share takes a int (the preset has 1)"]),
+        (["--set", "top_k=abc"], ["--set 'top_k=abc': top_k takes a int (the preset has 16)"]),
+        (["--set", "top_k=8", "--top-k", "4"], ["top_k is also given by --top-k"]),
+        (["--set", "max_context=512"], ["max_context is set by --contexts"]),
+        (["--set", "dtype=float16"], ["Config.dtype"]),
+        (["--selection", "trace", "--trace-beta", "2"], ["TraceConfig.beta"]),
+        (["--modes", "device", "--no-io"], ["--no-io", "add hisparse to --modes"]),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv, needles):
+    err = _error(capsys, ["decode", *argv, "--out", str(tmp_path / "out")])
+    for needle in needles:
+        assert needle in err, (needle, err)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not CPU, reason="XLA:CPU cannot run bf16 dots; GPUs can")
+@pytest.mark.parametrize("argv", [["--preset", "realistic"], ["--set", "dtype=bfloat16"]])
+def test_bfloat16_is_refused_on_cpu_with_the_fix(capsys, argv):
+    err = _error(capsys, ["decode", *argv])
+    assert "bfloat16" in err and "XLA:CPU" in err and "--set dtype=float32" in err and "GPU" in err
+
+
+def test_the_module_entry_point_exits_2_without_a_traceback(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "hisparse_jax.bench", "decode", "--contexts", "-5"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "hisparse-bench: error: argument --contexts: expected a positive number of tokens, got -5"]
+
+
+def _batch1_bytes(context: int, mode: str, steps: int, reps: int) -> tuple[int, int]:
+    """(device, host) bytes of one request's state at `context`, as the bench sizes it."""
+    config = get_family("dsa").Config.tiny(max_context=tokens_needed(context, steps, reps) + 1)
+    acc = account(get_family("dsa"), config, 1, mode)
+    return acc.total("device"), acc.total("host")
+
+
+@pytest.mark.parametrize("contexts", [["100000"], ["64", "100000"]])
+def test_a_context_that_does_not_fit_is_an_error_naming_its_bytes(capsys, contexts):
+    err = _error(capsys, ["decode", "--contexts", *contexts, "--steps", "2", "--reps", "3"], status=1)
+    for mode, name in (("device", "full-KV"), ("hisparse", "hisparse")):
+        device, _ = _batch1_bytes(100000, mode, 2, 3)
+        assert f"{name} @ 100000: {report.fmt_bytes(device)}" in err, err
+    assert "@ 64" not in err  # 64 fits: only what does not fit is named
+    assert f"device budget of {cli.DEFAULT_DEVICE_BUDGET_MIB:.2f} MiB" in err
+
+
+def test_nothing_fits_names_the_budget_that_fits(capsys):
+    argv = ["decode", "--contexts", "64", "--steps", "2", "--reps", "3", "--device-budget-mib", "0.01",
+            "--host-budget-gib", "0.00001"]
+    err = _error(capsys, argv, status=1)
+    device, host = _batch1_bytes(64, "device", 2, 3)
+    assert f"full-KV @ 64: {report.fmt_bytes(device)}" in err
+    assert "host budget of 10.49 KiB" in err
+    assert f"hisparse @ 64: {report.fmt_bytes(_batch1_bytes(64, 'hisparse', 2, 3)[1])}" in err
+    device_fix = float(re.search(r"--device-budget-mib ([0-9.e-]+)", err).group(1))
+    host_fix = float(re.search(r"--host-budget-gib ([0-9.e-]+)", err).group(1))
+    assert device_fix * 2**20 >= device and device_fix * 2**20 < device * 1.01
+    # The named budgets do fit: planning with them succeeds, every run at batch >= 1.
+    args = cli._parser().parse_args(argv[:-4] + ["--device-budget-mib", str(device_fix), "--host-budget-gib",
+                                                 str(host_fix)])
+    plan = build_plan(args)
+    assert all(b >= 1 for c in plan.contexts for _, _, b in c.runs)
+
+
+def test_refuses_to_time_the_reference_without_the_extension(capsys, monkeypatch):
+    monkeypatch.setattr(_ffi, "_ext", None)
+    err = _error(capsys, ["decode", "--contexts", "64"])
+    assert "without its compiled extension" in err and "pure-JAX reference" in err
+    assert "pip install --no-build-isolation ." in err and "--allow-reference" in err
+
+
+_IMPLEMENTATION_FIELD = "implementation" in {f.name for f in dataclasses.fields(get_family("dsa").Config)}
+
+
+@pytest.mark.skipif(not _IMPLEMENTATION_FIELD, reason="the model Config has no implementation field")
+def test_a_requested_reference_needs_allow_reference(capsys, tmp_path):
+    err = _error(capsys, ["decode", "--contexts", "64", "--set", "implementation=reference"])
+    assert "--allow-reference" in err
+    rc = cli.main(["decode", "--contexts", "64", "--set", "implementation=reference", "--allow-reference",
+                   "--out", str(tmp_path), *FAST])
+    assert rc == 0
+    assert json.loads((tmp_path / "decode.json").read_text())["resolve_implementation"] == "reference"
+    assert "RESOLVE: reference" in capsys.readouterr().out
+
+
+def test_the_schedule_is_in_turns_unless_asked_or_too_big():
+    args = cli._parser().parse_args(["decode", "--contexts", "64", *FAST])
+    plan = build_plan(args)
+    assert plan.in_turns and "in turns" in plan.timing_note
+    assert [(kind, mode) for kind, mode, _ in plan.contexts[0].runs] == [
+        ("capacity", "device"), ("capacity", "hisparse"), ("equal batch", "hisparse")]
+    plan = build_plan(cli._parser().parse_args(["decode", "--contexts", "64", "--one-at-a-time", *FAST]))
+    assert not plan.in_turns and "--one-at-a-time" in plan.timing_note
+
+
+def _timing(mode, batch, ms, tokens=None):
+    return DecodeTiming(mode=mode, batch=batch, context=64, steps=4, step_seconds_all=tuple(t / 1e3 for t in ms),
+                        misses_per_step=0.0, selected_per_step=1.0, fetch=True,
+                        tokens=np.zeros((4, batch), np.int32) if tokens is None else tokens)
+
+
+def test_ratios_are_per_round_with_their_direction_in_the_name():
+    family = get_family("dsa")
+    config = family.Config.tiny()
+    caps = {m: capacity(family, config, m, device_budget=2**20) for m in ("device", "hisparse")}
+    device = _timing("device", 2, [1.0, 2.0, 1.0])
+    hisparse = _timing("hisparse", 6, [2.0, 2.0, 4.0])
+    equal = _timing("hisparse", 2, [1.5, 1.0, 1.0])
+    q = report.ratios(64, hisparse, device, equal, caps)
+    per_round = 3 * np.array([1 / 2, 2 / 2, 1 / 4])  # batch ratio 3 x device time / hisparse time
+    assert q["throughput_hisparse_over_full_kv"] == pytest.approx(np.median(per_round))
+    assert q["throughput_hisparse_over_full_kv_range"] == pytest.approx([0.75, 3.0])
+    assert q["batch_hisparse_over_full_kv"] == 3.0
+    assert q["tpot_hisparse_over_full_kv_at_equal_batch"] == pytest.approx(1.0)
+    assert q["tpot_hisparse_over_full_kv_at_equal_batch_range"] == pytest.approx([0.5, 1.5])
+    kv = lambda m: caps[m].device_per_request_by_category["kv records"]
+    assert q["kv_hbm_per_request_full_kv_over_hisparse"] == kv("device") / kv("hisparse")
+    assert q["tokens_equal_at_equal_batch"] is True
+    assert set(q) - {"context"} == {k for k in report.RATIO_COLUMNS} | {
+        "throughput_hisparse_over_full_kv_range", "tpot_hisparse_over_full_kv_at_equal_batch_range"}
+    unequal = report.ratios(64, hisparse, device, _timing("hisparse", 2, [1, 1, 1], np.ones((4, 2), np.int32)), caps)
+    assert unequal["tokens_equal_at_equal_batch"] is False
+    without_equal = report.ratios(64, hisparse, device, None, caps)
+    assert "tpot_hisparse_over_full_kv_at_equal_batch" not in without_equal
+    table = report.format_table(dict(rows=[], ratios=[q, without_equal]))
+    for heading in report.RATIO_COLUMNS.values():
+        assert heading in table
+    assert "1.00 [0.50, 1.50]" in table and "| - |" in table
+
+
+def test_a_report_names_the_implementation_and_the_spread_of_every_timing(tmp_path, capsys):
+    out = tmp_path / "decode"
+    assert cli.main(["decode", "--contexts", "64", "--out", str(out), *FAST]) == 0
+    stdout = capsys.readouterr().out
+    data = json.loads((out / "decode.json").read_text())
+    implementation = f"ffi on {PLATFORM}"
+    assert data["resolve_implementation"] == implementation
+    assert stdout.splitlines()[0].startswith(f"dsa tiny on {data['device']} ")
+    assert f"RESOLVE: {implementation};" in stdout.splitlines()[0]
+    assert data["num_layers"] == getattr(get_family("dsa").Config.tiny(), layers_field(get_family("dsa")))
+    assert "in turns" in data["timing"] and "in turns" in stdout
+    runs = {(r["run"], r["mode"]): r for r in data["rows"]}
+    assert set(runs) == {("capacity", "device"), ("capacity", "hisparse"), ("equal batch", "hisparse")}
+    for r in data["rows"]:
+        times = r["step_ms_all"]
+        assert len(times) == 3 and all(t > 0 for t in times)
+        assert (r["tpot_ms_min"], r["tpot_ms_median"], r["tpot_ms_max"]) == (min(times), np.median(times),
+                                                                              max(times))
+        assert r["tokens_per_s"] == pytest.approx(r["batch"] / r["tpot_ms_median"] * 1e3)
+        assert r["tokens_per_s_range"] == pytest.approx([r["batch"] / max(times) * 1e3,
+                                                         r["batch"] / min(times) * 1e3])
+        assert f"{r['tpot_ms_min']:.2f} / {r['tpot_ms_median']:.2f} / {r['tpot_ms_max']:.2f}" in stdout
+        assert 1 <= r["batch"] <= 3 and 0 <= r["miss_rate"] <= 1
+        assert r["max_context"] == tokens_needed(64, 2, 3) + 1
+    (q,) = data["ratios"]
+    d, h, e = runs[("capacity", "device")], runs[("capacity", "hisparse")], runs[("equal batch", "hisparse")]
+    per_round = h["batch"] / np.array(h["step_ms_all"]) / (d["batch"] / np.array(d["step_ms_all"]))
+    assert q["throughput_hisparse_over_full_kv"] == pytest.approx(np.median(per_round))
+    assert q["throughput_hisparse_over_full_kv_range"] == pytest.approx([per_round.min(), per_round.max()])
+    tpot = np.array(e["step_ms_all"]) / np.array(d["step_ms_all"])
+    assert q["tpot_hisparse_over_full_kv_at_equal_batch"] == pytest.approx(np.median(tpot))
+    assert q["tokens_equal_at_equal_batch"] is True
+    assert q["kv_hbm_per_request_full_kv_over_hisparse"] > 1
+    for heading in report.RATIO_COLUMNS.values():
+        assert heading in stdout
+    assert data["ratio_range"] in stdout
+
+
+def test_synthetic_fill_trace_selection_and_no_io_run(tmp_path):
+    out = tmp_path / "decode"
+    rc = cli.main(["decode", "--contexts", "64", "--fill", "synthetic", "--selection", "trace", "--no-io",
+                   "--set", "index_share=2", "--one-at-a-time", "--out", str(out), *FAST])
+    assert rc == 0
+    data = json.loads((out / "decode.json").read_text())
+    assert data["fill"] == "synthetic" and data["selection"] == "trace"
+    assert data["overrides"] == {"index_share": 2}
+    assert "--one-at-a-time" in data["timing"] and "one after the other" in data["ratio_range"]
+    assert any("trace selection" in note for note in data["notes"])
+    rows = {(r["run"], r["mode"]): r for r in data["rows"]}
+    assert set(rows) == {("capacity", "device"), ("capacity", "hisparse"), ("no-IO", "hisparse"),
+                         ("equal batch", "hisparse")}
+    quiet, loud = rows[("no-IO", "hisparse")], rows[("capacity", "hisparse")]
+    assert quiet["miss_rate"] > 0 and quiet["tpot_ms_median"] > 0  # RESOLVE still ran and missed
+    assert quiet["io_bytes_per_token"] == 0 and loud["io_bytes_per_token"] > 0
+    assert quiet["batch"] == loud["batch"]
+    assert quiet["max_context"] == tokens_needed(64, 2, 3, no_io=True) + 1
+    (ratio,) = data["ratios"]
+    assert ratio["tokens_equal_at_equal_batch"] is True

@@ -1,0 +1,109 @@
+"""The step profile: HLO instructions mapped to model scopes, kernels to categories, the roofline's
+bytes. (Kernel times come from a GPU trace; on CPU the parsing and arithmetic are tested.)"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hisparse_jax import decode
+from hisparse_jax.bench import profile
+from hisparse_jax.models import dsa, nsa, quest
+
+
+def _compiled_step_hlo():
+    config = dsa.Config.tiny(num_layers=2, top_k=8, hot_slots=10)
+    weights = dsa.init_weights(config)
+    state = dsa.init_state(config, 2, "device")
+    traced = decode.trace_generate("dsa", config, weights, state, jnp.zeros((2,), jnp.int32), 2)
+    return traced.lower().compile().as_text()
+
+
+def test_instructions_carry_their_model_scope():
+    instructions = profile.hlo_instructions(_compiled_step_hlo())
+    scopes = " ".join(i.scope for i in instructions.values())
+    for scope in ("decode_step", "indexer", "attention", "attend", "mlp"):
+        assert f"/{scope}" in scopes, scope
+    assert any(i.opcode == "fusion" and i.fused_ops for i in instructions.values())
+
+
+@pytest.mark.parametrize(
+    "kernel, instruction, category",
+    [
+        ("ResolveKernel<4096>", None, "resolve"),
+        ("FetchKernel", None, "IO"),
+        ("void hisparse::TopkKernel", profile.Instruction("custom-call", "x/indexer", "hisparse_topk", ()), "top-k"),
+        ("loop_fusion_3", profile.Instruction("fusion", "jit(f)/decode_step/indexer/max", "", ("reduce",)), "indexer"),
+        ("void hisparse::IndexScoresKernel<1>", None, "indexer"),
+        ("gemm_fusion_dot_3", profile.Instruction("fusion", "jit(f)/decode_step/indexer/dot_general", "", ("dot",)),
+         "weights/FFN"),
+        ("gemm_fusion_dot_4", profile.Instruction("fusion", "jit(f)/decode_step/attention/attend/dot_general", "",
+                                                  ("dot",)), "attention"),
+        ("sm90_xmma_gemm_bf16", profile.Instruction("custom-call", "jit(f)/decode_step/mlp/dot", "__cublas$gemm", ()),
+         "weights/FFN"),
+        ("input_reduce_fusion", profile.Instruction("fusion", "jit(f)/decode_step/attention/reduce", "", ("reduce",)),
+         "attention"),
+        ("loop_dynamic_slice_fusion", profile.Instruction("fusion", "jit(f)/while/body", "",
+                                                          ("parameter", "dynamic-slice")), "copies"),
+        ("memcpy32_post", None, "copies"),
+        ("loop_select_fusion", profile.Instruction("fusion", "jit(f)/decode_step/sample", "", ("select",)), "other"),
+    ],
+)
+def test_kernels_fall_in_their_category(kernel, instruction, category):
+    assert profile.classify(kernel, instruction) == category
+
+
+def test_device_kernels_read_a_perfetto_trace(tmp_path):
+    run = tmp_path / "plugins" / "profile" / "2026_01_01"
+    run.mkdir(parents=True)
+    events = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "X", "pid": 1, "name": "PjitFunction", "dur": 900.0},
+        {"ph": "X", "pid": 2, "name": "loop_fusion_3", "dur": 40.0, "args": {"hlo_op": "fusion.3"}},
+        {"ph": "X", "pid": 2, "name": "FetchKernel", "dur": 10.0, "args": {"hlo_op": "custom-call.1"}},
+    ]
+    with gzip.open(run / "host.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    kernels = profile.device_kernels(str(tmp_path))
+    assert [(k.kernel, k.hlo_op) for k in kernels] == [("loop_fusion_3", "fusion.3"), ("FetchKernel", "custom-call.1")]
+    assert [k.seconds for k in kernels] == pytest.approx([40e-6, 10e-6])
+    seconds, top = profile.summarize(kernels, {"fusion.3": profile.Instruction("fusion", "a/attention/b", "", ())},
+                                     steps=2)
+    # Inside a captured command buffer every kernel carries the buffer's name: the kernel's own
+    # name (an instruction's, '.' written '_') finds the instruction.
+    captured = [profile.KernelTime("loop_fusion_3", "command_buffer_7", 1e-6)]
+    instructions = profile.hlo_instructions("ENTRY %e () -> f32[] {\n  %loop_fusion.3 = f32[] fusion(), "
+                                            'kind=kLoop, calls=%c, metadata={op_name="jit(g)/x/attention/exp"}\n}')
+    assert profile.summarize(captured, instructions, steps=1)[0]["attention"] == pytest.approx(1e-6)
+    assert seconds["attention"] == pytest.approx(20e-6) and seconds["IO"] == pytest.approx(5e-6)
+    assert top[0] == ("attention", "loop_fusion_3", pytest.approx(20e-6))
+
+
+def test_step_bytes_of_a_dsa_step():
+    config = dsa.Config.tiny(index_dtype="fp8")
+    weights = dsa.init_weights(config)
+    moved = profile.step_bytes(dsa, config, weights, batch=3, context=100, misses_per_step=10)
+    embed = weights.embed
+    assert moved["weights"] == sum(x.nbytes for x in jax.tree.leaves(weights)) - embed.nbytes + 3 * embed.shape[1] * 4
+    assert moved["metadata"] == 3 * config.groups * 100 * (config.index_dim + 4)
+    assert moved["attended KV"] == config.num_layers * 3 * (config.top_k + 1) * config.record_bytes
+    assert moved["miss IO"] == 10 * config.record_bytes
+
+
+@pytest.mark.parametrize("family", [nsa, quest])
+def test_metadata_read_grows_with_context(family):
+    config = family.Config.tiny()
+    assert 0 < family.metadata_bytes_read(config, 64) < family.metadata_bytes_read(config, 128)
+
+
+def test_format_profile_names_every_category():
+    p = profile.StepProfile(dict.fromkeys(profile.CATEGORIES, 1e-3), 9e-3, 3e-3, {"weights": 2**20},
+                            {"hbm": 4e12, "host link": 5e10}, [])
+    table = profile.format_profile([dict(mode="hisparse", context=64, batch=2, **p.as_dict())])
+    assert all(c in table for c in profile.CATEGORIES) and "| 3.00 |" in table
