@@ -1,0 +1,141 @@
+"""Locality of the calibrated selection trace: step overlap and miss rates under four eviction policies.
+
+Reproduces the generator figures of docs/traces.md. For each named calibration and context n it
+generates the ids one selecting layer of one stream picks at each step (hisparse_jax.traces, top-k
+of the trace scores among n sealed records) and replays them through a cache of B records:
+
+- "lru": RESOLVE's own order (docs/contract.md, rule 4): untouched records, then the records just
+  fetched (miss order), then the hits (old order); victims from the least recently used end;
+- "fifo": victims in order of insertion;
+- "random": victims drawn uniformly (seeded);
+- "optimal": Belady's rule, the record whose next use is farthest (never used again first).
+
+Every step's k ids must be resident after it (B >= k): victims are never ids of the current step.
+Misses count from step `warm` on. A second table gives the overlap of two adjacent selecting
+layers at the same step (innovations chained with rho_layer). CPU is enough (about 10 minutes for
+the defaults):
+
+  python docs/trace_calibration.py                      # both calibrations, n = 32K, 64K, 128K
+  python docs/trace_calibration.py --contexts 65536 --seeds 0 1 2 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hisparse_jax import traces
+
+POLICIES = ("lru", "fifo", "random", "optimal")
+
+
+def trace_ids(config: traces.TraceConfig, n: int, k: int, steps: int, seed: int,
+              layers: int = 1) -> list[np.ndarray]:
+    """The ids the trace selects at each step: `steps` arrays [layers, k] of distinct int32 ids in
+    [0, n) (layers = 1: arrays [k])."""
+    state = traces.init_trace(config, layers, (1,), n, seed=seed)
+    sealed = np.full((1,), n, np.int32)
+
+    @jax.jit
+    def step(state):
+        state = traces.advance(state)
+        top = [jax.lax.top_k(traces.scores(state, l, sealed)[0], k)[1] for l in range(layers)]
+        return state, top[0] if layers == 1 else jnp.stack(top)
+
+    out = []
+    for _ in range(steps):
+        state, ids = step(state)
+        out.append(np.asarray(ids))
+    return out
+
+
+def miss_rate(selections: list[np.ndarray], capacity: int, warm: int, policy: str, seed: int = 0) -> float:
+    """Records fetched per record selected, from step `warm` on, for a cache of `capacity` records."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    rng = random.Random(seed)
+    uses = collections.defaultdict(list)  # record -> steps that select it (for "optimal")
+    for t, ids in enumerate(selections):
+        for r in ids.tolist():
+            uses[r].append(t)
+
+    def next_use(r: int, t: int) -> float:
+        later = uses[r]
+        i = bisect.bisect_right(later, t)
+        return later[i] if i < len(later) else float("inf")
+
+    resident = collections.OrderedDict()  # eviction order: first = next victim (LRU / oldest)
+    missed = selected = 0
+    for t, ids in enumerate(selections):
+        now = ids.tolist()
+        chosen = set(now)
+        hits = [r for r in resident if r in chosen]
+        misses = [r for r in now if r not in resident]
+        if policy == "lru":
+            untouched = [r for r in resident if r not in chosen]
+            resident = collections.OrderedDict.fromkeys(untouched + misses + hits)
+        else:
+            resident.update(dict.fromkeys(misses))
+        excess = len(resident) - capacity
+        if excess > 0:
+            evictable = [r for r in resident if r not in chosen]
+            if policy == "random":
+                victims = rng.sample(evictable, excess)
+            elif policy == "optimal":
+                victims = sorted(evictable, key=lambda r: next_use(r, t), reverse=True)[:excess]
+            else:
+                victims = evictable[:excess]
+            for r in victims:
+                del resident[r]
+        if t >= warm:
+            missed += len(misses)
+            selected += len(now)
+    return missed / selected
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calibrations", nargs="+", default=list(traces.CALIBRATIONS), choices=list(traces.CALIBRATIONS))
+    p.add_argument("--contexts", type=int, nargs="+", default=[32768, 65536, 131072], help="sealed records n")
+    p.add_argument("--k", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=140, help="steps generated, warm-up included")
+    p.add_argument("--warm", type=int, default=40, help="steps before misses count")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    args = p.parse_args(argv)
+    k = args.k
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; k = {k}; one stream, one selecting layer; "
+          f"{args.steps - args.warm} steps counted after {args.warm} of warm-up")
+    print("| calibration | n | n/k | seed | step overlap | LRU B=k | LRU B=2k | LRU B=4k | FIFO B=2k | "
+          "random B=2k | optimal B=2k |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.calibrations:
+        config = traces.TraceConfig.calibration(name)
+        for n in args.contexts:
+            for seed in args.seeds:
+                sel = trace_ids(config, n, k, args.steps, seed)
+                overlap = np.mean([len(np.intersect1d(sel[t], sel[t + 1])) / k
+                                   for t in range(args.warm, args.steps - 1)])
+                rates = [miss_rate(sel, c * k, args.warm, "lru") for c in (1, 2, 4)]
+                rates += [miss_rate(sel, 2 * k, args.warm, policy) for policy in ("fifo", "random", "optimal")]
+                print(f"| {name} | {n} | {n / k:g} | {seed} | {overlap:.3f} | "
+                      + " | ".join(f"{r:.1%}" for r in rates) + " |", flush=True)
+    print()
+    print("| calibration | n | seed | adjacent-layer overlap (same step) |")
+    print("|---|---|---|---|")
+    for name in args.calibrations:
+        config = traces.TraceConfig.calibration(name)
+        for n in args.contexts:
+            for seed in args.seeds:
+                sel = trace_ids(config, n, k, args.warm + 20, seed, layers=2)[args.warm:]
+                overlap = np.mean([len(np.intersect1d(ids[0], ids[1])) / k for ids in sel])
+                print(f"| {name} | {n} | {seed} | {overlap:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
