@@ -15,8 +15,8 @@ Misses count from step `warm` on. A second table gives the overlap of two adjace
 layers at the same step (innovations chained with rho_layer). CPU is enough (about 10 minutes for
 the defaults):
 
-  python docs/trace_calibration.py                      # both calibrations, n = 32K, 64K, 128K
-  python docs/trace_calibration.py --contexts 65536 --seeds 0 1 2 3
+  python benchmarks/trace_calibration.py                      # both calibrations, n = 32K, 64K, 128K
+  python benchmarks/trace_calibration.py --contexts 65536 --seeds 0 1 2 3
 """
 
 from __future__ import annotations
