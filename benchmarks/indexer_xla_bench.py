@@ -29,7 +29,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import hisparse_jax as hs
 

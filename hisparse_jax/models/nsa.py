@@ -164,7 +164,7 @@ class State:
 def init_weights(config: Config, seed: int = 0) -> Weights:
     """Seeded random weights (normal, 1/fan_in variance; norms at 1; compression near mean pooling)."""
     c, dt = config, config.dtype
-    L, D, h, g, hd, l = c.num_layers, c.d_model, c.n_kv_heads, c.group_size, c.head_dim, c.cmp_block
+    L, D, g, hd, l = c.num_layers, c.d_model, c.group_size, c.head_dim, c.cmp_block
     specs = {
         "embed": ((c.vocab, D), D),
         **gqa.layer_specs(c, L, extra=g * _BRANCHES),

@@ -8,7 +8,6 @@ import json
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from hisparse_jax import decode
