@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .topk import select_topk  # the models' own selection rule (ties, order, padding)
+
 
 @dataclasses.dataclass(frozen=True)
 class TraceConfig:
@@ -232,8 +234,6 @@ def selections(config: TraceConfig, layers: int, stream_shape: tuple[int, ...], 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
 def _selections(trace, tokens, steps, k, page_size):
-    from .topk import select_topk  # the models' own selection rule (ties, order, padding)
-
     layers = trace.flicker.shape[0]
 
     def step(trace, t):

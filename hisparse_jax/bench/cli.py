@@ -34,7 +34,7 @@ import jax
 from .. import _ffi, traces
 from ..models import known_families
 from . import report as report_lib
-from .plan import BenchError, ContextPlan, Plan, build_plan, layers_field
+from .plan import BenchError, ContextPlan, Plan, build_plan
 from .progress import Progress
 from .report import MODE_NAMES, fmt_bytes, format_table, write_plots
 from . import profile as profile_lib
@@ -218,7 +218,7 @@ def run_decode(args, plan_: Plan) -> dict:
         hisparse_jax_path=str(Path(_ffi.__file__).parent),
         device_budget_bytes=plan_.device_budget, host_budget_bytes=plan_.host_budget, max_batch_cap=args.max_batch,
         steps=args.steps, reps=args.reps, timing=plan_.timing_note, fill=args.fill, selection=args.selection,
-        notes=notes, overrides=plan_.overrides, num_layers=getattr(config, layers_field(plan_.family)),
+        notes=notes, overrides=plan_.overrides, num_layers=config.num_layers,
         ratio_range=report_lib.range_note(plan_.in_turns), rows=rows, ratios=ratios, profiles=profiles,
     )
 

@@ -64,15 +64,9 @@ class Plan:
     timing_note: str
 
 
-def layers_field(family) -> str:
-    """The Config field of the layer count (num_layers; n_layers in older models)."""
-    fields = {f.name for f in dataclasses.fields(family.Config)}
-    return "num_layers" if "num_layers" in fields else "n_layers"
-
-
 def _flag_fields(family) -> dict[str, str]:
     """Config field -> the flag that sets it."""
-    return {"top_k": "--top-k", "hot_slots": "--hot-slots", layers_field(family): "--num-layers",
+    return {"top_k": "--top-k", "hot_slots": "--hot-slots", "num_layers": "--num-layers",
             "max_context": "--contexts"}
 
 
@@ -134,7 +128,7 @@ def _config(family, args, context: int, overrides: dict):
     token (warm-up and timed calls), rounded up to whole pages."""
     overrides = dict(overrides)
     for field, value in (("top_k", args.top_k), ("hot_slots", args.hot_slots),
-                         (layers_field(family), args.num_layers)):
+                         ("num_layers", args.num_layers)):
         if value is not None:
             overrides[field] = value
     page = _field_value(family, args.preset, overrides, "page_size")
@@ -181,7 +175,7 @@ def _check_dtype(args, dtype, platform: str) -> None:
 def _implementation(args, config, platform: str) -> str:
     """The RESOLVE implementation the decode will run: "ffi", or "reference" (refused unless
     --allow-reference)."""
-    requested = getattr(config, "implementation", "auto")
+    requested = config.implementation
     available = _ffi._ext is not None and _ffi.has_ffi(platform)
     if requested == "ffi" and available or requested == "auto" and available:
         return "ffi"

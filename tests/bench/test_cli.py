@@ -17,7 +17,7 @@ import pytest
 from hisparse_jax import _ffi
 from hisparse_jax.bench import cli, report
 from hisparse_jax.bench.capacity import account, capacity
-from hisparse_jax.bench.plan import build_plan, layers_field
+from hisparse_jax.bench.plan import build_plan
 from hisparse_jax.bench.runner import DecodeTiming, tokens_needed
 from hisparse_jax.models import get_family
 
@@ -202,7 +202,7 @@ def test_a_report_names_the_implementation_and_the_spread_of_every_timing(tmp_pa
     assert data["resolve_implementation"] == implementation
     assert stdout.splitlines()[0].startswith(f"dsa tiny on {data['device']} ")
     assert f"RESOLVE: {implementation};" in stdout.splitlines()[0]
-    assert data["num_layers"] == getattr(get_family("dsa").Config.tiny(), layers_field(get_family("dsa")))
+    assert data["num_layers"] == get_family("dsa").Config.tiny().num_layers
     assert "in turns" in data["timing"] and "in turns" in stdout
     runs = {(r["run"], r["mode"]): r for r in data["rows"]}
     assert set(runs) == {("capacity", "device"), ("capacity", "hisparse"), ("equal batch", "hisparse")}
