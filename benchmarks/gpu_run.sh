@@ -2,8 +2,9 @@
 # Builds hisparse-jax with CUDA and runs the GPU checks and benchmarks, on a
 # machine with an NVIDIA GPU, nvcc, jax[cuda], nanobind and scikit-build-core.
 #
-#   benchmarks/gpu_run.sh OUT_DIR STAGE...
+#   benchmarks/gpu_run.sh OUT_DIR [STAGE...]
 #
+# Without stages it runs `build slices`: the deployment slices are the headline benchmark.
 # Stages (in the order given):
 #   build     HISPARSE_CUDA=ON pip install into $SITE (default /tmp/hisparse-site)
 #   check     the standalone kernel check (ffi/tests) against the CPU implementation
@@ -18,7 +19,15 @@
 #             benchmarks/topk_bench.cu (the kernel alone, GPU time), tests/test_topk.py with the
 #             CUDA handler (needs build) and benchmarks/topk_xla_bench.py (lax.top_k vs ffi under
 #             jit), JSON in OUT_DIR
+#   grouped-matmul
+#             the MoE grouped matmul: ffi/tests check + memcheck, benchmarks/grouped_matmul_bench.cu
+#             (auto plan and the best variant against HBM bandwidth, JSON in OUT_DIR), and
+#             tests/test_grouped_matmul.py's GPU tests (needs build)
+#   slices    the deployment slices (docs/deployments.md): hisparse-bench decode --deployment
+#             glm5-h200 at 32K, 128K and 256K, dsv32-h200 and qwen3-quest-h200 at 128K; each
+#             under both trace calibrations, with the profile; one process per context.
 #   decode-dsa, decode-nsa, decode-quest
+#             the older regime (realistic presets with a dense MLP, not the headline):
 #             hisparse-bench decode at the capacity wall (24 GiB HBM budget for decode
 #             state, 88 GiB pinned host budget for pools), synthetic fill, trace selection,
 #             no-IO and equal-batch runs; DSA at 32K and 128K, NSA and Quest at 128K.
@@ -26,8 +35,9 @@
 # Logs of every stage land in OUT_DIR; the script stops at the first failing stage.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT_DIR="$(mkdir -p "${1:?usage: gpu_run.sh OUT_DIR STAGE...}" && cd "$1" && pwd)"
+OUT_DIR="$(mkdir -p "${1:?usage: gpu_run.sh OUT_DIR [STAGE...]}" && cd "$1" && pwd)"
 shift
+if [ $# -eq 0 ]; then set -- build slices; fi
 SITE="${SITE:-/tmp/hisparse-site}"
 PY="${PYTHON:-python3}"
 DECODE_ARGS="${DECODE_ARGS:-}"  # extra hisparse-bench decode arguments, e.g. --set hot_slots=6144
@@ -42,6 +52,15 @@ bench_decode() {  # bench_decode FAMILY CONTEXT...: one hisparse-bench run per c
       --family "$family" --preset realistic --contexts "$context" --device-budget-gib 24 \
       --host-budget-gib 88 --max-batch 1024 --fill synthetic --selection trace --no-io \
       --steps 16 --reps 3 --out "$OUT_DIR/decode-$family-$context" $DECODE_ARGS
+  done
+}
+
+bench_slice() {  # bench_slice DEPLOYMENT CONTEXT...: one hisparse-bench run per context
+  local name=$1; shift
+  for context in "$@"; do
+    run "slice-$name-$context" env PYTHONPATH="$SITE" XLA_PYTHON_CLIENT_PREALLOCATE=true \
+      XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE/bin/hisparse-bench" decode --deployment "$name" \
+      --contexts "$context" --profile --out "$OUT_DIR/slice-$name-$context" $DECODE_ARGS
   done
 }
 
@@ -90,6 +109,18 @@ for stage in "$@"; do
       run topk build/topk_bench "$OUT_DIR/topk_bench.json"
       run topk_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_topk.py -q -p no:cacheprovider
       run topk_xla env PYTHONPATH="$SITE" "$PY" benchmarks/topk_xla_bench.py "$OUT_DIR/topk_xla.json" ;;
+    grouped-matmul)
+      mkdir -p build
+      run grouped_matmul_check make -C ffi/tests check-grouped-matmul sanitize-grouped-matmul
+      run grouped_matmul_build nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi \
+        benchmarks/grouped_matmul_bench.cu ffi/grouped_matmul_kernels.cu -o build/grouped_matmul_bench
+      run grouped_matmul build/grouped_matmul_bench "$OUT_DIR/grouped_matmul.json"
+      run grouped_matmul_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_grouped_matmul.py -q \
+        -p no:cacheprovider -m gpu ;;
+    slices)
+      bench_slice glm5-h200 32768 131072 262144
+      bench_slice dsv32-h200 131072
+      bench_slice qwen3-quest-h200 131072 ;;
     decode-dsa)
       bench_decode dsa 32768 131072 ;;
     decode-nsa)

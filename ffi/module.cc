@@ -14,6 +14,7 @@ XLA_FFI_Error* HisparseResolveCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparsePoolWriteCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparseTopkCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparseIndexScoresCuda(XLA_FFI_CallFrame*);  // CUDA only: the CPU runs the XLA reference
+XLA_FFI_Error* HisparseGroupedMatmulCuda(XLA_FFI_CallFrame*);  // CUDA only, likewise
 #endif
 }
 
@@ -43,6 +44,7 @@ NB_MODULE(_hisparse_ffi, m) {
     d["pool_write"] = Capsule(HisparsePoolWriteCuda);
     d["topk"] = Capsule(HisparseTopkCuda);
     d["index_scores"] = Capsule(HisparseIndexScoresCuda);
+    d["grouped_matmul"] = Capsule(HisparseGroupedMatmulCuda);
 #endif
     return d;
   });

@@ -10,6 +10,7 @@ from . import _ffi, decode, models, sharding
 from ._ffi import built_with_cuda, ffi_platforms
 from .cache import HotCache, alloc_host_pool, init_hot_cache, pinned_host_sharding, reset_streams
 from .config import CacheConfig
+from .grouped_matmul import grouped_matmul, grouped_matmul_reference, quantize_weights_fp8
 from .indexer import index_scores, index_scores_reference, quantize_keys_fp8
 from .pool import rows_outside_pool, write_records, write_records_inplace
 from .reference import resolve_reference
@@ -26,11 +27,14 @@ __all__ = [
     "alloc_host_pool",
     "built_with_cuda",
     "ffi_platforms",
+    "grouped_matmul",
+    "grouped_matmul_reference",
     "index_scores",
     "index_scores_reference",
     "init_hot_cache",
     "pinned_host_sharding",
     "quantize_keys_fp8",
+    "quantize_weights_fp8",
     "reset_streams",
     "resolve",
     "resolve_reference",

@@ -70,6 +70,39 @@ def has_target(target: str, backend: str | None = None) -> bool:
     return any(target in targets for p, targets in _registered_targets.items() if p.lower() == platform)
 
 
+def cuda_kernel_ready(target: str) -> bool:
+    """True on a CUDA backend whose extension registered `target`: the test of a CUDA-only custom
+    call (the indexer, the grouped matmul), which on other backends runs its XLA reference."""
+    return platform_of(jax.default_backend()) == "cuda" and has_target(target)
+
+
+def require_cuda_kernel(op: str, target: str) -> None:
+    """Raises a RuntimeError, prefixed with `op`, saying why implementation='ffi' cannot run the
+    CUDA-only custom call `target` here and what to do instead."""
+    if cuda_kernel_ready(target):
+        return
+    backend = jax.default_backend()
+    if platform_of(backend) != "cuda":
+        raise RuntimeError(f"{op}: implementation='ffi' is a CUDA kernel, but the default backend is "
+                           f"{backend!r}; pass implementation='reference' (or 'auto')")
+    try:
+        require_ffi(backend)  # says how to build with CUDA
+    except RuntimeError as err:
+        raise RuntimeError(f"{op}: {err}") from None
+    raise RuntimeError(f"{op}: the CUDA extension has no {target!r} handler; rebuild it with "
+                       "`HISPARSE_CUDA=ON pip install --no-build-isolation .`")
+
+
+def choose_cuda_kernel(implementation: str, target: str, domain_error: str) -> str:
+    """The implementation of a CUDA-only custom call: `implementation` itself unless "auto"
+    (validated), else "ffi" where the kernel is ready and the operands are in its domain
+    (`domain_error` empty), else "reference"."""
+    impl = choose_implementation(implementation)  # validates the name
+    if implementation != "auto":
+        return impl
+    return "ffi" if cuda_kernel_ready(target) and not domain_error else "reference"
+
+
 def require_ffi(platform: str) -> None:
     """Raises a RuntimeError saying how to get a handler for `platform`."""
     if _ext is None:

@@ -8,11 +8,18 @@ RESOLVE = "hisparse_resolve"
 POOL_WRITE = "hisparse_pool_write"
 TOPK = "hisparse_topk"
 INDEX_SCORES = "hisparse_index_scores"
+GROUPED_MATMUL = "hisparse_grouped_matmul"
 
-ALL = (RESOLVE, POOL_WRITE, TOPK, INDEX_SCORES)
+ALL = (RESOLVE, POOL_WRITE, TOPK, INDEX_SCORES, GROUPED_MATMUL)
 
 # Targets with a CUDA handler only: on CPU their ops run the XLA reference.
-CUDA_ONLY = (INDEX_SCORES,)
+CUDA_ONLY = (INDEX_SCORES, GROUPED_MATMUL)
 
 # Keys of the capsule dicts exported by the nanobind module, per target.
-CAPSULE_KEYS = {RESOLVE: "resolve", POOL_WRITE: "pool_write", TOPK: "topk", INDEX_SCORES: "index_scores"}
+CAPSULE_KEYS = {
+    RESOLVE: "resolve",
+    POOL_WRITE: "pool_write",
+    TOPK: "topk",
+    INDEX_SCORES: "index_scores",
+    GROUPED_MATMUL: "grouped_matmul",
+}

@@ -77,8 +77,13 @@ def alloc_host_pool(config: CacheConfig, sharding: Sharding | None = None) -> ja
     Built from a lazily zeroed NumPy buffer, so no device memory of the pool's
     size is ever needed.
     """
+    target = pinned_host_sharding(sharding)
+    if isinstance(jnp.zeros((), config.dtype), jax.core.Tracer):
+        # Under a trace (jax.eval_shape of a state, as the byte account and the working-memory
+        # compile do), only the shape matters: a NumPy buffer would be allocated all the same.
+        return jax.jit(lambda: jnp.zeros(config.pool_shape, config.dtype), out_shardings=target)()
     zeros = np.zeros(config.pool_shape, config.dtype)
-    return jax.device_put(zeros, pinned_host_sharding(sharding))
+    return jax.device_put(zeros, target)
 
 
 def reset_streams(cache: HotCache, streams: jax.Array) -> HotCache:

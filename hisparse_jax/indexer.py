@@ -69,7 +69,7 @@ def index_scores(
     impl = _choose(implementation, q, keys)
     if impl == "reference":
         return index_scores_reference(q, weights, keys, lengths, key_scale=key_scale)
-    _require_cuda_handler()
+    _ffi.require_cuda_kernel(_OP, _targets.INDEX_SCORES)
     _check_kernel_domain(q, keys)
     b, T = _shape(keys)[:2]
     # bfloat16 keys have no scale; the target still takes the operand, as an empty array.
@@ -194,24 +194,5 @@ def _check_kernel_domain(q, keys) -> None:
         _fail(ValueError, error)
 
 
-def _cuda_handler() -> bool:
-    return _ffi.platform_of(jax.default_backend()) == "cuda" and _ffi.has_target(_targets.INDEX_SCORES)
-
-
-def _require_cuda_handler() -> None:
-    if _cuda_handler():
-        return
-    backend = jax.default_backend()
-    if _ffi.platform_of(backend) != "cuda":
-        _fail(RuntimeError, f"implementation='ffi' is a CUDA kernel, but the default backend is {backend!r}; "
-              "pass implementation='reference' (or 'auto')")
-    _ffi.require_ffi(backend)  # says how to build with CUDA
-    _fail(RuntimeError, "the CUDA extension has no 'hisparse_index_scores' handler; rebuild it with "
-          "`HISPARSE_CUDA=ON pip install --no-build-isolation .`")
-
-
 def _choose(implementation: str, q, keys) -> str:
-    impl = _ffi.choose_implementation(implementation)  # validates the name
-    if implementation != "auto":
-        return impl
-    return "ffi" if _cuda_handler() and not _domain_error(q, keys) else "reference"
+    return _ffi.choose_cuda_kernel(implementation, _targets.INDEX_SCORES, _domain_error(q, keys))

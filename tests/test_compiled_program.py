@@ -306,10 +306,12 @@ def test_ffi_is_the_cuda_handler_on_gpu():
 
 
 def test_target_names():
-    assert _targets.ALL == ("hisparse_resolve", "hisparse_pool_write", "hisparse_topk", "hisparse_index_scores")
-    assert (_targets.RESOLVE, _targets.POOL_WRITE, _targets.TOPK, _targets.INDEX_SCORES) == _targets.ALL
+    assert _targets.ALL == ("hisparse_resolve", "hisparse_pool_write", "hisparse_topk", "hisparse_index_scores",
+                            "hisparse_grouped_matmul")
+    assert (_targets.RESOLVE, _targets.POOL_WRITE, _targets.TOPK, _targets.INDEX_SCORES,
+            _targets.GROUPED_MATMUL) == _targets.ALL
     assert set(_targets.CAPSULE_KEYS) == set(_targets.ALL)
-    assert _targets.CUDA_ONLY == ("hisparse_index_scores",)
+    assert _targets.CUDA_ONLY == ("hisparse_index_scores", "hisparse_grouped_matmul")
 
 
 def test_every_target_registered_for_cpu():

@@ -15,10 +15,11 @@ error. The bench refuses to time the pure-JAX reference RESOLVE unless asked
 (--allow-reference), and names the implementation that ran.
 
 Without arguments it runs a small CPU default (DSA tiny preset, about a
-minute on 2 cores). On a GPU, pass the realistic preset, budgets, a synthetic
-fill (no O(T^2) prefill) and the calibrated trace selection, e.g.
-  hisparse-bench decode --family dsa --preset realistic --contexts 32768 131072 \\
-      --device-budget-gib 24 --host-budget-gib 88 --fill synthetic --selection trace --no-io
+minute on 2 cores). On a GPU, run a deployment slice: a few layers of a real
+model with one GPU's share of weights, heads and HBM (docs/deployments.md),
+at 32K, 128K and 256K, under both trace calibrations:
+  hisparse-bench decode --deployment glm5-h200 --profile
+(--explain prints the slice's derivation and each run's batch, and exits).
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ import jax
 
 from .. import _ffi, traces
 from ..models import known_families
+from ..models.weights import weight_bytes
 from . import report as report_lib
-from .plan import BenchError, ContextPlan, Plan, build_plan
+from .deployments import DEPLOYMENTS
+from .plan import CPU_DEFAULTS, DEPLOYMENT_DEFAULTS, BenchError, ContextPlan, Plan, RunPlan, build_plan
 from .progress import Progress
 from .report import MODE_NAMES, fmt_bytes, format_table, write_plots
 from . import profile as profile_lib
@@ -42,12 +45,6 @@ from .runner import FILLS, DecodeRun, profile_run, start_run, time_in_turns, tok
 
 __all__ = ["main", "format_table", "write_plots"]
 
-# Defaults of the small CPU run (`./dev bench`): three identical runs on 2 shared cores agree on
-# the ratios within the ranges they print, in about a minute (mostly compilation).
-DEFAULT_CONTEXTS = (512, 1024)
-DEFAULT_DEVICE_BUDGET_MIB = 4.0
-DEFAULT_STEPS = 8
-DEFAULT_REPS = 30
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,33 +80,44 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("decode", help="decode throughput at the capacity wall",
                        description=__doc__.split("\n\n", 1)[1].split("\n\nWithout")[0])
-    d.add_argument("--family", default="dsa", choices=known_families())
-    d.add_argument("--preset", default="tiny", help="family preset (tiny, realistic)")
-    d.add_argument("--contexts", type=_tokens, nargs="+", default=list(DEFAULT_CONTEXTS),
-                   help="prompt tokens per request, one measurement each (default: %(default)s)")
+    cpu, slc = CPU_DEFAULTS, DEPLOYMENT_DEFAULTS
+    d.add_argument("--deployment", default=None, choices=list(DEPLOYMENTS),
+                   help="a deployment slice (docs/deployments.md): sets the model, its per-GPU share and the "
+                        "device budget, and the defaults marked 'deployment' below")
+    d.add_argument("--explain", action="store_true",
+                   help="print the slice's derivation (with --deployment) and each run's batch, then exit")
+    d.add_argument("--family", default=None, choices=known_families(), help=f"model family (default: {cpu['family']})")
+    d.add_argument("--preset", default=None, help=f"family preset, tiny or realistic (default: {cpu['preset']})")
+    d.add_argument("--contexts", type=_tokens, nargs="+", default=None,
+                   help=f"prompt tokens per request, one measurement each (default: {cpu['contexts']}; "
+                        f"deployment: {slc['contexts']})")
     budget = d.add_mutually_exclusive_group()
-    budget.add_argument("--device-budget-mib", type=_size, default=DEFAULT_DEVICE_BUDGET_MIB,
-                        help="HBM budget for one decode state (default: %(default)s)")
+    budget.add_argument("--device-budget-mib", type=_size, default=None,
+                        help="HBM budget for one decode state and the decode's working memory (default: "
+                             f"{cpu['device_budget_mib']}; deployment: its derivation)")
     budget.add_argument("--device-budget-gib", type=_size, default=None, help="the same in GiB")
-    d.add_argument("--host-budget-gib", type=_size, default=4.0,
-                   help="pinned host budget for the pools of one state (default: %(default)s)")
-    d.add_argument("--max-batch", type=_count, default=16, help="cap on the batch of any run (default: %(default)s)")
+    d.add_argument("--host-budget-gib", type=_size, default=None,
+                   help="pinned host budget for the pools of one state (default: "
+                        f"{cpu['host_budget_gib']}; deployment: {slc['host_budget_gib']})")
+    d.add_argument("--max-batch", type=_count, default=None,
+                   help=f"cap on the batch of any run (default: {cpu['max_batch']}; deployment: {slc['max_batch']})")
     d.add_argument("--top-k", type=_count, default=None, help="k, records selected per stream and step")
     d.add_argument("--hot-slots", type=_count, default=None, help="B >= k, hot slots per stream")
     d.add_argument("--num-layers", type=_count, default=None,
                    help="layers of the model (a slice of the real model's; per-request bytes scale with it)")
-    d.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+    d.add_argument("--set", nargs="+", action="extend", default=[], metavar="FIELD=VALUE",
                    help="other Config overrides, e.g. index_share=4 dtype=float32")
-    d.add_argument("--fill", default="prefill", choices=FILLS,
-                   help="prefill: the model's dense prefill of random prompts; synthetic: hashed "
+    d.add_argument("--fill", default=None, choices=FILLS,
+                   help="(default: prefill; deployment: synthetic) prefill: the model's dense prefill of random prompts; synthetic: hashed "
                         "non-zero records and metadata, no O(T^2) prefill (long contexts)")
-    d.add_argument("--selection", default="indexer", choices=["indexer", "trace", "trace-no-indexer"],
-                   help="indexer: the model's own top-k (random weights: little locality); trace: "
+    d.add_argument("--selection", default=None, choices=["indexer", "trace", "trace-no-indexer"],
+                   help="(default: indexer; deployment: trace) indexer: the model's own top-k (random weights: little locality); trace: "
                         "the calibrated synthetic trace of docs/traces.md (the indexer still runs); "
                         "trace-no-indexer: the trace without computing the indexer (shows its cost)")
-    d.add_argument("--trace", default="glm-5.1", choices=list(traces.CALIBRATIONS),
-                   help="the trace's calibration (docs/traces.md): glm-5.1 reproduces GLM-5.1's published "
-                        "LRU misses, deepseek-v3.2 DeepSeek-V3.2's ~44%% step overlap (default: %(default)s)")
+    d.add_argument("--trace", default=None, nargs="+", choices=list(traces.CALIBRATIONS),
+                   help="the trace calibrations, one comparison each (docs/traces.md): glm-5.1 reproduces "
+                        "GLM-5.1's published LRU misses, deepseek-v3.2 DeepSeek-V3.2's ~44%% step overlap "
+                        f"(default: {' '.join(cpu['trace'])}; deployment: {' '.join(slc['trace'])})")
     d.add_argument("--trace-beta", type=float, default=None, help="override the calibration's beta")
     d.add_argument("--trace-rho-e", type=float, default=None, help="override the calibration's rho_e")
     d.add_argument("--trace-memoryless-layers", type=int, default=0,
@@ -120,11 +128,11 @@ def _parser() -> argparse.ArgumentParser:
                         "next to the step's roofline (GPU; hisparse_jax.bench.profile)")
     d.add_argument("--profile-dir", default=None,
                    help="keep the profiler traces there, one folder per run (open them in Perfetto)")
-    d.add_argument("--steps", type=_count, default=DEFAULT_STEPS,
-                   help="decode steps per timed call (default: %(default)s)")
-    d.add_argument("--reps", type=_count, default=DEFAULT_REPS,
+    d.add_argument("--steps", type=_count, default=None,
+                   help=f"decode steps per timed call (default: {cpu['steps']}; deployment: {slc['steps']})")
+    d.add_argument("--reps", type=_count, default=None,
                    help="timed calls per run, after one untimed call; min / median / max reported "
-                        "(default: %(default)s)")
+                        f"(default: {cpu['reps']}; deployment: {slc['reps']})")
     d.add_argument("--modes", nargs="+", default=["device", "hisparse"], choices=["device", "hisparse"])
     d.add_argument("--no-equal-batch", action="store_true", help="skip HiSparse at the baseline's batch")
     d.add_argument("--one-at-a-time", action="store_true",
@@ -138,46 +146,51 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> tuple[dict, list]:
-    """((kind, mode) -> DecodeTiming of every run at one context (and ("no-IO", "hisparse")),
+    """(RunPlan.key -> DecodeTiming of every run at one context (and ("no-IO", "hisparse", trace)),
     the profiles of the capacity runs with --profile)."""
     trace_steps = tokens_needed(c.context, args.steps, args.reps, args.no_io, args.profile) - c.context
-    options = dict(fill=args.fill, trace=plan_.trace, trace_steps=trace_steps,
-                   skip_indexer=args.selection == "trace-no-indexer")
     timings, profiles = {}, []
 
-    def start(kind, mode, batch) -> DecodeRun:
-        run = start_run(plan_.family, c.config, weights, mode, batch, c.context, args.steps, **options)
-        progress.advance(f"compiled {MODE_NAMES[mode]} @ {c.context}, batch {batch} ({kind})")
+    def name(r: RunPlan) -> str:
+        return f"{MODE_NAMES[r.mode]} @ {c.context}, batch {r.batch} ({r.kind}" + (
+            f", {r.trace.name} trace)" if r.trace is not None else ")")
+
+    def start(r: RunPlan) -> DecodeRun:
+        run = start_run(plan_.family, c.config, weights, r.mode, r.batch, c.context, args.steps, fill=args.fill,
+                        trace=r.trace, trace_steps=trace_steps, skip_indexer=args.selection == "trace-no-indexer")
+        progress.advance(f"compiled {name(r)}")
         return run
 
     def rounds(label):
         return lambda i: progress.advance(f"{label}: timed call {i + 1}/{args.reps}", log=i + 1 == args.reps)
 
-    def after_timing(kind, mode, run):
+    def after_timing(r: RunPlan, run):
         """The capacity runs' profile, then (hisparse) the no-IO run, which takes over the state."""
-        if kind != "capacity":
+        if r.kind != "capacity":
             return
         if args.profile:
-            trace_dir = None if args.profile_dir is None else str(Path(args.profile_dir) / f"{mode}-{c.context}")
-            profiles.append(profile_run(run, bandwidths, trace_dir))
-            progress.advance(f"profiled {MODE_NAMES[mode]} @ {c.context}")
-        if args.no_io and mode == "hisparse":
+            label = f"{r.mode}-{c.context}" + ("" if r.trace is None else f"-{r.trace.name}")
+            trace_dir = None if args.profile_dir is None else str(Path(args.profile_dir) / label)
+            profiled = profile_run(run, bandwidths, trace_dir)
+            profiles.append(dict(profiled, trace=None if r.trace is None else r.trace.name))
+            progress.advance(f"profiled {name(r)}")
+        if args.no_io and r.mode == "hisparse":
             quiet = without_io(run)
-            progress.advance(f"compiled hisparse @ {c.context} without the record copy (no-IO)")
-            (timings[("no-IO", "hisparse")],) = time_in_turns([quiet], args.reps, rounds("no-IO"))
+            progress.advance(f"compiled {name(r)} without the record copy (no-IO)")
+            (timings[("no-IO",) + r.key[1:]],) = time_in_turns([quiet], args.reps, rounds("no-IO"))
 
     bandwidths = profile_lib.measure_bandwidths(c.config.record_bytes) if args.profile else None
     if plan_.in_turns:
-        runs = {(kind, mode): start(kind, mode, batch) for kind, mode, batch in c.runs}
+        runs = {r: start(r) for r in c.runs}
         measured = time_in_turns(list(runs.values()), args.reps, rounds(f"context {c.context}, in turns"))
-        timings.update(zip(runs, measured))
-        for (kind, mode), run in runs.items():
-            after_timing(kind, mode, run)
+        timings.update(zip((r.key for r in runs), measured))
+        for r, run in runs.items():
+            after_timing(r, run)
     else:
-        for kind, mode, batch in c.runs:
-            run = start(kind, mode, batch)
-            (timings[(kind, mode)],) = time_in_turns([run], args.reps, rounds(f"{MODE_NAMES[mode]} ({kind})"))
-            after_timing(kind, mode, run)
+        for r in c.runs:
+            run = start(r)
+            (timings[r.key],) = time_in_turns([run], args.reps, rounds(name(r)))
+            after_timing(r, run)
             del run  # its state goes before the next one is built
     return timings, profiles
 
@@ -187,45 +200,57 @@ def _progress_total(args, plan_: Plan) -> int:
     total = 0
     for c in plan_.contexts:
         total += len(c.runs) + args.reps * (1 if plan_.in_turns else len(c.runs))
-        total += (1 + args.reps) if args.no_io else 0
-        total += 2 if args.profile else 0
+        hisparse = sum(r.kind == "capacity" and r.mode == "hisparse" for r in c.runs)
+        capacity_runs = sum(r.kind == "capacity" for r in c.runs)
+        total += hisparse * (1 + args.reps) if args.no_io else 0
+        total += capacity_runs if args.profile else 0
     return total
 
 
 def run_decode(args, plan_: Plan) -> dict:
     """Times every planned run; the decode.json report."""
     rows, ratios, notes, profiles = [], [], [], []
-    if plan_.trace is not None:
-        notes.append(traces.describe(plan_.trace))
+    notes += [traces.describe(t) for t in plan_.traces]
+    if plan_.traces and plan_.contexts[0].config.page_size > 1:
+        notes.append(f"records are pages of {plan_.contexts[0].config.page_size} tokens: the calibrations are "
+                     "token-level figures applied to pages (page-level locality uncalibrated)")
     with Progress(_progress_total(args, plan_), "decode") as progress:
         for c in plan_.contexts:
             weights = plan_.family.init_weights(c.config, 0)
             timings, measured = _measure(args, plan_, c, weights, progress)
             profiles += measured
-            for (kind, mode), timing in timings.items():
+            del weights
+            for (kind, mode, trace), timing in timings.items():
                 limited_by = "baseline's batch" if kind == "equal batch" else c.caps[mode].limited_by
-                rows.append(report_lib.row(kind, timing, c.caps[mode], c.config.record_bytes, c.config, limited_by))
-            if {("capacity", "device"), ("capacity", "hisparse")} <= timings.keys():
-                ratios.append(report_lib.ratios(c.context, timings[("capacity", "hisparse")],
-                                                timings[("capacity", "device")],
-                                                timings.get(("equal batch", "hisparse")), c.caps))
+                rows.append(dict(report_lib.row(kind, timing, c.caps[mode], c.config.record_bytes, c.config,
+                                                limited_by), trace=trace))
+            for trace in [t.name for t in plan_.traces] or [None]:
+                pair = (("capacity", "device", trace), ("capacity", "hisparse", trace))
+                if set(pair) <= timings.keys():
+                    entry = report_lib.ratios(c.context, timings[pair[1]], timings[pair[0]],
+                                              timings.get(("equal batch", "hisparse", trace)), c.caps)
+                    ratios.append(dict(entry, trace=trace))
     config = plan_.contexts[-1].config
     platform = _ffi.platform_of(jax.default_backend())
     return dict(
-        family=args.family, preset=args.preset, device=str(jax.devices()[0].device_kind),
+        family=args.family, preset=args.preset, deployment=args.deployment,
+        derivation=None if plan_.derivation is None else plan_.derivation.lines(),
+        device=str(jax.devices()[0].device_kind),
         backend=jax.default_backend(), jax=jax.__version__,
         resolve_implementation=f"ffi on {platform}" if plan_.implementation == "ffi" else "reference",
         hisparse_jax_path=str(Path(_ffi.__file__).parent),
         device_budget_bytes=plan_.device_budget, host_budget_bytes=plan_.host_budget, max_batch_cap=args.max_batch,
         steps=args.steps, reps=args.reps, timing=plan_.timing_note, fill=args.fill, selection=args.selection,
-        notes=notes, overrides=plan_.overrides, num_layers=config.num_layers,
+        traces=[t.name for t in plan_.traces], notes=notes, overrides=plan_.overrides, num_layers=config.num_layers,
         ratio_range=report_lib.range_note(plan_.in_turns), rows=rows, ratios=ratios, profiles=profiles,
     )
 
 
 def header(report: dict) -> str:
+    model = (f"deployment slice {report['deployment']} ({report['family']})" if report.get("deployment")
+             else f"{report['family']} {report['preset']}")
     lines = [
-        f"{report['family']} {report['preset']} on {report['device']} (jax {report['jax']}); RESOLVE: "
+        f"{model} on {report['device']} (jax {report['jax']}); RESOLVE: "
         f"{report['resolve_implementation']}; device budget {fmt_bytes(report['device_budget_bytes'])}, "
         f"host budget {fmt_bytes(report['host_budget_bytes'])}, batch cap {report['max_batch_cap']}",
         f"{report['reps']} timed calls of {report['steps']} decode steps per run after an untimed one, "
@@ -240,6 +265,29 @@ def header(report: dict) -> str:
     return "\n".join(lines)
 
 
+def explain(plan_: Plan) -> str:
+    """The slice's derivation (with --deployment) and every run's batch, from the plan alone."""
+    lines = []
+    if plan_.derivation is not None:
+        config = plan_.contexts[0].config
+        per_layer = {part: n / config.num_layers for part, n in weight_bytes(plan_.family, config).items()}
+        lines += plan_.derivation.lines(per_layer)
+    lines.append(f"device budget {fmt_bytes(plan_.device_budget)}, host budget {fmt_bytes(plan_.host_budget)}")
+    for c in plan_.contexts:
+        for mode, cap in c.caps.items():
+            lines.append(f"context {c.context}: {MODE_NAMES[mode]} batch {cap.max_batch} (limited by "
+                         f"{cap.limited_by}); per request {fmt_bytes(cap.device_per_request)} device, "
+                         f"{fmt_bytes(cap.host_per_request)} host; fixed {fmt_bytes(cap.device_fixed)} device; "
+                         f"compiled working memory {fmt_bytes(cap.working_fixed)} + "
+                         f"{fmt_bytes(cap.working_per_request + cap.trace_ids_per_request)} per request "
+                         f"(trace ids {fmt_bytes(cap.trace_ids_per_request)}), "
+                         f"{fmt_bytes(cap.working_at_max_batch)} at batch {cap.max_batch}")
+        lines.append(f"context {c.context}: runs " + "; ".join(
+            f"{r.kind} {MODE_NAMES[r.mode]} batch {r.batch}" + ("" if r.trace is None else f" ({r.trace.name})")
+            for r in c.runs))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     try:
         args = _parser().parse_args(argv)
@@ -247,6 +295,9 @@ def main(argv=None) -> int:
     except BenchError as err:
         print(f"hisparse-bench: error: {err}", file=sys.stderr)
         return err.status
+    if args.explain:
+        print(explain(plan_))
+        return 0
     report = run_decode(args, plan_)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

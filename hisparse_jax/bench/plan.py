@@ -1,4 +1,4 @@
-"""Everything `hisparse-bench decode` checks and sizes before it compiles anything.
+"""Everything `hisparse-bench decode` checks and sizes before it runs anything.
 
 `build_plan(args)` turns parsed arguments into a Plan: the Config of every context (preset,
 overrides and room for every decoded token), each mode's capacity under the budgets, the runs
@@ -6,7 +6,9 @@ and how they are timed. Whatever would fail later fails here, as a BenchError ho
 a Config the model rejects (its ValueError names `Config.field`; the flags that set the field
 are added), a bfloat16 config on XLA:CPU (which cannot run its dots), the pure-JAX reference
 RESOLVE unless allowed, a run whose batch 1 does not fit the budgets (with the bytes it needs
-and the budget that fits).
+and the budget that fits). Sizing compiles the decode of every context and mode for its memory
+analysis (hisparse_jax.bench.working_memory); the checks of arguments and of the state bytes
+come before any compilation.
 """
 
 from __future__ import annotations
@@ -23,10 +25,21 @@ import jax.numpy as jnp
 from .. import _ffi, traces
 from ..models import get_family
 from .capacity import Capacity, capacity
+from .working_memory import fit_batches, program_memory, working_memory
+from .deployments import DEPLOYMENTS, get_deployment
 from .report import MODE_NAMES, fmt_bytes
 from .runner import tokens_needed
 
 MiB, GiB = 2**20, 2**30
+
+# The small CPU run (`./dev bench`, no arguments): three identical runs on 2 shared cores agree on
+# the ratios within the ranges they print, in about a minute (mostly compilation).
+CPU_DEFAULTS = dict(family="dsa", preset="tiny", contexts=[512, 1024], device_budget_mib=4.0, host_budget_gib=4.0,
+                    max_batch=16, fill="prefill", selection="indexer", trace=["glm-5.1"], steps=8, reps=30)
+# A deployment slice (--deployment): long contexts from a synthetic fill, both trace calibrations,
+# at least 10 timed calls, a batch cap far above any capacity.
+DEPLOYMENT_DEFAULTS = dict(contexts=[32768, 131072, 262144], host_budget_gib=88.0, max_batch=512,
+                           fill="synthetic", selection="trace", trace=list(traces.CALIBRATIONS), steps=16, reps=12)
 
 
 class BenchError(Exception):
@@ -38,15 +51,30 @@ class BenchError(Exception):
         self.status = status
 
 
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """One run: kind ("capacity" or "equal batch"), mode, batch, and the trace it selects by
+    (None: the model's indexer)."""
+
+    kind: str
+    mode: str
+    batch: int
+    trace: traces.TraceConfig | None
+
+    @property
+    def key(self) -> tuple[str, str, str | None]:
+        return self.kind, self.mode, None if self.trace is None else self.trace.name
+
+
 @dataclasses.dataclass
 class ContextPlan:
-    """What runs at one context: the config, each mode's capacity, and the runs (kind, mode,
-    batch) in the order they are started."""
+    """What runs at one context: the config, each mode's capacity, and the runs in the order
+    they are started."""
 
     context: int
     config: object
     caps: dict[str, Capacity]
-    runs: list[tuple[str, str, int]]
+    runs: list[RunPlan]
 
 
 @dataclasses.dataclass
@@ -56,12 +84,13 @@ class Plan:
     family: object
     overrides: dict
     contexts: list[ContextPlan]
-    trace: traces.TraceConfig | None
+    traces: list[traces.TraceConfig]
     device_budget: int
     host_budget: int
     implementation: str
     in_turns: bool
     timing_note: str
+    derivation: object = None
 
 
 def _flag_fields(family) -> dict[str, str]:
@@ -141,15 +170,21 @@ def _config(family, args, context: int, overrides: dict):
         raise _config_error(family, err) from None
 
 
-def _trace(args, config) -> traces.TraceConfig | None:
+def _traces(args, config) -> list[traces.TraceConfig]:
+    """The trace of every calibration in --trace (none with --selection indexer)."""
     if args.selection == "indexer":
-        return None
+        return []
+    repeated = sorted({t for t in args.trace if args.trace.count(t) > 1})
+    if repeated:
+        raise BenchError(f"argument --trace: {', '.join(repeated)} given more than once")
     fields = dict(memoryless_layers=args.trace_memoryless_layers)
     for name, value in (("beta", args.trace_beta), ("rho_e", args.trace_rho_e)):
         if value is not None:
             fields[name] = value
+    if len(fields) > 1 and len(args.trace) > 1:
+        raise BenchError("--trace-beta / --trace-rho-e change one calibration; give a single --trace with them")
     try:
-        return traces.TraceConfig.calibration(args.trace, config.page_size, **fields)
+        return [traces.TraceConfig.calibration(name, config.page_size, **fields) for name in args.trace]
     except ValueError as err:
         raise BenchError(f"--trace-*: {err}") from None
 
@@ -214,29 +249,45 @@ def _budget_flag(flag: str, needed: int, unit: int) -> str:
     return f"{flag} {value:g}"
 
 
-def _check_fits(args, contexts: list[ContextPlan], budget: int, host_budget: int) -> None:
+def _check_fits(args, family, contexts: list[ContextPlan], budget: int, host_budget: int) -> None:
     """Every run fits batch 1 under both budgets; else one error naming what does not fit and
-    the budgets that would fit batch 1 of every run."""
-    batch1 = {(c.context, mode): (cap.device_fixed + cap.device_per_request, cap.host_fixed + cap.host_per_request)
-              for c in contexts for mode, cap in c.caps.items()}
-    short = {memory: [(key, need[i]) for key, need in batch1.items() if need[i] > limit]
-             for i, (memory, limit) in enumerate((("device", budget), ("host", host_budget)))}
-    if not short["device"] and not short["host"]:
+    the budgets that would fit batch 1 of every run. Device bytes are the state's and the
+    decode's working memory at batch 1 (compiled only for the runs that do not fit): before the
+    working memory is known (capacities of the state alone) a run does not fit when its state
+    does not; after, when the search found no batch."""
+    def short_of_device(cap: Capacity) -> bool:
+        return cap.state_device_bytes(1) > budget or (cap.working is not None and cap.max_batch == 0)
+
+    def working_at_one(c: ContextPlan, mode: str) -> int:
+        if c.caps[mode].working is not None:
+            return c.caps[mode].working.at(1).total
+        return program_memory(family, c.config, mode, 1, args.steps, trace=args.selection != "indexer",
+                              skip_indexer=args.selection == "trace-no-indexer").total
+
+    host_need = {(c.context, mode): cap.host_fixed + cap.host_per_request
+                 for c in contexts for mode, cap in c.caps.items()}
+    device_short = {(c.context, mode): (cap.state_device_bytes(1), working_at_one(c, mode))
+                    for c in contexts for mode, cap in c.caps.items() if short_of_device(cap)}
+    host_short = {key: need for key, need in host_need.items() if need > host_budget}
+    if not device_short and not host_short:
         return
     parts = []
-    for memory, failing in short.items():
-        if failing:
-            limit = budget if memory == "device" else host_budget
-            needs = ", ".join(f"{MODE_NAMES[mode]} @ {context}: {fmt_bytes(need)}" for (context, mode), need in failing)
-            what = "device state" if memory == "device" else "host pool"
-            parts.append(f"the {memory} budget of {fmt_bytes(limit)} (batch 1 needs {what} of {needs})")
+    if device_short:
+        needs = ", ".join(f"{MODE_NAMES[mode]} @ {context}: {fmt_bytes(state)} + {fmt_bytes(work)}"
+                          for (context, mode), (state, work) in device_short.items())
+        parts.append(f"the device budget of {fmt_bytes(budget)} (batch 1 needs device state + decode working "
+                     f"memory of {needs})")
+    if host_short:
+        needs = ", ".join(f"{MODE_NAMES[mode]} @ {context}: {fmt_bytes(need)}"
+                          for (context, mode), need in host_short.items())
+        parts.append(f"the host budget of {fmt_bytes(host_budget)} (batch 1 needs host pool of {needs})")
     fixes = []
-    if short["device"]:
-        need = max(d for d, _ in batch1.values())
+    if device_short:  # the runs that fit need no more than the budget, below every short run's need
+        need = max(state + work for state, work in device_short.values())
         fixes.append(_budget_flag("--device-budget-gib", need, GiB) if args.device_budget_gib is not None
                      else _budget_flag("--device-budget-mib", need, MiB))
-    if short["host"]:
-        fixes.append(_budget_flag("--host-budget-gib", max(h for _, h in batch1.values()), GiB))
+    if host_short:
+        fixes.append(_budget_flag("--host-budget-gib", max(host_need.values()), GiB))
     raise BenchError(f"batch 1 does not fit {' nor '.join(parts)}; {' and '.join(fixes)} "
                      f"{'fit' if len(fixes) > 1 else 'fits'} batch 1 of "
                      "every run", status=1)
@@ -262,8 +313,8 @@ def _timing_schedule(args, contexts: list[ContextPlan], platform: str) -> tuple[
     if limit is None:
         return False, f"each run alone ({source})"
     for c in contexts:
-        device = sum(c.caps[m].device_fixed + c.caps[m].device_per_request * b for _, m, b in c.runs)
-        host = sum(c.caps[m].host_fixed + c.caps[m].host_per_request * b for _, m, b in c.runs)
+        device = sum(c.caps[r.mode].device_fixed + c.caps[r.mode].device_per_request * r.batch for r in c.runs)
+        host = sum(c.caps[r.mode].host_fixed + c.caps[r.mode].host_per_request * r.batch for r in c.runs)
         if platform == "cpu":
             fits, beyond = device + host <= limit, source
         else:
@@ -278,8 +329,52 @@ def _host_budget(args) -> int:
     return int(args.host_budget_gib * GiB)
 
 
+def resolve_defaults(args):
+    """Fills the arguments not given: from the deployment's derivation with --deployment, else
+    the small CPU run's. Returns the Derivation (None without --deployment)."""
+    derivation = None
+    if args.deployment is not None:
+        try:
+            deployment = get_deployment(args.deployment)
+        except ValueError as err:
+            raise BenchError(f"argument --deployment: {err}") from None
+        for flag, name in (("--family", "family"), ("--preset", "preset")):
+            given = getattr(args, name)
+            if given is not None:
+                raise BenchError(f"{flag} {given}: --deployment {deployment.name} sets the model "
+                                 f"({deployment.family}); drop {flag}")
+        try:
+            derivation = deployment.derive(args.num_layers)
+        except ValueError as err:
+            raise BenchError(f"--num-layers: {err}") from None
+        args.family, args.preset = deployment.family, "realistic"
+        if args.device_budget_gib is None and args.device_budget_mib is None:
+            args.device_budget_gib = derivation.device_budget / GiB
+        for name, value in DEPLOYMENT_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+    for name, value in CPU_DEFAULTS.items():
+        if name == "device_budget_mib" and args.device_budget_gib is not None:
+            continue
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return derivation
+
+
+def _with_working_memory(args, family, config, state_only: Capacity, budget: int, host_budget: int) -> Capacity:
+    """The capacity of `state_only`'s mode counting its timed decode's working memory too
+    (`args.steps` steps a call, with trace ids when it selects by a trace), fitted at batches
+    bracketing the state-only answer, which bounds the search's."""
+    working = working_memory(family, config, state_only.mode, args.steps, trace=args.selection != "indexer",
+                             skip_indexer=args.selection == "trace-no-indexer",
+                             batches=fit_batches(state_only.max_batch))
+    return capacity(family, config, state_only.mode, device_budget=budget, host_budget=host_budget,
+                    max_batch_cap=args.max_batch, working=working)
+
+
 def build_plan(args) -> Plan:
-    """Checks everything that can be checked before any compilation, and sizes every run."""
+    """Checks everything that can be checked before any compilation, then sizes every run."""
+    derivation = resolve_defaults(args)
     family = get_family(args.family)
     if args.preset not in family.Config.PRESETS:
         raise BenchError(f"argument --preset: unknown preset {args.preset!r} for {args.family}; presets: "
@@ -293,33 +388,44 @@ def build_plan(args) -> Plan:
     if args.no_io and "hisparse" not in args.modes:
         raise BenchError("--no-io times HiSparse without the record copy; add hisparse to --modes")
     overrides = _parse_sets(family, args)
+    if derivation is not None:
+        overrides = {**derivation.overrides, **overrides}
     budget, host_budget = _device_budget(args), _host_budget(args)
     _allow_pinned_host(host_budget)  # before the backend starts
     platform = _ffi.platform_of(jax.default_backend())
     _check_dtype(args, _field_value(family, args.preset, overrides, "dtype"), platform)
     configs = {context: _config(family, args, context, overrides) for context in args.contexts}
-    trace = _trace(args, configs[args.contexts[0]])
+    trace_list = _traces(args, configs[args.contexts[0]])
     implementation = _implementation(args, configs[args.contexts[0]], platform)
     if implementation == "reference" and "implementation" in {f.name for f in dataclasses.fields(family.Config)}:
         # Pin "auto" to the reference it stands for here, so the report names what runs. ("auto"
         # standing for "ffi" stays: it still lets a kernel without a handler here fall back.)
         configs = {c: dataclasses.replace(cfg, implementation="reference") for c, cfg in configs.items()}
-    contexts = []
-    for context, config in configs.items():
-        caps = {m: capacity(family, config, m, device_budget=budget, host_budget=host_budget,
-                            max_batch_cap=args.max_batch) for m in args.modes}
-        runs = [("capacity", m, caps[m].max_batch) for m in args.modes]
-        if not args.no_equal_batch and {"device", "hisparse"} <= caps.keys():
-            runs.append(("equal batch", "hisparse", caps["device"].max_batch))
-        contexts.append(ContextPlan(context, config, caps, runs))
-    _check_fits(args, contexts, budget, host_budget)
+    # The state bytes first (no compilation), then the decode's working memory (compiles).
+    contexts = [ContextPlan(context, config, {m: capacity(family, config, m, device_budget=budget,
+                                                           host_budget=host_budget, max_batch_cap=args.max_batch)
+                                              for m in args.modes}, [])
+                for context, config in configs.items()]
+    _check_fits(args, family, contexts, budget, host_budget)
+    for c in contexts:
+        c.caps = {m: _with_working_memory(args, family, c.config, cap, budget, host_budget)
+                  for m, cap in c.caps.items()}
+        for trace in trace_list or [None]:  # each calibration is a comparison of its own
+            c.runs += [RunPlan("capacity", m, c.caps[m].max_batch, trace) for m in args.modes]
+            if not args.no_equal_batch and {"device", "hisparse"} <= c.caps.keys():
+                c.runs.append(RunPlan("equal batch", "hisparse", c.caps["device"].max_batch, trace))
+    _check_fits(args, family, contexts, budget, host_budget)
     in_turns, note = _timing_schedule(args, contexts, platform)
-    return Plan(family, overrides, contexts, trace, budget, host_budget, implementation, in_turns, note)
+    return Plan(family, overrides, contexts, trace_list, budget, host_budget, implementation, in_turns, note,
+                derivation)
 
 
 def _allow_pinned_host(host_budget: int) -> None:
     """XLA's GPU client caps pinned host memory at 64 GiB unless XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB
-    says otherwise; unless the user set it, lift the cap to the host budget plus headroom. Must run
-    before the backend starts (the first device use)."""
+    says otherwise; unless the user set it, lift the cap. Its allocator grows in regions that double
+    (a 33.8 GiB pool takes a 64 GiB region), and the cap bounds the regions, not the pools: a cap of
+    the budget plus headroom left a third pool out at 72 GiB of 88 (BENCHMARKS.md, dsv32-h200).
+    Twice the budget covers the rounding; the allocator falls back to smaller regions when the
+    machine cannot pin a larger one. Must run before the backend starts (the first device use)."""
     if "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB" not in os.environ:
-        os.environ["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] = str(math.ceil(host_budget / 2**30) + 8)
+        os.environ["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] = str(2 * math.ceil(host_budget / 2**30) + 8)

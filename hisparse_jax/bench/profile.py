@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import decode
+from ..models.moe import expected_active_experts
 
 CATEGORIES = ("weights/FFN", "attention", "indexer", "top-k", "resolve", "IO", "copies", "other")
 
@@ -243,9 +244,20 @@ def host_link_bandwidth(record_bytes: int, streams: int = 64, k: int = 2048, rep
     return streams * k * record_bytes / float(np.median(times))
 
 
-def weight_bytes(weights, batch: int) -> int:
-    """Bytes of weights one step reads: every weight, but only `batch` rows of the embedding."""
-    total = sum(x.nbytes for x in jax.tree.leaves(weights))
+def weight_bytes(weights, batch: int, config=None) -> float:
+    """Bytes of weights one step reads: every weight, but only `batch` rows of the embedding, and
+    of a mixture of experts' routed experts (hisparse_jax.models.moe) only those a step is
+    expected to use: batch x experts_per_token (token, expert) pairs land on the layer's local
+    experts, which under uniform routing leave E (1 - 1/E)^pairs of them idle. The grouped
+    matmul reads no idle expert, so a roofline that counted every expert would be too slow."""
+    total = 0.0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(weights)[0]:
+        names = {getattr(key, "name", None) for key in path}
+        share = 1.0
+        if config is not None and "moe" in names and "routed" in names and config.experts > 0:
+            pairs = batch * config.experts_per_token
+            share = expected_active_experts(config.experts, pairs) / config.experts
+        total += leaf.nbytes * share
     embed = weights.embed
     return total - embed.nbytes + batch * embed.shape[1] * embed.dtype.itemsize
 
@@ -257,7 +269,7 @@ def step_bytes(family, config, weights, batch: int, context: int, misses_per_ste
     streams = int(np.prod(cache.stream_shape))
     attended = cache.num_layers * streams * (config.top_k + 1) * config.record_bytes
     return {
-        "weights": float(weight_bytes(weights, batch)),
+        "weights": float(weight_bytes(weights, batch, config)),
         "metadata": float(batch * family.metadata_bytes_read(config, context)),
         "attended KV": float(attended),
         "miss IO": float(misses_per_step * config.record_bytes),
@@ -310,15 +322,18 @@ def profile_decode(family, config, weights, state, first_tokens, steps: int, *, 
 def format_profile(rows: list[dict]) -> str:
     """A markdown table of profile rows (StepProfile fields plus mode, context, batch): device ms
     per step by category, the device sum, the step and its roofline."""
-    head = "| mode | context | batch | " + " | ".join(CATEGORIES) + " | device sum | step | roofline | step / roofline |"
-    lines = [head, "|" + "---|" * (len(CATEGORIES) + 7)]
+    head = ("| mode | context | trace | batch | " + " | ".join(CATEGORIES)
+            + " | device sum | step | roofline | step / roofline | tokens/s / roofline tokens/s |")
+    lines = [head, "|" + "---|" * (len(CATEGORIES) + 9)]
     for r in rows:
         cells = " | ".join(f"{r['seconds'][c] * 1e3:.3f}" for c in CATEGORIES)
         total = sum(r["seconds"].values())
-        lines.append(f"| {r['mode']} | {r['context']} | {r['batch']} | {cells} | {total * 1e3:.3f} | "
-                     f"{r['step_seconds'] * 1e3:.3f} | {r['roofline_seconds'] * 1e3:.3f} | "
-                     f"{r['step_seconds'] / r['roofline_seconds']:.2f} |")
-    lines += ["", "ms per step; roofline = (weights + metadata + attended KV) / HBM + miss IO / host link"]
+        lines.append(f"| {r['mode']} | {r['context']} | {r.get('trace') or '-'} | {r['batch']} | {cells} | "
+                     f"{total * 1e3:.3f} | {r['step_seconds'] * 1e3:.3f} | {r['roofline_seconds'] * 1e3:.3f} | "
+                     f"{r['step_seconds'] / r['roofline_seconds']:.2f} | "
+                     f"{r['roofline_seconds'] / r['step_seconds']:.0%} |")
+    lines += ["", "ms per step of the profiled call; roofline = (weights + metadata + attended KV) / HBM + "
+                  "miss IO / host link (routed experts: the bytes of the experts expected to receive a token)"]
     for r in rows:
         parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in r["bytes"].items())
         bw = ", ".join(f"{k} {v / 1e9:.0f} GB/s" for k, v in r["bandwidths"].items())

@@ -63,6 +63,9 @@ def row(run: str, timing: DecodeTiming, cap: Capacity, record_bytes: int, config
         device_bytes_per_request=cap.device_per_request,
         kv_device_bytes_per_request=cap.device_per_request_by_category.get("kv records", 0),
         device_bytes_by_category=cap.device_per_request_by_category,
+        working_bytes_fixed=cap.working_fixed,
+        working_bytes_per_request=cap.working_per_request + cap.trace_ids_per_request,
+        working_bytes_at_capacity=cap.working_at_max_batch,
         host_bytes_per_request=cap.host_per_request,
         max_batch=cap.max_batch,
         limited_by=limited_by,
@@ -133,28 +136,39 @@ def _fmt_ratio(q: dict, key: str) -> str:
 
 def format_table(report: dict) -> str:
     """The rows table, then (when both modes ran) the ratios table, in Markdown."""
-    head = ("| context | run | mode | batch (limit) | tokens/s (median) | TPOT ms min / median / max | "
+    head = ("| context | trace | run | mode | batch (limit) | tokens/s (median) | TPOT ms min / median / max | "
             "miss rate | IO/token | device/request (kv part) | host/request |")
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for r in report["rows"]:
         lines.append(
-            f"| {r['context']} | {r['run']} | {MODE_NAMES.get(r['mode'], r['mode'])} | {r['batch']} "
+            f"| {r['context']} | {r.get('trace') or '-'} | {r['run']} | {MODE_NAMES.get(r['mode'], r['mode'])} | {r['batch']} "
             f"({r['limited_by']}) | {r['tokens_per_s']:.1f} | {r['tpot_ms_min']:.2f} / "
             f"{r['tpot_ms_median']:.2f} / {r['tpot_ms_max']:.2f} | {r['miss_rate']:.1%} | "
             f"{fmt_bytes(r['io_bytes_per_token'])} | {fmt_bytes(r['device_bytes_per_request'])} "
             f"({fmt_bytes(r['kv_device_bytes_per_request'])}) | {fmt_bytes(r['host_bytes_per_request'])} |"
         )
     if report["ratios"]:
-        lines += ["", "| context | " + " | ".join(RATIO_COLUMNS.values()) + " |",
-                  "|" + "---|" * (len(RATIO_COLUMNS) + 1)]
+        lines += ["", "| context | trace | " + " | ".join(RATIO_COLUMNS.values()) + " |",
+                  "|" + "---|" * (len(RATIO_COLUMNS) + 2)]
         for q in report["ratios"]:
-            lines.append(f"| {q['context']} | " + " | ".join(_fmt_ratio(q, k) for k in RATIO_COLUMNS) + " |")
+            lines.append(f"| {q['context']} | {q.get('trace') or '-'} | "
+                         + " | ".join(_fmt_ratio(q, k) for k in RATIO_COLUMNS) + " |")
     return "\n".join(lines)
 
 
+def plot_title(report: dict) -> str:
+    """What a plot shows: model, device, selection, fill and budget."""
+    model = (f"{report['deployment']} slice" if report.get("deployment")
+             else f"{report['family']} {report['preset']}")
+    traces = f" ({', '.join(report['traces'])})" if report.get("traces") else ""
+    return (f"{model}, {report['num_layers']} layers, on {report['device']}\n"
+            f"selection: {report['selection']}{traces}; fill: {report['fill']}; "
+            f"device budget {fmt_bytes(report['device_budget_bytes'])}")
+
+
 def write_plots(report: dict, out: Path) -> list[Path]:
-    """throughput.png and tpot.png vs context, both modes (capacity runs, median with
-    min-max error bars)."""
+    """throughput.png and tpot.png vs context: each mode at its capacity batch and HiSparse at the
+    baseline's batch (equal batch), one line per trace calibration; median with min-max bars."""
     try:
         import matplotlib
 
@@ -164,26 +178,31 @@ def write_plots(report: dict, out: Path) -> list[Path]:
         print("matplotlib is not installed: plots skipped (pip install matplotlib)", file=sys.stderr)
         return []
     paths = []
+    series = [(run, mode, trace) for run, mode in (("capacity", "device"), ("capacity", "hisparse"),
+                                                   ("equal batch", "hisparse"))
+              for trace in (report.get("traces") or [None])]
     for key, spread, label, name in (
         ("tokens_per_s", lambda r: r["tokens_per_s_range"], "decode tokens/s", "throughput.png"),
         ("tpot_ms_median", lambda r: [r["tpot_ms_min"], r["tpot_ms_max"]], "TPOT (ms per step)", "tpot.png"),
     ):
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for mode in ("device", "hisparse"):
-            rows = [r for r in report["rows"] if r["mode"] == mode and r["run"] == "capacity"]
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for run, mode, trace in series:
+            rows = [r for r in report["rows"] if r["mode"] == mode and r["run"] == run and r.get("trace") == trace]
             if rows:
                 mid = np.array([r[key] for r in rows])
                 low, high = np.array([spread(r) for r in rows]).T
+                where = "at capacity" if run == "capacity" else "at the baseline's batch"
                 ax.errorbar([r["context"] for r in rows], mid, yerr=[mid - low, high - mid], marker="o",
-                            capsize=3, label=f"{MODE_NAMES[mode]} (batch at capacity)")
+                            linestyle="-" if run == "capacity" else "--", capsize=3,
+                            label=f"{MODE_NAMES[mode]} {where}" + (f", {trace}" if trace else ""))
         ax.set_xscale("log", base=2)
         contexts = sorted({r["context"] for r in report["rows"]})
         ax.set_xticks(contexts, labels=[str(c) for c in contexts])
         ax.minorticks_off()
         ax.set_xlabel("context (tokens)")
         ax.set_ylabel(label)
-        ax.set_title(f"{report['family']} {report['preset']} on {report['device']}")
-        ax.legend()
+        ax.set_title(plot_title(report), fontsize=8)
+        ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / name, dpi=120)
         plt.close(fig)

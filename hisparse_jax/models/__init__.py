@@ -15,7 +15,11 @@ Shapes: b = batch, T = prompt length, V = vocab, L = sparse layers.
 
 `init_weights(config, seed) -> Weights`
     Registered pytree; per-layer weights are a tuple of per-layer pytrees (one buffer per
-    layer: the decode step unrolls its layers and reads each layer's weights in place).
+    layer: the decode step unrolls its layers and reads each layer's weights in place). A
+    layer's feed-forward branch is its `mlp` (layers.MLPWeights) or, with config.experts > 0,
+    its `moe` (moe.MoEWeights), the other None. `weights.weight_bytes(family, config)` gives
+    their bytes by component from the shapes alone; a family lists the weights its selection
+    reads in an optional `SELECTION_WEIGHTS` (names on their pytree paths).
 
 `init_state(config, batch, mode) -> State`
     Registered pytree whose every array field declares its layout (memory kind, byte category,

@@ -37,7 +37,8 @@ class ModelConfig:
     """Fields and checks every family shares.
 
     Attributes:
-      vocab, d_model, num_layers, d_ff: transformer sizes (SwiGLU MLP).
+      vocab, d_model, num_layers: transformer sizes.
+      d_ff: the width of the dense SwiGLU MLP; unused (any value) when experts > 0.
       top_k: k records selected per stream and step; hot_slots: B >= k slots per stream.
       max_context: tokens per stream; page_size: tokens per record.
       pool_records: records per stream in the store (None: max_context // page_size).
@@ -47,6 +48,22 @@ class ModelConfig:
       implementation: the kernels RESOLVE and top-k run: "ffi" (C++ on CPU, CUDA on GPU),
         "reference" (pure JAX) or "auto" (the handler when one is registered). Both give the
         same bits in every implementation.
+
+    Mixture of experts (hisparse_jax.models.moe), in place of the dense MLP when experts > 0:
+      experts: routed experts of a layer this GPU holds (0: the dense SwiGLU MLP of width d_ff).
+      experts_per_token: experts a token is routed to (top-k of the sigmoid router scores).
+      expert_d_ff: F, the SwiGLU width of one expert.
+      shared_experts: a shared SwiGLU expert of width shared_experts * expert_d_ff every token
+        goes through (0: none).
+      expert_groups: G, GPUs of the expert-parallel group: the router scores experts * G
+        experts, and this GPU computes every choice on its local expert (choice mod experts);
+        see moe.py for why that reads one EP GPU's expert bytes per step.
+      expert_dtype: None (expert weights in `dtype`) or "fp8" (routed and shared expert weights
+        float8_e4m3fn with a float32 scale per expert and output channel).
+      expert_implementation: the grouped matmul's kernel ("auto", "ffi": the CUDA kernel,
+        "reference": XLA's ragged dot). Kept apart from `implementation` like DSA's indexer:
+        the kernel and the reference agree within rounding, not bit for bit.
+      routed_scaling: factor on the routing weights, which sum to 1 over a token's choices.
     """
 
     vocab: int
@@ -63,6 +80,14 @@ class ModelConfig:
     norm_eps: float = 1e-6
     dtype: Any = "float32"
     implementation: str = "auto"
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_d_ff: int = 0
+    shared_experts: int = 0
+    expert_groups: int = 1
+    expert_dtype: str | None = None
+    expert_implementation: str = "auto"
+    routed_scaling: float = 1.0
 
     PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     POSITIVE: ClassVar[tuple[str, ...]] = ()  # the family's own positive-int fields
@@ -76,7 +101,8 @@ class ModelConfig:
             raise field_error(self, "dtype", f"not a dtype: {self.dtype!r}") from err
         require(self.dtype in (np.dtype(np.float32), np.dtype(jnp.bfloat16)), self, "dtype",
                 f"must be float32 or bfloat16, got {self.dtype}")
-        for name in ("vocab", "d_model", "num_layers", "d_ff", *self.POSITIVE, "prefill_chunk", "top_k",
+        dense_mlp = ("d_ff",) if self.experts == 0 else ()  # d_ff is unused with experts
+        for name in ("vocab", "d_model", "num_layers", *dense_mlp, *self.POSITIVE, "prefill_chunk", "top_k",
                      "hot_slots", "max_context", "page_size"):
             value = getattr(self, name)
             require(is_positive_int(value), self, name, f"must be a positive int, got {value!r}")
@@ -85,6 +111,7 @@ class ModelConfig:
                     f"must be a positive int or None, got {self.pool_records!r}")
         require(self.implementation in IMPLEMENTATIONS, self, "implementation",
                 f"must be one of {IMPLEMENTATIONS}, got {self.implementation!r}")
+        self._check_experts()
         self.check()
         self._check_paging()
 
@@ -110,6 +137,35 @@ class ModelConfig:
             self.store_config(1, (1,))
         except ValueError as err:
             raise ValueError(f"{type(self).__name__}: {err}") from None
+
+    def _check_experts(self) -> None:
+        E, k, G = self.experts, self.experts_per_token, self.expert_groups
+        require(isinstance(E, (int, np.integer)) and not isinstance(E, bool) and E >= 0, self, "experts",
+                f"must be an int >= 0 (0: the dense MLP), got {E!r}")
+        require(self.expert_implementation in IMPLEMENTATIONS, self, "expert_implementation",
+                f"must be one of {IMPLEMENTATIONS}, got {self.expert_implementation!r}")
+        if E == 0:
+            moe_fields = dict(experts_per_token=0, expert_d_ff=0, shared_experts=0, expert_groups=1,
+                              expert_dtype=None, routed_scaling=1.0)
+            for name, default in moe_fields.items():
+                require(getattr(self, name) == default, self, name,
+                        f"={getattr(self, name)!r} is a mixture-of-experts field, but experts=0 (the dense "
+                        f"MLP): set experts > 0 or leave {name} at {default!r}")
+            return
+        for name in ("experts_per_token", "expert_d_ff", "expert_groups"):
+            value = getattr(self, name)
+            require(is_positive_int(value), self, name, f"must be a positive int with experts > 0, got {value!r}")
+        require(k <= E * G, self, "experts_per_token",
+                f"experts_per_token={k} > experts x expert_groups = {E} x {G} = {E * G} experts to route to")
+        shared = self.shared_experts
+        require(isinstance(shared, (int, np.integer)) and not isinstance(shared, bool) and shared >= 0, self,
+                "shared_experts", f"must be an int >= 0, got {shared!r}")
+        require(self.expert_dtype in (None, "fp8"), self, "expert_dtype",
+                f"must be None (expert weights in dtype) or 'fp8', got {self.expert_dtype!r}")
+        scaling = self.routed_scaling
+        require(isinstance(scaling, (int, float, np.floating)) and not isinstance(scaling, bool)
+                and np.isfinite(scaling) and scaling > 0, self, "routed_scaling",
+                f"must be a finite number > 0, got {scaling!r}")
 
     def check(self) -> None:
         """The family's own rules (override; call require)."""

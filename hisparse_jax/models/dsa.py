@@ -1,7 +1,9 @@
 """DeepSeek Sparse Attention (DSA) on MLA, decoding through a HiSparse RecordStore.
 
 Attention is MLA in absorbed form: a token's KV record is its compressed latent c [kv_lora_rank]
-followed by its shared rope key [qk_rope_dim] (576 values in the realistic preset). Query heads
+followed by its shared rope key [qk_rope_dim] (576 values in the realistic preset). The query is
+a direct projection of the layer input h, or with q_lora_rank = r > 0 MLA's low-rank path
+(DeepSeek-V3, GLM-5): q = rms_norm(h W_QA [D, r]) W_QB [r, H, qk_nope + qk_rope]. Query heads
 score in the latent space,
   score[h, s] = (q_nope[h] W_UK[h]) . c[s] + q_rope[h] . k_rope[s],
 and read out softmax @ c, then W_UV and W_O.
@@ -22,7 +24,11 @@ Modes: "hisparse" and "device" run the same program up to where records are read
 slots vs the device copy) and agree bit for bit; "dense" attends to every sealed record in place,
 so top_k == max_context // page_size reproduces it bit for bit.
 
-Simplifications against DeepSeek-V3.2: a SwiGLU MLP instead of MoE, no q low-rank projection.
+The feed-forward branch is a dense SwiGLU MLP, or with experts > 0 a mixture of experts
+(hisparse_jax.models.moe) in every layer.
+
+Simplifications against DeepSeek-V3.2: the indexer's query is projected from the layer input h,
+not from the query's low-rank latent; attention weights are in `dtype` (no fp8 attention).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from ..config import CacheConfig
 from ..indexer import index_scores, quantize_keys_fp8
 from ..kv_store import RecordStore
 from ..traces import ForcedSelection
-from . import layers, paging
+from . import layers, moe, paging
 from .config import ModelConfig, require
 from .weights import init_normal, ones, split_layers
 
@@ -58,6 +64,8 @@ class Config(ModelConfig):
       n_heads: H query heads; qk_nope_dim / qk_rope_dim / v_head_dim per head.
       kv_lora_rank: dc, the latent width; record_width = dc + qk_rope_dim.
       index_heads, index_dim: lightning indexer heads and key width.
+      q_lora_rank: r, the query's low-rank latent width (0: a direct [D, H, qk_nope + qk_rope]
+        query projection).
       index_share: n layers per indexer group (1 = every layer selects).
       index_dtype: None (index keys in `dtype`) or "fp8" (e4m3 keys with a float32 scale per token).
       indexer_implementation: the lightning indexer's kernel, "auto", "ffi" (the fused CUDA kernel)
@@ -73,6 +81,7 @@ class Config(ModelConfig):
     kv_lora_rank: int
     index_heads: int
     index_dim: int
+    q_lora_rank: int = 0
     index_share: int = 1
     index_dtype: str | None = None
     indexer_implementation: str = "auto"
@@ -95,6 +104,9 @@ class Config(ModelConfig):
     RECORD_SHAPE = "page_size x (kv_lora_rank + qk_rope_dim)"
 
     def check(self) -> None:
+        r = self.q_lora_rank
+        require(isinstance(r, int) and not isinstance(r, bool) and r >= 0, self, "q_lora_rank",
+                f"must be an int >= 0 (0: a direct query projection), got {r!r}")
         require(self.qk_rope_dim % 2 == 0, self, "qk_rope_dim", f"must be even, got {self.qk_rope_dim}")
         require(self.num_layers % self.index_share == 0, self, "index_share",
                 f"index_share={self.index_share} must divide num_layers={self.num_layers}")
@@ -124,23 +136,27 @@ class Config(ModelConfig):
 
 # --------------------------------------------------------------------------- weights and state
 
+SELECTION_WEIGHTS = ("indexers",)  # weights.weight_bytes: the lightning indexers select records
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class LayerWeights:
-    """One layer's weights."""
+    """One layer's weights: the query projection is w_q (q_lora_rank = 0) or w_q_a, q_norm, w_q_b
+    (the others None); the feed-forward branch is mlp (experts = 0) or moe (the other None)."""
 
     attn_norm: jax.Array  # [D]
-    w_q: jax.Array  # [D, H, qk_nope + qk_rope]
+    w_q: jax.Array | None  # [D, H, qk_nope + qk_rope]
+    w_q_a: jax.Array | None  # [D, r]
+    q_norm: jax.Array | None  # [r]
+    w_q_b: jax.Array | None  # [r, H, qk_nope + qk_rope]
     w_kv: jax.Array  # [D, dc + qk_rope]
     kv_norm: jax.Array  # [dc]
     w_uk: jax.Array  # [H, qk_nope, dc]
     w_uv: jax.Array  # [H, dc, dv]
     w_o: jax.Array  # [H, dv, D]
-    mlp_norm: jax.Array  # [D]
-    w_gate: jax.Array  # [D, F]
-    w_up: jax.Array  # [D, F]
-    w_down: jax.Array  # [F, D]
+    mlp: layers.MLPWeights | None
+    moe: moe.MoEWeights | None
 
 
 @jax.tree_util.register_dataclass
@@ -189,31 +205,36 @@ class State:
 def init_weights(config: Config, seed: int = 0) -> Weights:
     """Seeded random weights (normal with 1/fan_in variance, norms at 1), on the default device."""
     c, dt = config, config.dtype
-    L, G, D, H, F = c.num_layers, c.groups, c.d_model, c.n_heads, c.d_ff
+    L, G, D, H, r = c.num_layers, c.groups, c.d_model, c.n_heads, c.q_lora_rank
     dc, dn, dr, dv = c.kv_lora_rank, c.qk_nope_dim, c.qk_rope_dim, c.v_head_dim
     HI, dI = c.index_heads, c.index_dim
+    query = ({"w_q_a": ((L, D, r), D), "w_q_b": ((L, r, H, dn + dr), r)} if r else
+             {"w_q": ((L, D, H, dn + dr), D)})
     specs = {
         "embed": ((c.vocab, D), D),
-        "w_q": ((L, D, H, dn + dr), D),
+        **query,
         "w_kv": ((L, D, dc + dr), D),
         "w_uk": ((L, H, dn, dc), dn),
         "w_uv": ((L, H, dc, dv), dc),
         "w_o": ((L, H, dv, D), H * dv),
-        "w_gate": ((L, D, F), D),
-        "w_up": ((L, D, F), D),
-        "w_down": ((L, F, D), F),
+        **layers.mlp_specs(c, L),
         "i_q": ((G, D, HI, dI), D),
         "i_head": ((G, D, HI), D),
         "i_k": ((G, D, dI), D),
         "unembed": ((D, c.vocab), D),
     }
     w = init_normal(seed, specs, dt)
-    mats = {n: w[n] for n in ("w_q", "w_kv", "w_uk", "w_uv", "w_o", "w_gate", "w_up", "w_down")}
-    norms = dict(attn_norm=ones((L, D), dt), kv_norm=ones((L, dc), dt), mlp_norm=ones((L, D), dt))
+    attention = {n: w[n] for n in (*query, "w_kv", "w_uk", "w_uv", "w_o")}
+    attention.update(attn_norm=ones((L, D), dt), kv_norm=ones((L, dc), dt))
+    if r:
+        attention.update(q_norm=ones((L, r), dt))
+    absent = dict.fromkeys({"w_q", "w_q_a", "q_norm", "w_q_b"} - set(attention))
+    feed_forward = moe.feed_forward_weights(c, seed, w)
     indexer = dict(w_q=w["i_q"], w_head=w["i_head"], w_k=w["i_k"], k_scale=ones((G, dI), dt),
                    k_bias=jnp.zeros((G, dI), dt))
     return Weights(
-        embed=w["embed"], layers=split_layers({**mats, **norms}, L, LayerWeights),
+        embed=w["embed"],
+        layers=tuple(LayerWeights(**a, **absent, **f) for a, f in zip(split_layers(attention, L, dict), feed_forward)),
         indexers=split_layers(indexer, G, IndexerWeights), final_norm=ones((D,), dt), unembed=w["unembed"],
     )
 
@@ -250,7 +271,11 @@ def metadata_bytes_read(config: Config, context: int) -> int:
 
 def _query(config: Config, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
     """h [..., D] at positions (broadcast to h.shape[:-1]) -> absorbed q [..., H, dc + dr] float32."""
-    q = jnp.einsum("...d,dhe->...he", h, w.w_q)
+    if config.q_lora_rank:
+        latent = layers.rms_norm(jnp.einsum("...d,dr->...r", h, w.w_q_a), w.q_norm, config.norm_eps)
+        q = jnp.einsum("...r,rhe->...he", latent, w.w_q_b)
+    else:
+        q = jnp.einsum("...d,dhe->...he", h, w.w_q)
     q_nope, q_rope = q[..., : config.qk_nope_dim], q[..., config.qk_nope_dim :]
     q_rope = layers.rope(q_rope, positions[..., None], config.rope_theta)
     q_latent = jnp.einsum("...hn,hnc->...hc", q_nope, w.w_uk, preferred_element_type=jnp.float32)
@@ -326,7 +351,7 @@ def _decode_layer(config: Config, w: LayerWeights, store, located, pos, x, tail,
         latent = layers.attend(q, parts, _scale(config))  # [b, H, dc]
         x = x + _attention_out(config, w, latent)
     with jax.named_scope("mlp"):
-        x = x + layers.mlp(w, x, config.norm_eps)
+        x = x + moe.feed_forward(config, w, x)
     return x, tail, store, misses
 
 
@@ -393,7 +418,7 @@ def _prefill_layer(config: Config, w: LayerWeights, positions, chunk, x):
         latent = layers.causal_attention(q_fn, record, record[..., : config.kv_lora_rank], _scale(config), chunk)
         x = x + _attention_out(config, w, latent)
     with jax.named_scope("mlp"):
-        x = x + layers.mlp(w, x, config.norm_eps)
+        x = x + moe.feed_forward(config, w, x)
     return x, record
 
 

@@ -54,16 +54,18 @@ class GQAConfig(ModelConfig):
 
 
 def layer_specs(config: GQAConfig, L: int, extra: int = 0) -> dict[str, tuple[tuple[int, ...], int]]:
-    """{name: (shape, fan_in)} of the attention and MLP matrices of a stack of L GQA layers; the
-    input projection has `extra` more columns per KV head (see `project`)."""
-    D, h, g, hd, F = config.d_model, config.n_kv_heads, config.group_size, config.head_dim, config.d_ff
+    """{name: (shape, fan_in)} of the attention matrices (w_in, w_o) and dense MLP matrices (none
+    with experts: layers.mlp_specs) of a stack of L GQA layers; the input projection has `extra`
+    more columns per KV head (see `project`)."""
+    D, h, g, hd = config.d_model, config.n_kv_heads, config.group_size, config.head_dim
     return {
         "w_in": ((L, D, h, (g + 2) * hd + extra), D),
         "w_o": ((L, h, g, hd, D), config.n_heads * hd),
-        "w_gate": ((L, D, F), D),
-        "w_up": ((L, D, F), D),
-        "w_down": ((L, F, D), F),
+        **layers.mlp_specs(config, L),
     }
+
+
+ATTENTION = ("w_in", "w_o")  # the attention matrices of layer_specs
 
 
 def scale(config: GQAConfig) -> float:

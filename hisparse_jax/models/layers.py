@@ -6,6 +6,7 @@ n = attended tokens. Norms and attention compute in float32 and return the input
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -54,9 +55,29 @@ def lm_head(weights: Any, x: jax.Array, eps: float) -> jax.Array:
         return jnp.einsum("...d,dv->...v", h, weights.unembed, preferred_element_type=jnp.float32)
 
 
-def mlp(w: Any, x: jax.Array, eps: float) -> jax.Array:
-    """The MLP branch of a layer: SwiGLU(rms_norm(x, w.mlp_norm)) with w.w_gate, w.w_up [D, F], w.w_down [F, D]."""
-    h = rms_norm(x, w.mlp_norm, eps)
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MLPWeights:
+    """A layer's dense SwiGLU MLP (its branch input norm included)."""
+
+    norm: jax.Array  # [D]
+    w_gate: jax.Array  # [D, F]
+    w_up: jax.Array  # [D, F]
+    w_down: jax.Array  # [F, D]
+
+
+def mlp_specs(config: Any, L: int) -> dict[str, tuple[tuple[int, ...], int]]:
+    """{name: (shape, fan_in)} of the dense MLP matrices of L layers; none when the config has
+    experts (hisparse_jax.models.moe draws those)."""
+    if config.experts:
+        return {}
+    D, F = config.d_model, config.d_ff
+    return {"w_gate": ((L, D, F), D), "w_up": ((L, D, F), D), "w_down": ((L, F, D), F)}
+
+
+def mlp(w: MLPWeights, x: jax.Array, eps: float) -> jax.Array:
+    """The dense MLP branch of a layer: SwiGLU(rms_norm(x, w.norm)) -> [..., D]."""
+    h = rms_norm(x, w.norm, eps)
     gate = jnp.einsum("...d,df->...f", h, w.w_gate)
     up = jnp.einsum("...d,df->...f", h, w.w_up)
     return jnp.einsum("...f,fd->...d", jax.nn.silu(gate) * up, w.w_down)

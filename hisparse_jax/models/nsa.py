@@ -22,6 +22,9 @@ Every layer mixes three attention branches per query head, gated by sigmoid(W_ga
 
 Prefill runs the same three branches for every prompt token (per-query selection), a chunk of
 queries at a time.
+
+The feed-forward branch is a dense SwiGLU MLP, or with experts > 0 a mixture of experts
+(hisparse_jax.models.moe) in every layer.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from .. import kv_store, layout
 from ..kv_store import RecordStore
 from ..topk import select_topk
 from ..traces import ForcedSelection
-from . import gqa, layers, paging
+from . import gqa, layers, moe, paging
 from .config import require
 from .weights import init_normal, ones, split_layers
 
@@ -114,6 +117,9 @@ def _compressed_count(config: Config, tokens):
 
 # --------------------------------------------------------------------------- weights and state
 
+# weights.weight_bytes: the compression maps make the keys whose attention scores the selection blocks.
+SELECTION_WEIGHTS = ("cmp_k", "cmp_v")
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -126,10 +132,8 @@ class LayerWeights:
     cmp_k: jax.Array  # [l, hd, hd] key compression, one matrix per position in the block
     cmp_v: jax.Array  # [l, hd, hd] value compression
     w_o: jax.Array  # [h, g, hd, D]
-    mlp_norm: jax.Array  # [D]
-    w_gate: jax.Array  # [D, F]
-    w_up: jax.Array  # [D, F]
-    w_down: jax.Array  # [F, D]
+    mlp: layers.MLPWeights | None  # the dense MLP (experts = 0), else None
+    moe: moe.MoEWeights | None  # the mixture of experts (experts > 0), else None
 
 
 @jax.tree_util.register_dataclass
@@ -174,10 +178,11 @@ def init_weights(config: Config, seed: int = 0) -> Weights:
     }
     w = init_normal(seed, specs, dt)
     mean_pool = (jnp.eye(hd, dtype=jnp.float32) / l).astype(dt)  # + noise: a learned map near mean pooling
-    stacked = {n: w[n] for n in gqa.layer_specs(c, 0)}
-    stacked.update(cmp_k=w["cmp_k"] + mean_pool, cmp_v=w["cmp_v"] + mean_pool, attn_norm=ones((L, D), dt),
-                   mlp_norm=ones((L, D), dt))
-    return Weights(w["embed"], split_layers(stacked, L, LayerWeights), ones((D,), dt), w["unembed"])
+    stacked = {n: w[n] for n in gqa.ATTENTION}
+    stacked.update(cmp_k=w["cmp_k"] + mean_pool, cmp_v=w["cmp_v"] + mean_pool, attn_norm=ones((L, D), dt))
+    feed_forward = moe.feed_forward_weights(c, seed, w)
+    layer_weights = tuple(LayerWeights(**a, **f) for a, f in zip(split_layers(stacked, L, dict), feed_forward))
+    return Weights(w["embed"], layer_weights, ones((D,), dt), w["unembed"])
 
 
 def init_state(config: Config, batch: int, mode: kv_store.Mode, sharding=None) -> State:
@@ -320,7 +325,7 @@ def _decode_layer(config: Config, w: LayerWeights, store: RecordStore, forced, p
     heads = gates[..., 0:1] * out_cmp + gates[..., 1:2] * out_slc + gates[..., 2:3] * out_win
     x = x + gqa.attention_out(heads, w.w_o, config.dtype)
     with jax.named_scope("mlp"):
-        x = x + layers.mlp(w, x, config.norm_eps)
+        x = x + moe.feed_forward(config, w, x)
     return x, (tail, ring, cmp), store, misses
 
 
@@ -416,7 +421,8 @@ def _prefill_layer(config: Config, w: LayerWeights, mode: str, positions, chunk,
     gates = _branch_gates(gate_logits)  # [b, T, kvh, G, 3]
     heads = gates[..., 0:1] * out_cmp + gates[..., 1:2] * out_slc + gates[..., 2:3] * out_win
     x = x + gqa.attention_out(heads, w.w_o, config.dtype)
-    x = x + layers.mlp(w, x, config.norm_eps)
+    with jax.named_scope("mlp"):
+        x = x + moe.feed_forward(config, w, x)
     return x, records, compressed
 
 

@@ -18,6 +18,11 @@ slots (no HBM saved) or refetch the whole context per step. They attend to their
 counted as KV records by the byte account.
 
 Prefill is dense causal attention over the prompt (Quest only sparsifies decode).
+
+The feed-forward branch is a dense SwiGLU MLP, or with experts > 0 a mixture of experts
+(hisparse_jax.models.moe) in every layer, the dense-attention layers included: "dense" names how
+those layers attend, not their MLP (Qwen3-30B-A3B, the MoE Quest is deployed with, has no
+dense-MLP layer).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import jax.numpy as jnp
 from .. import kv_store, layout
 from ..kv_store import RecordStore
 from ..traces import ForcedSelection
-from . import gqa, layers, paging
+from . import gqa, layers, moe, paging
 from .config import require
 from .weights import init_normal, ones, split_layers
 
@@ -93,10 +98,8 @@ class LayerWeights:
     attn_norm: jax.Array  # [D]
     w_in: jax.Array  # [D, h, (g + 2) hd]: per KV head its g query heads, its key, its value
     w_o: jax.Array  # [h, g, hd, D]
-    mlp_norm: jax.Array  # [D]
-    w_gate: jax.Array  # [D, F]
-    w_up: jax.Array  # [D, F]
-    w_down: jax.Array  # [F, D]
+    mlp: layers.MLPWeights | None  # the dense MLP (experts = 0), else None
+    moe: moe.MoEWeights | None  # the mixture of experts (experts > 0), else None
 
 
 @jax.tree_util.register_dataclass
@@ -134,9 +137,11 @@ def init_weights(config: Config, seed: int = 0) -> Weights:
     """Seeded random weights (normal, 1/fan_in variance; norms at 1)."""
     c, dt, L, D = config, config.dtype, config.num_layers, config.d_model
     w = init_normal(seed, {"embed": ((c.vocab, D), D), **gqa.layer_specs(c, L), "unembed": ((D, c.vocab), D)}, dt)
-    stacked = {n: w[n] for n in gqa.layer_specs(c, 0)}
-    stacked.update(attn_norm=ones((L, D), dt), mlp_norm=ones((L, D), dt))
-    return Weights(w["embed"], split_layers(stacked, L, LayerWeights), ones((D,), dt), w["unembed"])
+    stacked = {n: w[n] for n in gqa.ATTENTION}
+    stacked.update(attn_norm=ones((L, D), dt))
+    feed_forward = moe.feed_forward_weights(c, seed, w)
+    layer_weights = tuple(LayerWeights(**a, **f) for a, f in zip(split_layers(stacked, L, dict), feed_forward))
+    return Weights(w["embed"], layer_weights, ones((D,), dt), w["unembed"])
 
 
 def init_state(config: Config, batch: int, mode: kv_store.Mode, sharding=None) -> State:
@@ -217,7 +222,7 @@ def _decode_layer(config: Config, w: LayerWeights, store: RecordStore, select, p
         heads = layers.attend(q, parts, gqa.scale(config))  # [b, kvh, G, hd]
         x = x + gqa.attention_out(heads, w.w_o, config.dtype)
     with jax.named_scope("mlp"):
-        x = x + layers.mlp(w, x, config.norm_eps)
+        x = x + moe.feed_forward(config, w, x)
     return x, tail, store, misses
 
 
@@ -295,7 +300,7 @@ def _prefill_layer(config: Config, w: LayerWeights, positions, chunk, x):
         heads = layers.causal_attention(q_fn, keys, values, gqa.scale(config), chunk)  # [b, T, kvh, G, hd]
         x = x + gqa.attention_out(heads, w.w_o, config.dtype)
     with jax.named_scope("mlp"):
-        x = x + layers.mlp(w, x, config.norm_eps)
+        x = x + moe.feed_forward(config, w, x)
     return x, record
 
 

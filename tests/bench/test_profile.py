@@ -95,6 +95,19 @@ def test_step_bytes_of_a_dsa_step():
     assert moved["miss IO"] == 10 * config.record_bytes
 
 
+def test_a_step_reads_only_the_experts_it_is_expected_to_use():
+    # 8 local experts, 2 per token: batch 1 routes 2 pairs (1.875 experts expected busy of 8),
+    # batch 64 routes 128 pairs (all but ~1e-7 of an expert busy).
+    config = dsa.Config.tiny(experts=8, experts_per_token=2, expert_d_ff=16, shared_experts=1, expert_groups=2)
+    weights = dsa.init_weights(config)
+    routed = sum(x.nbytes for layer in weights.layers for x in jax.tree.leaves(layer.moe.routed))
+    everything = sum(x.nbytes for x in jax.tree.leaves(weights)) - weights.embed.nbytes
+    for batch, busy in ((1, 8 * (1 - (7 / 8) ** 2)), (64, 8 * (1 - (7 / 8) ** 128))):
+        want = everything - routed + routed * busy / 8 + batch * weights.embed.shape[1] * 4
+        assert profile.weight_bytes(weights, batch, config) == pytest.approx(want, rel=1e-12)
+    assert profile.weight_bytes(weights, 1, config) < profile.weight_bytes(weights, 64, config)
+
+
 @pytest.mark.parametrize("family", [nsa, quest])
 def test_metadata_read_grows_with_context(family):
     config = family.Config.tiny()

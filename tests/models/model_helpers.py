@@ -129,3 +129,11 @@ CASES = {
     # 2 dense + 2 sparse layers, 16 pages of 16.
     "quest": Case("quest", (170, 101, 37), 240, dict(top_k=4, hot_slots=6), dict(top_k=16, hot_slots=16)),
 }
+
+# The fewest layers of each family that still run every kind of layer (Quest: one dense-attention
+# and one sparse layer): shorter compilations for tests about a layer's parts (e.g. the MoE).
+FEW_LAYERS = {
+    "dsa": dict(num_layers=1),
+    "nsa": dict(num_layers=1),
+    "quest": dict(num_layers=2, dense_layers=1),
+}

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax._src import dispatch
-from model_helpers import STEPS
+from model_helpers import CASES, FEW_LAYERS, STEPS
 
 from hisparse_jax import _targets, decode, layout
 
@@ -229,9 +229,10 @@ def _computations(hlo):
     return bodies
 
 
-def _materialized(hlo):
+def _materialized(hlo, only=None):
     """(name, shape, opcode, fusion root opcode) of every instruction that gets a buffer: those of
-    every computation but the bodies of fusions (what a fusion computes inside stays in registers)."""
+    every computation but the bodies of fusions (what a fusion computes inside stays in registers);
+    `only`: a set of computation names to look in (None: all)."""
     bodies = _computations(hlo)
     fused = set(re.findall(r" fusion\(.*?calls=%?([\w.\-]+)", hlo))
     roots = {}
@@ -242,7 +243,7 @@ def _materialized(hlo):
                 roots[name] = _split_shape(root.group(1))[1]
     out = []
     for name, lines in bodies.items():
-        if name in fused:
+        if name in fused or (only is not None and name not in only):
             continue
         for line in lines:
             m = _DEFINITION.match(line)
@@ -258,7 +259,67 @@ def _materialized(hlo):
 def test_no_weight_key_or_kv_sized_copy(case, mode):
     # 32 records of 16 tokens for Quest and NSA: no small buffer (an open page, a window) then has
     # the shape of a record-indexed one (page bounds, KV), and a copy of one cannot hide as the other.
-    config = case.config(max_context=512)
+    _assert_no_big_copies(case, case.config(max_context=512), mode)
+
+
+# Sizes that give no intermediate an expert weight's dims: the routed pairs (3 x 2) are neither
+# 4 experts nor 1 shared expert, and 2F = 48, F = 24 are no other width of the model.
+MOE_COPY_CHECK = dict(experts=4, experts_per_token=2, expert_d_ff=24, shared_experts=1, expert_groups=2,
+                      expert_dtype="fp8")
+
+
+def test_no_weight_sized_copy_with_experts():
+    """The MoE reads its router and expert weights (fp8 codes and scales, the shared expert) in
+    place: no copy of any weight's shape, and no array of an expert matrix's dims, in any dtype or
+    axis order, made per step. One family suffices, the MoE is the same code in each: Quest, whose
+    slice has a dense-attention and a sparse layer.
+
+    The second rule is the stricter one for the experts: widening or transposing an expert matrix
+    is a copy too. On CPU the grouped matmul is its XLA reference (hisparse_jax.grouped_matmul),
+    which widens each expert matrix to a transposed float copy; XLA hoists those out of the step
+    loop (one per generate call, from weights that do not change), so the step itself reads the
+    experts without copies. On GPUs the CUDA kernel reads the fp8 codes in place.
+    """
+    case = CASES["quest"]
+    config = case.config(max_context=512, **MOE_COPY_CHECK, **FEW_LAYERS[case.family])
+    hlo = _assert_no_big_copies(case, config, "hisparse")
+    weights = jax.eval_shape(lambda: case.weights(config))
+    experts = {tuple(sorted(leaf.shape)) for path, leaf in jax.tree_util.tree_flatten_with_path(weights)[0]
+               if "moe" in jax.tree_util.keystr(path) and leaf.ndim == 3}
+    assert experts, "no expert matrices in the weights"
+    step = _loop_computations(hlo)
+    bad = [f"{name} = {shape} {opcode} (root {root})" for name, shape, opcode, root in _materialized(hlo, step)
+           if opcode not in _IN_PLACE and tuple(sorted(_dims(shape))) in experts]
+    assert not bad, "expert-sized arrays produced in the decode step:\n" + "\n".join(bad[:20])
+
+
+def _dims(shape: str) -> tuple[int, ...]:
+    """'f32[4,48,64]{2,1,0}' -> (4, 48, 64); () for a tuple shape."""
+    m = re.match(r"^\w+\[([\d,]*)\]", shape)
+    return tuple(int(d) for d in m.group(1).split(",") if d) if m else ()
+
+
+def _loop_computations(hlo) -> set[str]:
+    """Computations run inside the entry computation's while loops (the decode steps' scan): their
+    bodies and conditions and everything these call, transitively."""
+    bodies = _computations(hlo)
+    entry = next(name for name in bodies if re.search(rf"^ENTRY %?{re.escape(name)} ", hlo, re.M))
+    called = lambda lines: {c.lstrip("%") for line in lines for group in re.findall(
+        r"(?:body|condition|calls|to_apply|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)", line)
+        for c in re.findall(r"%?[\w.\-]+", group)}
+    todo = {c for line in bodies[entry] if " while(" in line for c in called([line])}
+    seen = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in bodies:
+            continue
+        seen.add(name)
+        todo |= called(bodies[name])
+    return seen
+
+
+def _assert_no_big_copies(case, config, mode) -> str:
+    """Asserts the step copies no weight-, key- or KV-sized array; returns the compiled HLO text."""
     # At full optimization (the session's runs compile with most optimizations off, which leaves
     # every elementwise op unfused and materialized): this is the program a user runs.
     hlo = _fully_optimized(_traced(case, config, mode).lower())
@@ -271,3 +332,4 @@ def test_no_weight_key_or_kv_sized_copy(case, mode):
             continue  # an in-place update fusion
         bad.append(f"{name} = {shape} {opcode} (root {root})")
     assert not bad, "weight-, key- or KV-sized arrays produced in the step:\n" + "\n".join(bad[:20])
+    return hlo

@@ -1,0 +1,445 @@
+// The MoE grouped matmul kernel (ffi/grouped_matmul_kernels.cu) on the GPU,
+// against the HBM bandwidth measured in the same run.
+//
+// Ceilings: cudaMemcpy device-to-device of 2 GiB (reported as read + write
+// bytes / time) and a read-only kernel over the same 2 GiB (16-byte loads).
+// Configurations: GLM-5.1-FP8 on 8 H200s, one GPU's 32 local experts of one
+// layer: gate + up (K = 6144, N = 4096) and down (K = 2048, N = 6144), fp8
+// e4m3 and bf16 weights, P in {16, 136, 640} rows routed uniformly at random
+// over the experts (exact bincounts, fixed seed). The figure of merit is the
+// bytes of the experts that got rows (active experts x N x K x element bytes)
+// over the kernel's median time: the kernel reads nothing else of w. Each
+// launch is timed alone with CUDA events, --iters times (default 30) after 3
+// warm-ups, queued behind a 20 ms spin kernel so the host's launch cost is not
+// in the time; successive launches alternate between two copies of the
+// weights, so no launch finds the previous one's weights in L2.
+// Every configuration is checked before it is timed: two runs give identical
+// bits, every swept variant gives the same bits as the automatic plan
+// (grouped_matmul.h), and 512 sampled elements match a double-precision
+// evaluation on the CPU within the contract's bound. A configuration that
+// fails prints FAIL and the program exits 1 at the end: a wrong kernel cannot
+// report a fast time.
+// A sweep of the plan (weight tiles x chunks in flight x token tiles x warps
+// per block x tiles per warp) per configuration shows whether the automatic
+// plan is the fast one: the table gives the automatic plan and the best
+// variant; --sweep prints every variant.
+//
+// Build (repository root):
+//   mkdir -p build
+//   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi benchmarks/grouped_matmul_bench.cu ffi/grouped_matmul_kernels.cu -o build/grouped_matmul_bench
+// Run (under a minute on an H200; prints Markdown, writes JSON):
+//   build/grouped_matmul_bench results/grouped_matmul_bench.json
+//   build/grouped_matmul_bench /tmp/gmm.json --quick     # fp8 only, no sweep
+//   build/grouped_matmul_bench /tmp/gmm.json --sweep     # every variant of every configuration
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "grouped_matmul.h"
+#include "grouped_matmul_cuda.h"
+#include "tests/cuda_ok.h"
+#include "tests/grouped_matmul_oracle.h"
+
+namespace {
+
+using hisparse::GroupedMatmulBuffers;
+using hisparse::GroupedMatmulDims;
+using hisparse::GroupedMatmulPlan;
+using hisparse::GroupedMatmulTuning;
+using hisparse::GroupedWeightType;
+namespace oracle = grouped_matmul_oracle;
+
+constexpr int64_t kExperts = 32;
+constexpr int64_t kCeilingBytes = 2ll << 30;
+constexpr double kNominalGbs = 4300.0;  // H200 HBM3e, the target's reference
+constexpr int kChecked = 512;          // sampled elements per configuration
+
+struct Stats {
+  double min_us = 0, median_us = 0, max_us = 0;
+};
+
+Stats Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  Stats s;
+  s.min_us = v.front();
+  s.max_us = v.back();
+  s.median_us = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Kernels of the benchmark itself.
+
+__global__ void Spin(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+__host__ __device__ uint64_t Mix(uint64_t z) {  // splitmix64
+  z = (z + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// A value in [-1, 1) from an index and a seed.
+__host__ __device__ float Uniform(uint64_t i, uint64_t seed) {
+  return static_cast<float>(static_cast<int64_t>(Mix(i ^ (seed << 40)) >> 40) - (1ll << 23)) * 0x1p-23f;
+}
+
+__device__ uint16_t Bf16Bits(float f) {  // round to nearest even (finite f)
+  uint32_t bits = __float_as_uint(f);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// bf16 values (as bits) of amplitude * Uniform, or random fp8 codes without the NaN codes.
+__global__ void FillWeights(uint8_t* p, int64_t elements, bool fp8, uint64_t seed, float amplitude) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < elements; i += int64_t{gridDim.x} * blockDim.x) {
+    if (fp8) {
+      uint8_t code = static_cast<uint8_t>(Mix(i ^ (seed << 40)));
+      if ((code & 0x7f) == 0x7f) code ^= 0x08;  // a NaN code becomes a finite one
+      p[i] = code;
+    } else {
+      reinterpret_cast<uint16_t*>(p)[i] = Bf16Bits(amplitude * Uniform(i, seed));
+    }
+  }
+}
+
+// The read ceiling: every 16 bytes loaded once, folded so nothing is dead code.
+__global__ void ReadAll(const uint4* __restrict__ p, int64_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // practically never; keeps the loads
+}
+
+// ---------------------------------------------------------------------------
+// Host side.
+
+template <typename Fn>
+Stats Time(cudaStream_t stream, int iters, Fn&& launch) {
+  for (int i = 0; i < 3; ++i) launch(i);
+  std::vector<cudaEvent_t> start(iters), stop(iters);
+  for (int i = 0; i < iters; ++i) {
+    CUDA_OK(cudaEventCreate(&start[i]));
+    CUDA_OK(cudaEventCreate(&stop[i]));
+  }
+  Spin<<<1, 1, 0, stream>>>(20'000'000);  // the host queues everything while the GPU waits
+  for (int i = 0; i < iters; ++i) {
+    CUDA_OK(cudaEventRecord(start[i], stream));
+    launch(i);
+    CUDA_OK(cudaEventRecord(stop[i], stream));
+  }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<double> us(iters);
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0;
+    CUDA_OK(cudaEventElapsedTime(&ms, start[i], stop[i]));
+    us[i] = 1000.0 * ms;
+    CUDA_OK(cudaEventDestroy(start[i]));
+    CUDA_OK(cudaEventDestroy(stop[i]));
+  }
+  return Summarize(us);
+}
+
+struct Config {
+  const char* projection;  // "gate_up" or "down"
+  int64_t k, n;
+  bool fp8;
+  int64_t rows;  // P
+  int64_t element_bytes() const { return fp8 ? 1 : 2; }
+  GroupedMatmulDims dims() const {
+    GroupedMatmulDims d;
+    d.rows = rows;
+    d.experts = kExperts;
+    d.n = n;
+    d.k = k;
+    d.weight_type = fp8 ? GroupedWeightType::kFp8E4m3 : GroupedWeightType::kBf16;
+    return d;
+  }
+};
+
+struct Result {
+  Config config;
+  int64_t active = 0, active_bytes = 0;
+  GroupedMatmulPlan auto_plan, best_plan;
+  Stats auto_stats, best_stats;
+  double auto_gbs = 0, best_gbs = 0;
+  bool ok = true;
+  std::string failure;
+};
+
+std::string Describe(const GroupedMatmulPlan& p) {
+  char buffer[160];
+  std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d", p.warps_per_block, p.weight_tiles,
+                p.chunks_in_flight, p.token_tiles, p.tiles_per_warp);
+  return buffer;
+}
+
+std::string Json(const GroupedMatmulPlan& p) {
+  char buffer[256];
+  std::snprintf(buffer, sizeof(buffer),
+                "{\"warps_per_block\": %d, \"weight_tiles\": %d, \"chunks_in_flight\": %d, \"token_tiles\": %d, "
+                "\"tiles_per_warp\": %d, \"blocks_per_expert\": %d}",
+                p.warps_per_block, p.weight_tiles, p.chunks_in_flight, p.token_tiles, p.tiles_per_warp,
+                p.blocks_per_expert);
+  return buffer;
+}
+
+std::vector<GroupedMatmulTuning> Sweep(const Config& c) {
+  GroupedMatmulPlan automatic;
+  CUDA_OK(hisparse::GroupedMatmulPlanFor(c.dims(), {}, &automatic));
+  std::vector<int> token_tiles = {automatic.token_tiles};
+  if (automatic.token_tiles != 8) token_tiles.push_back(8);
+  std::vector<GroupedMatmulTuning> out;
+  for (int wt : {1, 2})
+    for (int u : {2, 4})
+      for (int tt : token_tiles)
+        for (int warps : {2, 4, 8})
+          for (int q : {0, 1}) {
+            GroupedMatmulTuning t;
+            t.weight_tiles = wt;
+            t.chunks_in_flight = u;
+            t.token_tiles = tt;
+            t.warps_per_block = warps;
+            t.tiles_per_warp = q;
+            out.push_back(t);
+          }
+  return out;
+}
+
+Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bool print_sweep, uint8_t* w_copies[2],
+                 uint32_t seed) {
+  Result r;
+  r.config = c;
+  const GroupedMatmulDims dims = c.dims();
+  const int64_t weight_elements = kExperts * c.n * c.k;
+
+  // Routing: exact bincounts of P uniform draws; x and scale from the same seed.
+  std::mt19937_64 rng(seed * 7919 + c.rows);
+  std::vector<int32_t> sizes(kExperts, 0);
+  for (int64_t i = 0; i < c.rows; ++i) ++sizes[std::uniform_int_distribution<int64_t>(0, kExperts - 1)(rng)];
+  for (int32_t s : sizes) r.active += s > 0;
+  r.active_bytes = r.active * c.n * c.k * c.element_bytes();
+  std::vector<uint16_t> x(c.rows * c.k);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto& v : x) v = oracle::FloatToBf16(normal(rng));
+  std::vector<float> scale(kExperts * c.n);
+  for (auto& s : scale) s = std::uniform_real_distribution<float>(0.5f, 2.0f)(rng) * (c.fp8 ? 1.0f / 448 : 1.0f);
+
+  uint16_t* d_x = nullptr;
+  float *d_scale = nullptr, *d_y = nullptr;
+  int32_t* d_sizes = nullptr;
+  CUDA_OK(cudaMalloc(&d_x, x.size() * 2));
+  CUDA_OK(cudaMalloc(&d_scale, scale.size() * 4));
+  CUDA_OK(cudaMalloc(&d_sizes, sizes.size() * 4));
+  CUDA_OK(cudaMalloc(&d_y, c.rows * c.n * 4));
+  CUDA_OK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_scale, scale.data(), scale.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_sizes, sizes.data(), sizes.size() * 4, cudaMemcpyHostToDevice));
+  for (int copy = 0; copy < 2; ++copy)
+    FillWeights<<<1024, 256, 0, stream>>>(w_copies[copy], weight_elements, c.fp8, seed, 1.0f / std::sqrt(c.k));
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamSynchronize(stream));
+
+  auto launch = [&](const GroupedMatmulTuning& t, int copy) {
+    GroupedMatmulBuffers io{d_x, w_copies[copy], d_scale, d_sizes, d_y};
+    CUDA_OK(hisparse::LaunchGroupedMatmul(dims, io, stream, t));
+  };
+  auto download = [&]() {
+    CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<uint32_t> bits(c.rows * c.n);
+    CUDA_OK(cudaMemcpy(bits.data(), d_y, bits.size() * 4, cudaMemcpyDeviceToHost));
+    return bits;
+  };
+
+  // --- checks: the same bits twice, sampled elements against the CPU ---
+  launch({}, 0);
+  const std::vector<uint32_t> first = download();
+  launch({}, 0);
+  if (download() != first) r.ok = false, r.failure = "two runs differ";
+  const auto starts = oracle::GroupStarts(sizes, c.rows);
+  std::vector<uint8_t> w_row(c.k * c.element_bytes());
+  for (int i = 0; i < kChecked && r.ok; ++i) {
+    const int64_t m = std::uniform_int_distribution<int64_t>(0, c.rows - 1)(rng);
+    const int64_t n = std::uniform_int_distribution<int64_t>(0, c.n - 1)(rng);
+    const size_t e = oracle::GroupOf(starts, m);
+    // The oracle reads w[e, n, :] only: stage that row as expert 0, row 0 of a one-row weight.
+    CUDA_OK(cudaMemcpy(w_row.data(), w_copies[0] + (e * c.n + n) * c.k * c.element_bytes(), w_row.size(),
+                       cudaMemcpyDeviceToHost));
+    const float one_scale = scale[e * c.n + n];
+    const std::vector<int64_t> one_group = {0, 1};  // row 0 -> expert 0
+    const auto want = oracle::ExpectedElement(x.data() + m * c.k, w_row.data(), c.fp8, &one_scale, 1, c.k, one_group,
+                                              0, 0);
+    float got;
+    std::memcpy(&got, &first[m * c.n + n], 4);
+    if (!(std::fabs(got - want.value) <= want.bound)) {
+      char buffer[160];
+      std::snprintf(buffer, sizeof(buffer), "y[%lld, %lld] = %.9g, want %.9g within %.3g", (long long)m,
+                    (long long)n, got, want.value, want.bound);
+      r.ok = false, r.failure = buffer;
+    }
+  }
+
+  // --- timing ---
+  CUDA_OK(hisparse::GroupedMatmulPlanFor(dims, {}, &r.auto_plan));
+  r.auto_stats = Time(stream, iters, [&](int i) { launch({}, i % 2); });
+  r.auto_gbs = r.active_bytes / (r.auto_stats.median_us * 1e3);
+  r.best_plan = r.auto_plan, r.best_stats = r.auto_stats, r.best_gbs = r.auto_gbs;
+  if (sweep) {
+    for (const GroupedMatmulTuning& t : Sweep(c)) {
+      GroupedMatmulPlan plan;
+      CUDA_OK(hisparse::GroupedMatmulPlanFor(dims, t, &plan));
+      launch(t, 0);
+      if (download() != first && r.ok) r.ok = false, r.failure = "variant " + Describe(plan) + " writes other bits";
+      const Stats s = Time(stream, iters, [&](int i) { launch(t, i % 2); });
+      const double gbs = r.active_bytes / (s.median_us * 1e3);
+      if (print_sweep)
+        std::printf("    sweep %-8s %-5s P=%-4lld %-24s %8.1f us %7.0f GB/s\n", c.projection, c.fp8 ? "fp8" : "bf16",
+                    (long long)c.rows, Describe(plan).c_str(), s.median_us, gbs);
+      if (gbs > r.best_gbs) r.best_plan = plan, r.best_stats = s, r.best_gbs = gbs;
+    }
+  }
+  CUDA_OK(cudaFree(d_x));
+  CUDA_OK(cudaFree(d_scale));
+  CUDA_OK(cudaFree(d_sizes));
+  CUDA_OK(cudaFree(d_y));
+  return r;
+}
+
+const char* kUsage = "usage: %s OUT.json [--quick] [--sweep] [--iters N] [--seed N]\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') {
+    std::fprintf(stderr, kUsage, argv[0]);
+    return 2;
+  }
+  const char* out_path = argv[1];
+  bool quick = false, print_sweep = false;
+  int iters = 30;
+  uint32_t seed = 1;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--sweep") print_sweep = true;
+    else if (a == "--iters" && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--seed" && i + 1 < argc) seed = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
+    else {
+      std::fprintf(stderr, kUsage, argv[0]);
+      return 2;
+    }
+  }
+  int device = 0, runtime = 0, driver = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, device));
+  CUDA_OK(cudaRuntimeGetVersion(&runtime));
+  CUDA_OK(cudaDriverGetVersion(&driver));
+  std::printf("# MoE grouped matmul benchmark\n\ndevice: %s (sm_%d%d, %d SMs, %.0f MiB L2), CUDA runtime %d, "
+              "driver %d; E = %lld experts, x bf16, y f32; %d iterations (min / median / max)\n\n",
+              prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0, runtime,
+              driver, (long long)kExperts, iters);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // --- HBM ceilings ---------------------------------------------------------
+  const int64_t ceiling_bytes = quick ? kCeilingBytes / 4 : kCeilingBytes;
+  uint8_t *src = nullptr, *dst = nullptr;
+  uint32_t* sink = nullptr;
+  CUDA_OK(cudaMalloc(&src, ceiling_bytes));
+  CUDA_OK(cudaMalloc(&dst, ceiling_bytes));
+  CUDA_OK(cudaMalloc(&sink, 4));
+  FillWeights<<<1024, 256, 0, stream>>>(src, ceiling_bytes / 2, false, 1, 1.0f);
+  const Stats copy = Time(stream, 20, [&](int) {
+    CUDA_OK(cudaMemcpyAsync(dst, src, ceiling_bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  const Stats read = Time(stream, 20, [&](int) {
+    ReadAll<<<8 * prop.multiProcessorCount, 512, 0, stream>>>(reinterpret_cast<const uint4*>(src),
+                                                              ceiling_bytes / 16, sink);
+    CUDA_OK(cudaGetLastError());
+  });
+  CUDA_OK(cudaFree(src));
+  CUDA_OK(cudaFree(dst));
+  const double copy_gbs = 2.0 * ceiling_bytes / (copy.median_us * 1e3);
+  const double read_gbs = ceiling_bytes / (read.median_us * 1e3);
+  std::printf("HBM: memcpy D2D of %.0f MiB %.0f GB/s (read + write), read kernel over it %.0f GB/s (medians); "
+              "nominal %.0f GB/s\n\n", ceiling_bytes / 1048576.0, copy_gbs, read_gbs, kNominalGbs);
+
+  // --- configurations -------------------------------------------------------
+  std::vector<Config> configs;
+  for (bool fp8 : {true, false}) {
+    if (quick && !fp8) continue;
+    for (const auto& [name, k, n] : {std::tuple<const char*, int64_t, int64_t>{"gate_up", 6144, 4096},
+                                     std::tuple<const char*, int64_t, int64_t>{"down", 2048, 6144}})
+      for (int64_t rows : {16, 136, 640}) configs.push_back({name, k, n, fp8, rows});
+  }
+  int64_t max_bytes = 0;
+  for (const Config& c : configs) max_bytes = std::max(max_bytes, kExperts * c.n * c.k * c.element_bytes());
+  uint8_t* w_copies[2];
+  for (auto& w : w_copies) CUDA_OK(cudaMalloc(&w, max_bytes));
+
+  std::printf("| proj | w | P | active experts | active weight MB | auto plan | auto us (min/med/max) | auto GB/s "
+              "| of nominal | of read kernel | of memcpy | best plan | best GB/s | check |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<Result> results;
+  bool all_ok = true;
+  for (const Config& c : configs) {
+    const Result r = RunConfig(c, stream, iters, !quick, print_sweep, w_copies, seed);
+    all_ok = all_ok && r.ok;
+    std::printf("| %s | %s | %lld | %lld | %.1f | %s | %.1f / %.1f / %.1f | %.0f | %.2f | %.2f | %.2f | %s | %.0f "
+                "| %s%s%s |\n",
+                c.projection, c.fp8 ? "fp8" : "bf16", (long long)c.rows, (long long)r.active, r.active_bytes / 1e6,
+                Describe(r.auto_plan).c_str(), r.auto_stats.min_us, r.auto_stats.median_us, r.auto_stats.max_us,
+                r.auto_gbs, r.auto_gbs / kNominalGbs, r.auto_gbs / read_gbs, r.auto_gbs / copy_gbs,
+                Describe(r.best_plan).c_str(), r.best_gbs, r.ok ? "ok" : "FAIL", r.ok ? "" : ": ", r.failure.c_str());
+    std::fflush(stdout);
+    results.push_back(r);
+  }
+  for (auto& w : w_copies) CUDA_OK(cudaFree(w));
+
+  FILE* f = std::fopen(out_path, "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", out_path);
+    return 2;
+  }
+  std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"cuda_runtime\": %d, \"driver\": %d, \"iters\": %d,\n",
+               prop.name, prop.multiProcessorCount, runtime, driver, iters);
+  std::fprintf(f, "  \"hbm\": {\"memcpy_d2d_gbs\": %.1f, \"read_kernel_gbs\": %.1f, \"nominal_gbs\": %.0f, "
+               "\"bytes\": %lld},\n", copy_gbs, read_gbs, kNominalGbs, (long long)ceiling_bytes);
+  std::fprintf(f, "  \"experts\": %lld,\n  \"results\": [\n", (long long)kExperts);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    std::fprintf(f,
+                 "    {\"projection\": \"%s\", \"weights\": \"%s\", \"k\": %lld, \"n\": %lld, \"rows\": %lld, "
+                 "\"active_experts\": %lld, \"active_weight_bytes\": %lld, \"auto_plan\": %s, "
+                 "\"auto_us\": {\"min\": %.2f, \"median\": %.2f, \"max\": %.2f}, \"auto_gbs\": %.1f, "
+                 "\"auto_of_nominal\": %.3f, \"auto_of_read_kernel\": %.3f, \"auto_of_memcpy\": %.3f, "
+                 "\"best_plan\": %s, \"best_us_median\": %.2f, \"best_gbs\": %.1f, \"ok\": %s}%s\n",
+                 r.config.projection, r.config.fp8 ? "fp8" : "bf16", (long long)r.config.k, (long long)r.config.n,
+                 (long long)r.config.rows, (long long)r.active, (long long)r.active_bytes, Json(r.auto_plan).c_str(),
+                 r.auto_stats.min_us, r.auto_stats.median_us, r.auto_stats.max_us, r.auto_gbs,
+                 r.auto_gbs / kNominalGbs, r.auto_gbs / read_gbs, r.auto_gbs / copy_gbs, Json(r.best_plan).c_str(),
+                 r.best_stats.median_us, r.best_gbs, r.ok ? "true" : "false", i + 1 < results.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  std::fclose(f);
+  std::printf("\nwrote %s\n", out_path);
+  return all_ok ? 0 : 1;
+}

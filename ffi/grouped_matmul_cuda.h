@@ -1,0 +1,89 @@
+// The grouped matmul (grouped_matmul.h) on a CUDA device: a launcher on raw
+// pointers, no XLA types. Needs sm_80 or newer (mma.sync bf16, mul.bf16x2 on
+// sm_90); built and tuned for sm_90 (plain sm_90, not sm_90a).
+//
+// Decode reads far more weight bytes than anything else, so the kernel is a
+// weight stream: one launch, no shared-memory staging, no split over k.
+//   - A block is W warps of one expert; a warp owns tiles_per_warp warp
+//     tiles of 16 * weight_tiles adjacent weight rows (output channels) and
+//     streams each along all of K with 16-byte read-only loads (L1 bypassed),
+//     chunks_in_flight loads per row in flight per lane, straight into
+//     tensor-core fragments. By default each warp owns one warp tile: the
+//     grid then spans several waves of blocks, which the H200 sweep measured
+//     faster than one wave of warps streaming several tiles each.
+//   - Weights are the mma.sync m16n8k16 A operand (16 rows), tokens the B
+//     operand (8 per tile): decode experts see a handful of tokens, and 8-token
+//     tiles halve the padding of 16-token ones. Token rows past the group's
+//     end are zero-filled in registers, never read. x is tiny and shared by
+//     the block's warps: read straight from global memory through L1.
+//   - The k order inside a 16-wide step is a fixed permutation of each lane's
+//     16 loaded bytes (a dot product may take its k in any fixed order), so x
+//     is loaded in the same permutation and no shuffle is needed.
+//   - fp8 e4m3 -> bf16 exactly, two at a time: prmt spreads two bytes into
+//     16-bit lanes with their sign, a shift and a mask give the bf16 bits of
+//     value * 2^-120, one mul.bf16x2 by 2^120 (a power of two: exact,
+//     subnormal codes included) restores the value.
+//   - A pass holds the accumulators of token_tiles * 8 tokens; an expert with
+//     more rows takes more passes, each reading its weights again.
+//   - Blocks of experts without rows exit before reading anything; a few
+//     extra blocks write the zeros of rows past the last group. Each block
+//     sums the group sizes it needs itself (E <= 1024), so there is no
+//     second launch and no scratch memory.
+#ifndef HISPARSE_FFI_GROUPED_MATMUL_CUDA_H_
+#define HISPARSE_FFI_GROUPED_MATMUL_CUDA_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "grouped_matmul.h"
+
+namespace hisparse {
+
+inline constexpr int kGroupedMatmulMaxWarps = 8;
+// Blocks that write the zero rows past the last group (each exits at once when there are none).
+inline constexpr int kGroupedMatmulMaxZeroBlocks = 128;
+
+// One launch's shape. Every field is a compile-time variant of the kernel or
+// a launch parameter; none changes the bits y gets (grouped_matmul.h).
+struct GroupedMatmulPlan {
+  int warps_per_block = 4;    // 1..kGroupedMatmulMaxWarps
+  int weight_tiles = 2;       // 16-row weight tiles per warp tile: 1 or 2
+  int chunks_in_flight = 4;   // 16-byte loads in flight per weight row and lane: 2 or 4
+  int token_tiles = 1;        // 8-token tiles per pass: 1, 2, 4 or 8
+  int tiles_per_warp = 1;     // warp tiles a warp streams one after another
+  int blocks_per_expert = 1;  // ceil(N / (16 weight_tiles tiles_per_warp) / warps_per_block)
+};
+
+// Overrides of the automatic plan (benchmarks); 0 = automatic. The automatic
+// plan: 4 warps per block, token tiles for about twice the mean rows per
+// expert (M / E), 2 chunks in flight, 2 weight tiles (1 for weight rows of at
+// most 2 KiB), one tile per warp: the variant within ~5-15% of the best at
+// every shape of the H200 sweep (benchmarks/grouped_matmul_bench.cu --sweep).
+struct GroupedMatmulTuning {
+  int warps_per_block = 0;
+  int weight_tiles = 0;
+  int chunks_in_flight = 0;
+  int token_tiles = 0;
+  int tiles_per_warp = 0;
+};
+
+// The plan LaunchGroupedMatmul uses for `dims` under `tuning` (host
+// arithmetic only: safe under CUDA-graph capture).
+// cudaErrorInvalidValue for dims outside grouped_matmul.h's limits or a
+// tuning value outside the variants above.
+cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMatmulTuning& tuning,
+                                 GroupedMatmulPlan* plan);
+
+// Enqueues y on `stream`: one launch, no allocation, no synchronization, no
+// host read of device data (group_sizes are read by the kernel). dims must
+// satisfy GroupedMatmulSizeError(dims)[0] == '\0'; x and w must be 16-byte
+// aligned, the other pointers 4-byte aligned. Returns the launch error, if
+// any (cudaErrorInvalidValue for dims, pointers or tuning outside those
+// rules). M = 0 or N = 0 enqueues nothing.
+cudaError_t LaunchGroupedMatmul(const GroupedMatmulDims& dims, const GroupedMatmulBuffers& io,
+                                cudaStream_t stream, const GroupedMatmulTuning& tuning = {});
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_FFI_GROUPED_MATMUL_CUDA_H_

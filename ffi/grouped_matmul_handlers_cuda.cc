@@ -1,0 +1,42 @@
+// XLA FFI handler of "hisparse_grouped_matmul" for platform "CUDA": check the
+// operands, then enqueue the kernel of grouped_matmul_kernels.cu. It only
+// enqueues work on XLA's stream (group_sizes stay on the device, read by the
+// kernel), so it is marked kCmdBufferCompatible. There is no CPU handler: on
+// CPU the op runs its XLA reference (hisparse_jax/grouped_matmul.py).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "grouped_matmul.h"
+#include "grouped_matmul_checks.h"
+#include "grouped_matmul_cuda.h"
+
+namespace hisparse {
+namespace {
+
+bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+ffi::Error GroupedMatmulCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
+                                 ffi::AnyBuffer group_sizes, ffi::Result<ffi::AnyBuffer> y) {
+  auto dims = CheckGroupedMatmul(x, w, scale, group_sizes, y->element_type(), y->dimensions());
+  if (dims.has_error()) return dims.error();
+  const GroupedMatmulBuffers io = GroupedMatmulIo(x, w, scale, group_sizes, y);
+  // XLA aligns buffers to far more than this; a misaligned view would fault in the 16-byte loads.
+  if (!Aligned(io.x, 16) || !Aligned(io.w, 16))
+    return ffi::Error::InvalidArgument("hisparse_grouped_matmul: x and w must be 16-byte aligned");
+  const cudaError_t err = LaunchGroupedMatmul(*dims, io, stream);
+  if (err != cudaSuccess)
+    return ffi::Error::Internal(std::string("hisparse_grouped_matmul: launching the kernel failed: ") +
+                                cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace hisparse
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    HisparseGroupedMatmulCuda, hisparse::GroupedMatmulCudaImpl,
+    hisparse::BindGroupedMatmulOperands(
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});

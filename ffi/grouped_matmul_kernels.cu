@@ -1,0 +1,381 @@
+// The grouped matmul kernel (grouped_matmul_cuda.h has the plan; the
+// contract is grouped_matmul.h).
+//
+// Tensor-core tiles (mma.sync m16n8k16 row.col, PTX fragment layouts;
+// g = lane / 4, c = lane % 4):
+//   A = weights, 16 rows x 16 k:  a0 (row g, k 2c..2c+1)     a1 (row g+8, k 2c..2c+1)
+//                                 a2 (row g, k 2c+8..2c+9)   a3 (row g+8, k 2c+8..2c+9)
+//   B = x,       16 k x 8 tokens: b0 (k 2c..2c+1, token g)   b1 (k 2c+8..2c+9, token g)
+//   C = y^T,     16 rows x 8 tokens: c0, c1 (row g, tokens 2c, 2c+1), c2, c3 (row g+8, same)
+// A warp-wide load of a weight row is 64 bytes (a "chunk": 32 bf16 or 64 fp8
+// values of k); lane c loads bytes 16c..16c+15 of rows g and g+8, i.e. k
+// values kc..kc+P-1 with P = 8 (bf16) or 16 (fp8) and kc = chunk * 4P + c P.
+// Each lane's P values feed the mma k slots of P / 4 k-steps: in step s the
+// slots 2c, 2c+1 hold k = kc + 4s + {0, 1} and the slots 2c+8, 2c+9 hold
+// k = kc + 4s + {2, 3}. Over a chunk's steps and lanes every k of the chunk is
+// used once; x is loaded in the same order (its P values at kc of token g:
+// 32-bit word 2s goes to b0, word 2s+1 to b1), so every product is x[m, k] *
+// w[e, n, k] with matching k.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "grouped_matmul.h"
+#include "grouped_matmul_cuda.h"
+
+namespace hisparse {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kChunkBytes = 64;        // one warp-wide load of a weight row
+constexpr int kRowsPerWeightTile = 16;  // mma M
+constexpr int kTokensPerTile = 8;       // mma N
+constexpr uint32_t kBf16x2Two120 = 0x7b807b80u;  // bf16 2^120 in both halves
+
+struct GroupedArgs {
+  const uint8_t* x;        // [M, K] bf16
+  const uint8_t* w;        // [E, N, K] bf16 or fp8 e4m3fn
+  const float* scale;      // [E, N]
+  const int32_t* sizes;    // [E]
+  float* y;                // [M, N]
+  int64_t rows;            // M
+  int64_t n;               // N
+  int64_t w_row_bytes;     // K * (1 or 2)
+  int64_t x_row_bytes;     // 2 K
+  int32_t experts;         // E
+  int32_t chunks;          // ceil(w_row_bytes / kChunkBytes)
+  int32_t blocks_per_expert;
+  int32_t tiles_per_warp;  // warp tiles (16 kWeightTiles rows each) a warp streams one after another
+  int32_t zero_blocks;     // blocks [0, zero_blocks) write the rows past the last group
+};
+
+// --------------------------------------------------------------------------- PTX wrappers
+
+// 16 bytes of a weight row: read once, so not kept in L1 (x is); the L2 is asked
+// to fetch 256-byte sectors, which the following chunks of the row use.
+__device__ __forceinline__ uint4 LoadWeights(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint4 LoadTokens(const uint8_t* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+// c += a b on the tensor cores, bf16 inputs, f32 accumulation.
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 bytes of `word` (selector 0x9180: bytes 0, 1; 0xb3a2: bytes 2, 3) as
+// two bf16 values, first byte in the low half. prmt puts each byte in the low
+// half of a 16-bit lane with its sign replicated above it; << 4 moves eeee.mmm
+// under the bf16 exponent's low bits and a sign copy to bit 15; the mask drops
+// the rest. Those bits are the value times 2^-120 (subnormal codes become bf16
+// subnormals); the product by 2^120 is exact and normal for every code.
+__device__ __forceinline__ uint32_t Fp8PairAsBf16(uint32_t word, uint32_t selector) {
+  uint32_t lanes, out;
+  asm("prmt.b32 %0, %1, %1, %2;\n" : "=r"(lanes) : "r"(word), "r"(selector));
+  lanes = (lanes << 4) & 0x87f087f0u;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(out) : "r"(lanes), "r"(kBf16x2Two120));
+  return out;
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// The A fragments of k-step `step` of a chunk from a lane's 16 bytes of rows g
+// (`top`) and g + 8 (`bottom`).
+template <bool kFp8>
+__device__ __forceinline__ void WeightFragment(const uint4& top, const uint4& bottom, int step,
+                                               uint32_t (&a)[4]) {
+  if constexpr (kFp8) {
+    a[0] = Fp8PairAsBf16(Word(top, step), 0x9180u);
+    a[1] = Fp8PairAsBf16(Word(bottom, step), 0x9180u);
+    a[2] = Fp8PairAsBf16(Word(top, step), 0xb3a2u);
+    a[3] = Fp8PairAsBf16(Word(bottom, step), 0xb3a2u);
+  } else {
+    a[0] = Word(top, 2 * step);
+    a[1] = Word(bottom, 2 * step);
+    a[2] = Word(top, 2 * step + 1);
+    a[3] = Word(bottom, 2 * step + 1);
+  }
+}
+
+// --------------------------------------------------------------------------- group offsets
+
+// sum over i < count of max(sizes[i], 0), in 64 bits, on every thread of the
+// block. Every thread must call it (it synchronizes the block once).
+__device__ int64_t ClampedSizeSum(const int32_t* sizes, int count, int64_t* warp_sums) {
+  int64_t sum = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) sum += max(sizes[i], 0);
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+  if (threadIdx.x % kWarp == 0) warp_sums[threadIdx.x / kWarp] = sum;
+  __syncthreads();
+  sum = 0;
+  for (int i = 0; i < static_cast<int>(blockDim.x / kWarp); ++i) sum += warp_sums[i];
+  return sum;
+}
+
+// Rows [min(total, M), M) belong to no group: +0 in every column. Block `block`
+// of `blocks` writes rows first + block, first + block + blocks, ...
+__device__ void WriteZeroRows(const GroupedArgs& p, int block, int64_t* warp_sums) {
+  const int64_t first = min(ClampedSizeSum(p.sizes, p.experts, warp_sums), p.rows);
+  for (int64_t row = first + block; row < p.rows; row += p.zero_blocks) {
+    float* out = p.y + row * p.n;
+    for (int64_t col = threadIdx.x; col < p.n; col += blockDim.x) out[col] = 0.0f;
+  }
+}
+
+// --------------------------------------------------------------------------- the kernel
+
+// kFp8: fp8 weights (else bf16). kWeightTiles: 16-row weight tiles per warp
+// tile. kInFlight: chunks loaded per row before any is used. kTokenTiles:
+// 8-token tiles per pass.
+template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles>
+struct WarpTile {
+  static constexpr int kSteps = kFp8 ? 4 : 2;  // k-steps per chunk
+  static constexpr int kTokensPerPass = kTokensPerTile * kTokenTiles;
+
+  // y of weight rows [row0, row0 + 16 kWeightTiles) of `expert` for its tokens [begin, end).
+  static __device__ __forceinline__ void Run(const GroupedArgs& p, int expert, int64_t row0, int64_t begin,
+                                             int64_t end, int lane) {
+    const int g = lane / 4, c = lane % 4;
+    // This lane's weight rows: g and g + 8 of each tile (rows past N read as zeros); the lane's
+    // 16 bytes of a chunk (16 c) are added with the chunk's offset below.
+    const uint8_t* w_rows[kWeightTiles][2];
+    bool row_ok[kWeightTiles][2];
+#pragma unroll
+    for (int j = 0; j < kWeightTiles; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t n = row0 + kRowsPerWeightTile * j + 8 * h + g;
+        row_ok[j][h] = n < p.n;
+        w_rows[j][h] = p.w + (static_cast<int64_t>(expert) * p.n + (row_ok[j][h] ? n : 0)) * p.w_row_bytes;
+      }
+    }
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+
+    for (int64_t t0 = begin; t0 < end; t0 += kTokensPerPass) {
+      const int tiles =
+          static_cast<int>(min(static_cast<int64_t>(kTokenTiles), (end - t0 + kTokensPerTile - 1) / kTokensPerTile));
+      float acc[kWeightTiles][kTokenTiles][4];
+#pragma unroll
+      for (int j = 0; j < kWeightTiles; ++j)
+#pragma unroll
+        for (int t = 0; t < kTokenTiles; ++t)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[j][t][i] = 0.0f;
+
+      for (int chunk0 = 0; chunk0 < p.chunks; chunk0 += kInFlight) {
+        // Every load of the group first (memory-level parallelism), then the math.
+        uint4 wv[kInFlight][kWeightTiles][2];
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) {
+          const int64_t offset = static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c;
+          const bool k_ok = offset < p.w_row_bytes;  // the last chunk of a row may be partial
+#pragma unroll
+          for (int j = 0; j < kWeightTiles; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              wv[u][j][h] = k_ok && row_ok[j][h] ? LoadWeights(w_rows[j][h] + offset) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) {
+          if (chunk0 + u >= p.chunks) break;  // warp-uniform
+          const int64_t w_offset = static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c;
+          const bool k_ok = w_offset < p.w_row_bytes;
+          const int64_t x_offset = kFp8 ? 2 * w_offset : w_offset;  // the same k in x's bf16
+          uint32_t a[kSteps][kWeightTiles][4];
+#pragma unroll
+          for (int s = 0; s < kSteps; ++s)
+#pragma unroll
+            for (int j = 0; j < kWeightTiles; ++j) WeightFragment<kFp8>(wv[u][j][0], wv[u][j][1], s, a[s][j]);
+#pragma unroll
+          for (int t = 0; t < kTokenTiles; ++t) {
+            if (t >= tiles) break;  // warp-uniform
+            const int64_t token = t0 + kTokensPerTile * t + g;
+            uint4 lo = zero, hi = zero;
+            if (token < end && k_ok) {
+              const uint8_t* src = p.x + token * p.x_row_bytes + x_offset;
+              lo = LoadTokens(src);
+              if constexpr (kFp8) hi = LoadTokens(src + 16);
+            }
+            const uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+            for (int s = 0; s < kSteps; ++s)
+#pragma unroll
+              for (int j = 0; j < kWeightTiles; ++j) Mma(acc[j][t], a[s][j], xw[2 * s], xw[2 * s + 1]);
+          }
+        }
+      }
+
+      // y[token, n] = acc * scale[expert, n]; c0, c1: row g, tokens 2c, 2c+1; c2, c3: row g + 8.
+#pragma unroll
+      for (int j = 0; j < kWeightTiles; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (!row_ok[j][h]) continue;
+          const int64_t n = row0 + kRowsPerWeightTile * j + 8 * h + g;
+          const float factor = p.scale[static_cast<int64_t>(expert) * p.n + n];
+#pragma unroll
+          for (int t = 0; t < kTokenTiles; ++t) {
+            if (t >= tiles) break;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int64_t token = t0 + kTokensPerTile * t + 2 * c + i;
+              if (token < end) p.y[token * p.n + n] = acc[j][t][2 * h + i] * factor;
+            }
+          }
+        }
+      }
+    }
+  }
+};
+
+// Blocks [0, zero_blocks) write the zero rows; then blocks_per_expert blocks
+// per expert, expert-major. Warp w of an expert's warps owns its warp tiles
+// [w * tiles_per_warp, (w + 1) * tiles_per_warp), each 16 kWeightTiles rows.
+template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles>
+__global__ void __launch_bounds__(kGroupedMatmulMaxWarps * kWarp)
+    GroupedMatmulKernel(const GroupedArgs p) {
+  __shared__ int64_t warp_sums[kGroupedMatmulMaxWarps];
+  if (static_cast<int>(blockIdx.x) < p.zero_blocks) {
+    WriteZeroRows(p, blockIdx.x, warp_sums);
+    return;
+  }
+  const int block = blockIdx.x - p.zero_blocks;
+  const int expert = block / p.blocks_per_expert;
+  const int own = p.sizes[expert];
+  if (own <= 0) return;  // the whole block: an expert without rows reads nothing
+  const int64_t begin = ClampedSizeSum(p.sizes, expert, warp_sums);
+  if (begin >= p.rows) return;
+  const int64_t end = min(begin + own, p.rows);
+
+  constexpr int64_t kRowsPerWarpTile = kRowsPerWeightTile * kWeightTiles;
+  const int64_t warp = static_cast<int64_t>(block % p.blocks_per_expert) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int64_t first = warp * p.tiles_per_warp;
+  for (int64_t tile = first; tile < first + p.tiles_per_warp && tile * kRowsPerWarpTile < p.n; ++tile)
+    WarpTile<kFp8, kWeightTiles, kInFlight, kTokenTiles>::Run(p, expert, tile * kRowsPerWarpTile, begin, end,
+                                                              threadIdx.x % kWarp);
+}
+
+// --------------------------------------------------------------------------- plan and dispatch
+
+using KernelFn = void (*)(GroupedArgs);
+
+template <bool kFp8, int kWeightTiles, int kInFlight>
+KernelFn ForTokenTiles(int token_tiles) {
+  switch (token_tiles) {
+    case 1: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 1>;
+    case 2: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 2>;
+    case 4: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 4>;
+    case 8: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 8>;
+  }
+  return nullptr;
+}
+
+template <bool kFp8>
+KernelFn ForShape(int weight_tiles, int chunks_in_flight, int token_tiles) {
+  if (weight_tiles == 1 && chunks_in_flight == 2) return ForTokenTiles<kFp8, 1, 2>(token_tiles);
+  if (weight_tiles == 1 && chunks_in_flight == 4) return ForTokenTiles<kFp8, 1, 4>(token_tiles);
+  if (weight_tiles == 2 && chunks_in_flight == 2) return ForTokenTiles<kFp8, 2, 2>(token_tiles);
+  if (weight_tiles == 2 && chunks_in_flight == 4) return ForTokenTiles<kFp8, 2, 4>(token_tiles);
+  return nullptr;
+}
+
+KernelFn KernelFor(const GroupedMatmulDims& dims, const GroupedMatmulPlan& plan) {
+  return dims.weight_type == GroupedWeightType::kFp8E4m3
+             ? ForShape<true>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles)
+             : ForShape<false>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles);
+}
+
+bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// The fewest 8-token tiles (1, 2, 4 or 8) that hold an expert's rows in one
+// pass when M rows are routed about uniformly over E experts: the mean plus
+// three standard deviations of a Poisson count, and at least twice the mean
+// for skewed routing; never more than M needs.
+int AutoTokenTiles(int64_t rows, int64_t experts) {
+  const double mean = static_cast<double>(rows) / static_cast<double>(experts);
+  const double want = std::min(static_cast<double>(rows), std::max(mean + 3.0 * std::sqrt(mean), 2.0 * mean));
+  int tiles = 1;
+  while (tiles < 8 && tiles * kTokensPerTile < want) tiles *= 2;
+  return tiles;
+}
+
+}  // namespace
+
+cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMatmulTuning& tuning,
+                                 GroupedMatmulPlan* plan) {
+  if (GroupedMatmulSizeError(dims)[0] != '\0') return cudaErrorInvalidValue;
+  GroupedMatmulPlan p;
+  p.token_tiles =
+      tuning.token_tiles > 0 ? tuning.token_tiles : AutoTokenTiles(std::max<int64_t>(dims.rows, 1), dims.experts);
+  // From the sweep of benchmarks/grouped_matmul_bench.cu on an H200 (BENCHMARKS.md): 2 chunks in
+  // flight per row and 4 warps per block were within ~5% of the best variant at every shape;
+  // two 16-row weight tiles per warp share each x fragment, except on short weight rows (fp8
+  // with K <= 2048, e.g. the down projection), where one tile per warp gives twice the warps
+  // to hide the latency of a row that is only a few chunks long.
+  const int64_t row_bytes = dims.k * GroupedWeightBytes(dims.weight_type);
+  p.chunks_in_flight = tuning.chunks_in_flight > 0 ? tuning.chunks_in_flight : 2;
+  p.weight_tiles = tuning.weight_tiles > 0 ? tuning.weight_tiles : (row_bytes <= 2048 ? 1 : 2);
+  p.warps_per_block = tuning.warps_per_block > 0 ? tuning.warps_per_block : 4;
+  if (p.warps_per_block > kGroupedMatmulMaxWarps || tuning.tiles_per_warp < 0) return cudaErrorInvalidValue;
+  const KernelFn kernel = KernelFor(dims, p);
+  if (kernel == nullptr) return cudaErrorInvalidValue;  // a tuning value outside the variants
+
+  // One warp tile per warp by default: more warps than fit at once (several waves) measured
+  // faster than one wave of warps that each stream several tiles (the sweep's q1 column).
+  const int64_t warp_tiles = std::max<int64_t>(1, (dims.n + 16 * p.weight_tiles - 1) / (16 * p.weight_tiles));
+  p.tiles_per_warp = tuning.tiles_per_warp > 0 ? static_cast<int>(std::min<int64_t>(tuning.tiles_per_warp, warp_tiles))
+                                                : 1;
+  const int64_t warps_per_expert = (warp_tiles + p.tiles_per_warp - 1) / p.tiles_per_warp;
+  p.blocks_per_expert = static_cast<int>((warps_per_expert + p.warps_per_block - 1) / p.warps_per_block);
+  *plan = p;
+  return cudaSuccess;
+}
+
+cudaError_t LaunchGroupedMatmul(const GroupedMatmulDims& dims, const GroupedMatmulBuffers& io,
+                                cudaStream_t stream, const GroupedMatmulTuning& tuning) {
+  GroupedMatmulPlan plan;
+  if (cudaError_t err = GroupedMatmulPlanFor(dims, tuning, &plan); err != cudaSuccess) return err;
+  if (dims.rows == 0 || dims.n == 0) return cudaSuccess;
+  if (!Aligned(io.x, 16) || !Aligned(io.w, 16) || !Aligned(io.scale, 4) || !Aligned(io.group_sizes, 4) ||
+      !Aligned(io.y, 4))
+    return cudaErrorInvalidValue;
+
+  GroupedArgs p;
+  p.x = static_cast<const uint8_t*>(io.x);
+  p.w = static_cast<const uint8_t*>(io.w);
+  p.scale = io.scale;
+  p.sizes = io.group_sizes;
+  p.y = io.y;
+  p.rows = dims.rows;
+  p.n = dims.n;
+  p.w_row_bytes = dims.k * GroupedWeightBytes(dims.weight_type);
+  p.x_row_bytes = 2 * dims.k;
+  p.experts = static_cast<int32_t>(dims.experts);
+  p.chunks = static_cast<int32_t>((p.w_row_bytes + kChunkBytes - 1) / kChunkBytes);
+  p.blocks_per_expert = plan.blocks_per_expert;
+  p.tiles_per_warp = plan.tiles_per_warp;
+  p.zero_blocks = static_cast<int32_t>(std::min<int64_t>(kGroupedMatmulMaxZeroBlocks, dims.rows));
+  const int64_t blocks = p.zero_blocks + dims.experts * plan.blocks_per_expert;
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  KernelFor(dims, plan)<<<static_cast<unsigned>(blocks), plan.warps_per_block * kWarp, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace hisparse
