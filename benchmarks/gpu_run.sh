@@ -26,6 +26,14 @@
 #   slices    the deployment slices (docs/deployments.md): hisparse-bench decode --deployment
 #             glm5-h200 at 32K, 128K and 256K, dsv32-h200 and qwen3-quest-h200 at 128K; each
 #             under both trace calibrations, with the profile; one process per context.
+#   prefetch-tests
+#             exact layer-wise prefetch: tests/test_prefetch.py and tests/models/test_prefetch_decode.py
+#             with the CUDA handler (needs build)
+#   prefetch  the glm5-h200 slice with a shared indexer (index_share = 4) at 128K, HiSparse with
+#             and without --prefetch (one run at a time), profiled, under
+#             PREFETCH_TRACES (default: both calibrations, one process each), and the device
+#             timeline of one prefetch step (benchmarks/prefetch_timeline.py) as a PNG.
+#             Profiler traces go to $PROFILE_DIR (default OUT_DIR/profiles).
 #   decode-dsa, decode-nsa, decode-quest
 #             the older regime (realistic presets with a dense MLP, not the headline):
 #             hisparse-bench decode at the capacity wall (24 GiB HBM budget for decode
@@ -117,6 +125,22 @@ for stage in "$@"; do
       run grouped_matmul build/grouped_matmul_bench "$OUT_DIR/grouped_matmul.json"
       run grouped_matmul_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_grouped_matmul.py -q \
         -p no:cacheprovider -m gpu ;;
+    prefetch-tests)
+      run prefetch_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_prefetch.py \
+        tests/models/test_prefetch_decode.py -q -p no:cacheprovider ;;
+    prefetch)
+      profiles="${PROFILE_DIR:-$OUT_DIR/profiles}"
+      for trace in ${PREFETCH_TRACES:-glm-5.1 deepseek-v3.2}; do
+        # One run at a time: a HiSparse pool at the capacity batch is 42.8 GiB, and XLA's pinned-host
+        # allocator, capped below the machine's RAM, cannot hold two (it grows in doubling regions).
+        run "prefetch-glm5-h200-131072-$trace" env PYTHONPATH="$SITE" XLA_PYTHON_CLIENT_PREALLOCATE=true \
+          XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB=100 \
+          "$PY" "$SITE/bin/hisparse-bench" decode --deployment glm5-h200 --set index_share=4 \
+          --contexts 131072 --trace "$trace" --prefetch --no-equal-batch --one-at-a-time --reps 10 --profile \
+          --profile-dir "$profiles/$trace" --out "$OUT_DIR/prefetch-$trace" $DECODE_ARGS
+        run "prefetch-timeline-$trace" env PYTHONPATH="$SITE" "$PY" benchmarks/prefetch_timeline.py \
+          "$profiles/$trace/hisparse-prefetch-131072-$trace" --out "$OUT_DIR/prefetch-timeline-$trace.png"
+      done ;;
     slices)
       bench_slice glm5-h200 32768 131072 262144
       bench_slice dsv32-h200 131072

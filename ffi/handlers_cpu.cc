@@ -2,10 +2,10 @@
 #include <cstring>
 
 #include "ffi_checks.h"
+#include "handlers_cpu.h"
 #include "resolve.h"
 
 namespace hisparse {
-namespace {
 
 ffi::Error ResolveCpuImpl(ffi::AnyBuffer pool, ffi::AnyBuffer selection, ffi::AnyBuffer sealed,
                           ffi::AnyBuffer layer, ffi::AnyBuffer hot_in,
@@ -36,6 +36,8 @@ ffi::Error ResolveCpuImpl(ffi::AnyBuffer pool, ffi::AnyBuffer selection, ffi::An
              fetch);
   return ffi::Error::Success();
 }
+
+namespace {
 
 ffi::Error PoolWriteCpuImpl(ffi::AnyBuffer pool_in, ffi::AnyBuffer records,
                             ffi::AnyBuffer start, ffi::AnyBuffer count,

@@ -2,26 +2,26 @@
 // XLA did not donate it, then enqueue the kernels of resolve_kernels.cu.
 // Handlers only enqueue work on XLA's stream (the layer index stays on the
 // device, read by the kernels), so they are marked kCmdBufferCompatible.
+// (The prefetch variant, prefetch_handlers_cuda.cc, forks its copy onto a
+// stream of its own and is not.)
 #include <cuda_runtime_api.h>
 
 #include <string>
 #include <tuple>
 
 #include "ffi_checks.h"
+#include "handlers_cuda.h"
+#include "prefetch_cuda.h"
 #include "resolve.h"
 #include "resolve_cuda.h"
 
 namespace hisparse {
-namespace {
 
 ffi::Error CudaError(const char* op, const std::string& what, cudaError_t err) {
   return ffi::Error::Internal(std::string(op) + ": " + what + " failed: " +
                               cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }
 
-// Without donation XLA hands us fresh output buffers: start them from the
-// inputs. Stream-ordered; cudaMemcpyDefault lets UVA pick the direction, so
-// the same call carries device state and the pinned host pool.
 ffi::Error Carry(const char* op, const char* name, ffi::AnyBuffer in,
                  ffi::Result<ffi::AnyBuffer>& out, cudaStream_t stream) {
   if (in.untyped_data() == out->untyped_data() || in.size_bytes() == 0)
@@ -31,6 +31,8 @@ ffi::Error Carry(const char* op, const char* name, ffi::AnyBuffer in,
   if (err != cudaSuccess) return CudaError(op, std::string("copying ") + name + " to its output", err);
   return ffi::Error::Success();
 }
+
+namespace {
 
 // What the CUDA kernels add to CheckResolve.
 ffi::Error CheckCudaLimits(const ResolveDims& d, int32_t launch) {
@@ -52,7 +54,9 @@ ffi::Error CheckCudaLimits(const ResolveDims& d, int32_t launch) {
   return ffi::Error::Success();
 }
 
-ffi::Error ResolveCudaImpl(cudaStream_t stream, ffi::AnyBuffer pool, ffi::AnyBuffer selection,
+}  // namespace
+
+ffi::Error ResolveCudaLaunch(cudaStream_t stream, ffi::AnyBuffer pool, ffi::AnyBuffer selection,
                            ffi::AnyBuffer sealed, ffi::AnyBuffer layer, ffi::AnyBuffer hot_in,
                            ffi::AnyBuffer slot_record_in, ffi::AnyBuffer lru_in,
                            ffi::Result<ffi::AnyBuffer> slots,
@@ -62,8 +66,9 @@ ffi::Error ResolveCudaImpl(cudaStream_t stream, ffi::AnyBuffer pool, ffi::AnyBuf
                            ffi::Result<ffi::AnyBuffer> invalid,
                            ffi::Result<ffi::AnyBuffer> malformed, ffi::Result<ffi::AnyBuffer> hot,
                            ffi::Result<ffi::AnyBuffer> slot_record,
-                           ffi::Result<ffi::AnyBuffer> lru, bool fetch, int32_t launch) {
-  constexpr const char* op = "hisparse_resolve";
+                           ffi::Result<ffi::AnyBuffer> lru, bool fetch, int32_t launch,
+                           int64_t prefetch_slot) {
+  const char* op = prefetch_slot < 0 ? "hisparse_resolve" : "hisparse_resolve_prefetch";
   auto dims = CheckResolve(pool, selection, sealed, layer, hot_in, slot_record_in, lru_in);
   if (dims.has_error()) return dims.error();
   if (auto err = CheckCudaLimits(*dims, launch); err.failure()) return err;
@@ -75,13 +80,39 @@ ffi::Error ResolveCudaImpl(cudaStream_t stream, ffi::AnyBuffer pool, ffi::AnyBuf
       return err;
   }
   const char* failed_kernel = "hisparse resolve kernel";
-  const cudaError_t err = LaunchResolve(
-      *dims, static_cast<const int32_t*>(layer.untyped_data()),
-      ResolveIo(pool, selection, sealed, slots, miss_records, miss_slots, misses, invalid, malformed,
-                hot, slot_record, lru),
-      fetch, static_cast<ResolveLaunchPlan>(launch), stream, &failed_kernel);
+  const auto* layer_index = static_cast<const int32_t*>(layer.untyped_data());
+  const ResolveBuffers io = ResolveIo(pool, selection, sealed, slots, miss_records, miss_slots, misses,
+                                      invalid, malformed, hot, slot_record, lru);
+  const bool fork = prefetch_slot >= 0 && fetch;
+  cudaError_t err = LaunchResolve(*dims, layer_index, io, fetch && !fork,
+                                  static_cast<ResolveLaunchPlan>(launch), stream, &failed_kernel);
+  if (err == cudaSuccess && fork) {
+    // The decision stays on XLA's stream; the copy reads the miss plan it wrote.
+    const ResolveDims d = *dims;
+    err = ForkPrefetch(stream, prefetch_slot, [&](cudaStream_t side) {
+      return LaunchResolveFetch(d, layer_index, io, PrefetchFetchBlocks(), side, &failed_kernel);
+    });
+  }
   if (err != cudaSuccess) return CudaError(op, std::string("launching the ") + failed_kernel, err);
   return ffi::Error::Success();
+}
+
+namespace {
+
+ffi::Error ResolveCudaImpl(cudaStream_t stream, ffi::AnyBuffer pool, ffi::AnyBuffer selection,
+                           ffi::AnyBuffer sealed, ffi::AnyBuffer layer, ffi::AnyBuffer hot_in,
+                           ffi::AnyBuffer slot_record_in, ffi::AnyBuffer lru_in,
+                           ffi::Result<ffi::AnyBuffer> slots,
+                           ffi::Result<ffi::AnyBuffer> miss_records,
+                           ffi::Result<ffi::AnyBuffer> miss_slots,
+                           ffi::Result<ffi::AnyBuffer> misses,
+                           ffi::Result<ffi::AnyBuffer> invalid,
+                           ffi::Result<ffi::AnyBuffer> malformed, ffi::Result<ffi::AnyBuffer> hot,
+                           ffi::Result<ffi::AnyBuffer> slot_record,
+                           ffi::Result<ffi::AnyBuffer> lru, bool fetch, int32_t launch) {
+  return ResolveCudaLaunch(stream, pool, selection, sealed, layer, hot_in, slot_record_in, lru_in,
+                           slots, miss_records, miss_slots, misses, invalid, malformed, hot,
+                           slot_record, lru, fetch, launch, /*prefetch_slot=*/-1);
 }
 
 ffi::Error PoolWriteCudaImpl(cudaStream_t stream, ffi::AnyBuffer pool_in, ffi::AnyBuffer records,

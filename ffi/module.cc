@@ -9,10 +9,14 @@ extern "C" {
 XLA_FFI_Error* HisparseResolveCpu(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparsePoolWriteCpu(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparseTopkCpu(XLA_FFI_CallFrame*);
+XLA_FFI_Error* HisparseResolvePrefetchCpu(XLA_FFI_CallFrame*);
+XLA_FFI_Error* HisparsePrefetchJoinCpu(XLA_FFI_CallFrame*);
 #ifdef HISPARSE_WITH_CUDA
 XLA_FFI_Error* HisparseResolveCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparsePoolWriteCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparseTopkCuda(XLA_FFI_CallFrame*);
+XLA_FFI_Error* HisparseResolvePrefetchCuda(XLA_FFI_CallFrame*);
+XLA_FFI_Error* HisparsePrefetchJoinCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparseIndexScoresCuda(XLA_FFI_CallFrame*);  // CUDA only: the CPU runs the XLA reference
 XLA_FFI_Error* HisparseGroupedMatmulCuda(XLA_FFI_CallFrame*);  // CUDA only, likewise
 #endif
@@ -35,6 +39,8 @@ NB_MODULE(_hisparse_ffi, m) {
     d["resolve"] = Capsule(HisparseResolveCpu);
     d["pool_write"] = Capsule(HisparsePoolWriteCpu);
     d["topk"] = Capsule(HisparseTopkCpu);
+    d["resolve_prefetch"] = Capsule(HisparseResolvePrefetchCpu);
+    d["prefetch_join"] = Capsule(HisparsePrefetchJoinCpu);
     return d;
   });
   m.def("cuda_registrations", []() {
@@ -43,6 +49,8 @@ NB_MODULE(_hisparse_ffi, m) {
     d["resolve"] = Capsule(HisparseResolveCuda);
     d["pool_write"] = Capsule(HisparsePoolWriteCuda);
     d["topk"] = Capsule(HisparseTopkCuda);
+    d["resolve_prefetch"] = Capsule(HisparseResolvePrefetchCuda);
+    d["prefetch_join"] = Capsule(HisparsePrefetchJoinCuda);
     d["index_scores"] = Capsule(HisparseIndexScoresCuda);
     d["grouped_matmul"] = Capsule(HisparseGroupedMatmulCuda);
 #endif

@@ -93,6 +93,16 @@ cudaError_t LaunchResolve(const ResolveDims& dims, const int32_t* layer, const R
                           bool fetch, ResolveLaunchPlan plan, cudaStream_t stream,
                           const char** failed_kernel = nullptr);
 
+// The split plan's copy alone: copies the misses that a resolve launch with
+// fetch = false planned (io.miss_records, io.miss_slots, io.misses of layer
+// `*layer`) from io.host_pool into io.hot, with at most about `max_blocks`
+// blocks of kFetchThreads. Used by the prefetch (prefetch.h), which runs it on
+// a stream of its own after the resolve launch; the split plan launches it with
+// kFetchBlocksPerSm x SMs blocks.
+cudaError_t LaunchResolveFetch(const ResolveDims& dims, const int32_t* layer, const ResolveBuffers& io,
+                               int64_t max_blocks, cudaStream_t stream,
+                               const char** failed_kernel = nullptr);
+
 // host_pool[l, s, start[s] + i] = records[l, s, i] for i < min(count[s], n)
 // (count < 0 writes nothing); rows outside [0, R) are skipped. records is in
 // device memory, start and count are device arrays [S], host_pool is pinned

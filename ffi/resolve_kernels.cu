@@ -1168,7 +1168,6 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
                           bool fetch, ResolveLaunchPlan plan, cudaStream_t stream,
                           const char** failed_kernel) {
   constexpr const char* kResolveName = "hisparse resolve kernel";
-  constexpr const char* kFetchName = "hisparse fetch kernel";
   if (d.top_k < 0 || d.top_k > kMaxResolveTopK || d.hot_slots < d.top_k ||
       d.hot_slots > kMaxResolveHotSlots || d.record_bytes <= 0 || d.record_bytes % 8 != 0 ||
       d.pool_records < 0 || d.pool_records > INT32_MAX || d.streams < 0 ||
@@ -1230,7 +1229,20 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   err = cudaGetLastError();
   if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
   if (!fetch || !split || d.top_k == 0) return cudaSuccess;
+  return LaunchResolveFetch(d, layer, io, int64_t{kFetchBlocksPerSm} * SmCount(device), stream,
+                            failed_kernel);
+}
 
+cudaError_t LaunchResolveFetch(const ResolveDims& d, const int32_t* layer, const ResolveBuffers& io,
+                               int64_t max_blocks, cudaStream_t stream, const char** failed_kernel) {
+  constexpr const char* kFetchName = "hisparse fetch kernel";
+  if (d.streams == 0 || d.top_k == 0) return cudaSuccess;
+  if (max_blocks < 1 || d.streams > INT32_MAX)
+    return Fail(cudaErrorInvalidValue, kFetchName, failed_kernel);
+  const bool vec16 = d.record_bytes % 16 == 0 && Aligned(io.host_pool, 16) && Aligned(io.hot, 16);
+  if (!vec16 && !(Aligned(io.host_pool, 8) && Aligned(io.hot, 8)))
+    return Fail(cudaErrorMisalignedAddress, kFetchName, failed_kernel);
+  const int vector = vec16 ? 16 : 8;
   FetchArgs f;
   f.host_pool = io.host_pool;
   f.layer = layer;
@@ -1247,7 +1259,7 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   f.row_batch = RowBatch(d.record_bytes / vector, kFetchCopyUnroll);
   // Enough blocks in all to keep the link busy, but no more per stream than
   // k misses at one row per warp could use.
-  const int64_t wanted = (int64_t{kFetchBlocksPerSm} * SmCount(device) + d.streams - 1) / d.streams;
+  const int64_t wanted = (max_blocks + d.streams - 1) / d.streams;
   const int64_t useful = (d.top_k + kFetchWarps - 1) / kFetchWarps;
   const int64_t chunks = wanted < useful ? wanted : useful;
   if (chunks * d.streams > INT32_MAX) return Fail(cudaErrorInvalidValue, kFetchName, failed_kernel);

@@ -12,6 +12,7 @@ from .cache import HotCache, alloc_host_pool, init_hot_cache, pinned_host_shardi
 from .config import CacheConfig
 from .grouped_matmul import grouped_matmul, grouped_matmul_reference, quantize_weights_fp8
 from .indexer import index_scores, index_scores_reference, quantize_keys_fp8
+from .prefetch import PendingFetch, join_prefetch, resolve_prefetch
 from .pool import rows_outside_pool, write_records, write_records_inplace
 from .reference import resolve_reference
 from .resolve import ResolveResult, resolve
@@ -23,6 +24,7 @@ __all__ = [
     "sharding",
     "CacheConfig",
     "HotCache",
+    "PendingFetch",
     "ResolveResult",
     "alloc_host_pool",
     "built_with_cuda",
@@ -32,11 +34,13 @@ __all__ = [
     "index_scores",
     "index_scores_reference",
     "init_hot_cache",
+    "join_prefetch",
     "pinned_host_sharding",
     "quantize_keys_fp8",
     "quantize_weights_fp8",
     "reset_streams",
     "resolve",
+    "resolve_prefetch",
     "resolve_reference",
     "rows_outside_pool",
     "select_topk",

@@ -9,8 +9,10 @@ POOL_WRITE = "hisparse_pool_write"
 TOPK = "hisparse_topk"
 INDEX_SCORES = "hisparse_index_scores"
 GROUPED_MATMUL = "hisparse_grouped_matmul"
+RESOLVE_PREFETCH = "hisparse_resolve_prefetch"
+PREFETCH_JOIN = "hisparse_prefetch_join"
 
-ALL = (RESOLVE, POOL_WRITE, TOPK, INDEX_SCORES, GROUPED_MATMUL)
+ALL = (RESOLVE, POOL_WRITE, TOPK, INDEX_SCORES, GROUPED_MATMUL, RESOLVE_PREFETCH, PREFETCH_JOIN)
 
 # Targets with a CUDA handler only: on CPU their ops run the XLA reference.
 CUDA_ONLY = (INDEX_SCORES, GROUPED_MATMUL)
@@ -22,4 +24,6 @@ CAPSULE_KEYS = {
     TOPK: "topk",
     INDEX_SCORES: "index_scores",
     GROUPED_MATMUL: "grouped_matmul",
+    RESOLVE_PREFETCH: "resolve_prefetch",
+    PREFETCH_JOIN: "prefetch_join",
 }

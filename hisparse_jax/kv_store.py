@@ -23,6 +23,7 @@ from . import layout
 from .cache import HotCache, alloc_host_pool, init_hot_cache
 from .config import CacheConfig
 from .pool import write_records
+from .prefetch import PendingFetch, join_prefetch, resolve_prefetch
 from .resolve import resolve
 
 Mode = Literal["hisparse", "device", "dense"]
@@ -44,6 +45,8 @@ class RecordStore:
         (benchmarks of the pure resolve cost: what attention reads is then stale). Slots,
         misses and LRU state are what they would be.
       implementation: static; RESOLVE's implementation ("auto", "ffi", "reference").
+      prefetch: static; True makes every layer's RESOLVE copy its misses off the compute stream
+        (hisparse_jax.prefetch), joined right before the layer reads them (`await_located`).
     """
 
     sealed: jax.Array = layout.field(layout.COUNTERS, batch_axis=0)
@@ -53,16 +56,20 @@ class RecordStore:
     mode: str = dataclasses.field(default="hisparse", metadata=dict(static=True))
     fetch: bool = dataclasses.field(default=True, metadata=dict(static=True))
     implementation: str = dataclasses.field(default="auto", metadata=dict(static=True))
+    prefetch: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     @property
     def num_layers(self) -> int:
         return self.host_pool.shape[0] if self.mode == "hisparse" else len(self.device_kv)
 
 
-def init_store(mode: Mode, config: CacheConfig, sharding=None, implementation: str = "auto") -> RecordStore:
-    """An empty store: no sealed records."""
+def init_store(mode: Mode, config: CacheConfig, sharding=None, implementation: str = "auto",
+               prefetch: bool = False) -> RecordStore:
+    """An empty store: no sealed records. `prefetch` matters in "hisparse" mode only."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not isinstance(prefetch, bool):
+        raise ValueError(f"prefetch must be True or False, got {prefetch!r}")
     # Committed like every array a jitted prefill/decode returns, so the first
     # decode call does not compile a second program for uncommitted inputs.
     device = sharding if sharding is not None else jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -70,7 +77,7 @@ def init_store(mode: Mode, config: CacheConfig, sharding=None, implementation: s
     if mode == "hisparse":
         return RecordStore(
             sealed=sealed, host_pool=alloc_host_pool(config, sharding), cache=init_hot_cache(config, sharding),
-            mode=mode, implementation=implementation,
+            mode=mode, implementation=implementation, prefetch=prefetch,
         )
     layer_shape = config.pool_shape[1:]
     kv = tuple(jax.device_put(jnp.zeros(layer_shape, config.dtype), device) for _ in range(config.num_layers))
@@ -133,11 +140,13 @@ class Located:
       index: [*S, k] int32 rows of the layer's source to read (hot slots, or record ids).
       valid: [*S, k] bool, selected ids that are neither padding nor invalid.
       misses: [*S] int32 records RESOLVE fetched (0 outside "hisparse").
+      pending: the copy still in flight (a prefetching store), until `await_located`; else None.
     """
 
     index: jax.Array
     valid: jax.Array
     misses: jax.Array
+    pending: PendingFetch | None = None
 
 
 def locate(store: RecordStore, layer: int, selection: jax.Array) -> tuple[Located, RecordStore]:
@@ -152,11 +161,31 @@ def locate(store: RecordStore, layer: int, selection: jax.Array) -> tuple[Locate
     R = (store.host_pool.shape[1 + store.sealed.ndim] if store.mode == "hisparse"
          else store.device_kv[layer].shape[store.sealed.ndim])
     valid = (selection >= 0) & (selection < jnp.minimum(store.sealed, R)[..., None])
+    if store.mode == "hisparse" and store.prefetch:
+        # The layer number keys the copy: one slot per layer, joined before that layer reads.
+        result, cache, pending = resolve_prefetch(store.cache, store.host_pool, selection, store.sealed, layer,
+                                                  slot=layer, implementation=store.implementation,
+                                                  fetch=store.fetch)
+        return Located(result.slots, valid, result.misses, pending), dataclasses.replace(store, cache=cache)
     if store.mode == "hisparse":
         result, cache = resolve(store.cache, store.host_pool, selection, store.sealed, layer,
                                 implementation=store.implementation, fetch=store.fetch)
         return Located(result.slots, valid, result.misses), dataclasses.replace(store, cache=cache)
     return Located(selection, valid, jnp.zeros(store.sealed.shape, jnp.int32)), store
+
+
+def await_located(store: RecordStore, located: Located | None, after) -> tuple[Located | None, RecordStore]:
+    """Joins a located layer's copy in flight (a prefetching store) before the layer reads its
+    records; anything else is returned as it is.
+
+    Args:
+      after: what the copy overlaps: the join runs once `after` is computed (the layer's own
+        input, e.g. its open page with this step's token: everything before the layer).
+    """
+    if located is None or located.pending is None:
+        return located, store
+    cache, misses = join_prefetch(store.cache, located.pending, after)
+    return dataclasses.replace(located, misses=misses, pending=None), dataclasses.replace(store, cache=cache)
 
 
 def gather(store: RecordStore, layer: int, located: Located | None):

@@ -89,42 +89,57 @@ def resolve(
         raise ValueError(f"launch must be 'auto', 'fused' or 'split', got {launch!r}")
     layer = jnp.asarray(layer, jnp.int32)
     if impl == "ffi":
-        _ffi.require_ffi(jax.default_backend())
-        k = selection.shape[-1]
-        streams = selection.shape[:-1]
-        per_pick = jax.ShapeDtypeStruct((*streams, k), jnp.int32)
-        per_stream = jax.ShapeDtypeStruct(streams, jnp.int32)
-        call = jax.ffi.ffi_call(
-            _targets.RESOLVE,
-            (
-                per_pick,
-                per_pick,
-                per_pick,
-                per_stream,
-                per_stream,
-                per_stream,
-                jax.typeof(cache.hot),
-                jax.typeof(cache.slot_record),
-                jax.typeof(cache.lru),
-            ),
-            # operands hot, slot_record, lru -> results 6, 7, 8 (updated in place)
-            input_output_aliases={4: 6, 5: 7, 6: 8},
-        )
-        outs = call(
-            host_pool,
-            selection,
-            sealed,
-            layer,
-            cache.hot,
-            cache.slot_record,
-            cache.lru,
-            fetch=bool(fetch),
-            launch=np.int32(_LAUNCH[launch]),  # the handler decodes an int32 attribute
-        )
+        outs = resolve_call(_targets.RESOLVE, cache, host_pool, selection, sealed, layer, fetch=fetch,
+                            launch=launch)
     else:
         outs = resolve_reference(
             cache.hot, cache.slot_record, cache.lru, host_pool, selection, sealed, layer, fetch=fetch
         )
+    return resolve_outputs(outs, checked)
+
+
+def resolve_call(target: str, cache: HotCache, host_pool, selection, sealed, layer, *, fetch: bool,
+                 launch: str, **attributes):
+    """The FFI call of RESOLVE or its prefetch variant (`target`; extra `attributes`): its nine
+    results, the state updated in place (aliased). Arguments already checked by `resolve`."""
+    _ffi.require_ffi(jax.default_backend())
+    k = selection.shape[-1]
+    streams = selection.shape[:-1]
+    per_pick = jax.ShapeDtypeStruct((*streams, k), jnp.int32)
+    per_stream = jax.ShapeDtypeStruct(streams, jnp.int32)
+    call = jax.ffi.ffi_call(
+        target,
+        (
+            per_pick,
+            per_pick,
+            per_pick,
+            per_stream,
+            per_stream,
+            per_stream,
+            jax.typeof(cache.hot),
+            jax.typeof(cache.slot_record),
+            jax.typeof(cache.lru),
+        ),
+        # operands hot, slot_record, lru -> results 6, 7, 8 (updated in place)
+        input_output_aliases={4: 6, 5: 7, 6: 8},
+    )
+    return call(
+        host_pool,
+        selection,
+        sealed,
+        layer,
+        cache.hot,
+        cache.slot_record,
+        cache.lru,
+        fetch=bool(fetch),
+        launch=np.int32(_LAUNCH[launch]),  # the handler decodes an int32 attribute
+        **attributes,
+    )
+
+
+def resolve_outputs(outs, checked: bool) -> tuple[ResolveResult, HotCache]:
+    """(ResolveResult, HotCache) of RESOLVE's nine results, with the checkify checks of
+    `checked`."""
     slots, miss_records, miss_slots, misses, invalid, malformed, hot, slot_record, lru = outs
     if checked:
         checkify.check(

@@ -312,6 +312,31 @@ def _():
     return ok, {"hlo": rep}
 
 
+@check("sharded_dsa_prefetch_bitwise")
+def _():
+    """Sharded decode with prefetch (Config.prefetch, a shared indexer) == the same sharded decode
+    without: every device runs its own resolve_prefetch and join calls on its own streams."""
+    mesh = hsh.stream_mesh()
+    shared = dataclasses.replace(DSA, index_share=2)
+    weights = hsh.replicate(dsa.init_weights(shared, 0), mesh)
+    p, lengths = prompts()
+    outs = {}
+    for prefetch in (False, True):
+        config = dataclasses.replace(shared, prefetch=prefetch)
+        family = hsh.sharded_family("dsa", mesh)
+        state0 = hsh.init_sharded_state("dsa", config, len(lengths), "hisparse", mesh)
+        state, logits = decode.prefill(family, config, weights, state0, jnp.asarray(p), jnp.asarray(lengths))
+        first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        tokens, logits, misses, state = decode.generate(family, config, weights, state, first, DECODE_STEPS,
+                                                        return_logits=True)
+        outs[prefetch] = ([np.asarray(tokens), np.asarray(logits), np.asarray(misses)], state_arrays(state),
+                          state.store.prefetch)
+    equal = [same_bits(a, b) for a, b in zip(outs[True][0], outs[False][0])]
+    state_equal = all(same_bits(a, b) for a, b in zip(outs[True][1], outs[False][1]))
+    ok = all(equal) and state_equal and outs[True][2] and int(outs[False][0][2].sum()) > 0
+    return ok, {"equal": equal, "state_equal": state_equal, "prefetching_store": outs[True][2]}
+
+
 @check("sharded_sampling_draws")
 def _():
     """sampling="sample": sampling runs outside shard_map on the sharded logits, and threefry

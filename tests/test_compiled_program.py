@@ -307,9 +307,9 @@ def test_ffi_is_the_cuda_handler_on_gpu():
 
 def test_target_names():
     assert _targets.ALL == ("hisparse_resolve", "hisparse_pool_write", "hisparse_topk", "hisparse_index_scores",
-                            "hisparse_grouped_matmul")
+                            "hisparse_grouped_matmul", "hisparse_resolve_prefetch", "hisparse_prefetch_join")
     assert (_targets.RESOLVE, _targets.POOL_WRITE, _targets.TOPK, _targets.INDEX_SCORES,
-            _targets.GROUPED_MATMUL) == _targets.ALL
+            _targets.GROUPED_MATMUL, _targets.RESOLVE_PREFETCH, _targets.PREFETCH_JOIN) == _targets.ALL
     assert set(_targets.CAPSULE_KEYS) == set(_targets.ALL)
     assert _targets.CUDA_ONLY == ("hisparse_index_scores", "hisparse_grouped_matmul")
 
@@ -342,6 +342,18 @@ def test_targets_compile_and_run_on_cpu(target):
                 lambda c, p: hs.resolve(c, p, sel, jnp.full((2,), 16, jnp.int32), 2, implementation="ffi")
             )(cache, pool)
             np.testing.assert_array_equal(result.slots, [[0, 1, -1, -1], [0, 0, 0, 0]])
+        elif target in (_targets.RESOLVE_PREFETCH, _targets.PREFETCH_JOIN):
+            cache = hs.init_hot_cache(CFG, jax.sharding.SingleDeviceSharding(cpu))
+            sel = jnp.array([[1, 2, -1, -1], [3, 3, 3, 3]], jnp.int32)
+
+            def resolved(c, p):
+                result, c, pending = hs.resolve_prefetch(c, p, sel, jnp.full((2,), 16, jnp.int32), 2, slot=0,
+                                                         implementation="ffi")
+                return result, hs.join_prefetch(c, pending, result.slots)
+
+            result, (cache, misses) = jax.jit(resolved)(cache, pool)
+            np.testing.assert_array_equal(result.slots, [[0, 1, -1, -1], [0, 0, 0, 0]])
+            np.testing.assert_array_equal(misses, [2, 1])
         elif target == _targets.TOPK:
             scores = jnp.array([[3.0, 1.0, 2.0], [0.0, 5.0, 4.0]], jnp.float32)
             ids = jax.jit(

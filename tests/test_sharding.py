@@ -35,6 +35,7 @@ CHECKS = (
     "pool_shards_pinned_per_device",
     "sharded_dsa_decode_bitwise",
     "sharded_dsa_decode_hlo",
+    "sharded_dsa_prefetch_bitwise",
     "sharded_sampling_draws",
     "sharded_state_checks",
     "sharded_family_refuses_benchmark_only_state",

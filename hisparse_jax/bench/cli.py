@@ -25,6 +25,7 @@ at 32K, 128K and 256K, under both trace calibrations:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -123,6 +124,12 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--trace-memoryless-layers", type=int, default=0,
                    help="leading selecting layers with no locality (real models: layers 0-1)")
     d.add_argument("--no-io", action="store_true", help="also time HiSparse without the record copy")
+    d.add_argument("--prefetch", action="store_true",
+                   help="also time HiSparse at its capacity batch with prefetch (each layer's misses copied on a "
+                        "stream of its own, joined before the layer reads; with index_share > 1 a group's later "
+                        "layers' copies overlap the earlier layers), timed with the run without (in turns when both states "
+                        "fit in memory); with "
+                        "--profile, the share of the copy time hidden behind compute")
     d.add_argument("--profile", action="store_true",
                    help="profile one more call of each capacity run: device time per step by category "
                         "next to the step's roofline (GPU; hisparse_jax.bench.profile)")
@@ -156,7 +163,8 @@ def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> 
             f", {r.trace.name} trace)" if r.trace is not None else ")")
 
     def start(r: RunPlan) -> DecodeRun:
-        run = start_run(plan_.family, c.config, weights, r.mode, r.batch, c.context, args.steps, fill=args.fill,
+        config = dataclasses.replace(c.config, prefetch=True) if r.kind == "prefetch" else c.config
+        run = start_run(plan_.family, config, weights, r.mode, r.batch, c.context, args.steps, fill=args.fill,
                         trace=r.trace, trace_steps=trace_steps, skip_indexer=args.selection == "trace-no-indexer")
         progress.advance(f"compiled {name(r)}")
         return run
@@ -165,16 +173,18 @@ def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> 
         return lambda i: progress.advance(f"{label}: timed call {i + 1}/{args.reps}", log=i + 1 == args.reps)
 
     def after_timing(r: RunPlan, run):
-        """The capacity runs' profile, then (hisparse) the no-IO run, which takes over the state."""
-        if r.kind != "capacity":
+        """The capacity (and prefetch) runs' profile, then (hisparse) the no-IO run, which takes over
+        the state."""
+        if r.kind == "equal batch":
             return
         if args.profile:
-            label = f"{r.mode}-{c.context}" + ("" if r.trace is None else f"-{r.trace.name}")
+            label = f"{r.mode}{'-prefetch' if r.kind == 'prefetch' else ''}-{c.context}" + (
+                "" if r.trace is None else f"-{r.trace.name}")
             trace_dir = None if args.profile_dir is None else str(Path(args.profile_dir) / label)
             profiled = profile_run(run, bandwidths, trace_dir)
-            profiles.append(dict(profiled, trace=None if r.trace is None else r.trace.name))
+            profiles.append(dict(profiled, trace=None if r.trace is None else r.trace.name, run=r.kind))
             progress.advance(f"profiled {name(r)}")
-        if args.no_io and r.mode == "hisparse":
+        if args.no_io and r.mode == "hisparse" and r.kind == "capacity":
             quiet = without_io(run)
             progress.advance(f"compiled {name(r)} without the record copy (no-IO)")
             (timings[("no-IO",) + r.key[1:]],) = time_in_turns([quiet], args.reps, rounds("no-IO"))
@@ -201,7 +211,7 @@ def _progress_total(args, plan_: Plan) -> int:
     for c in plan_.contexts:
         total += len(c.runs) + args.reps * (1 if plan_.in_turns else len(c.runs))
         hisparse = sum(r.kind == "capacity" and r.mode == "hisparse" for r in c.runs)
-        capacity_runs = sum(r.kind == "capacity" for r in c.runs)
+        capacity_runs = sum(r.kind in ("capacity", "prefetch") for r in c.runs)
         total += hisparse * (1 + args.reps) if args.no_io else 0
         total += capacity_runs if args.profile else 0
     return total
@@ -221,14 +231,16 @@ def run_decode(args, plan_: Plan) -> dict:
             profiles += measured
             del weights
             for (kind, mode, trace), timing in timings.items():
-                limited_by = "baseline's batch" if kind == "equal batch" else c.caps[mode].limited_by
+                limited_by = {"equal batch": "baseline's batch", "prefetch": "HiSparse's capacity"}.get(
+                    kind, c.caps[mode].limited_by)
                 rows.append(dict(report_lib.row(kind, timing, c.caps[mode], c.config.record_bytes, c.config,
                                                 limited_by), trace=trace))
             for trace in [t.name for t in plan_.traces] or [None]:
                 pair = (("capacity", "device", trace), ("capacity", "hisparse", trace))
                 if set(pair) <= timings.keys():
                     entry = report_lib.ratios(c.context, timings[pair[1]], timings[pair[0]],
-                                              timings.get(("equal batch", "hisparse", trace)), c.caps)
+                                              timings.get(("equal batch", "hisparse", trace)), c.caps,
+                                              timings.get(("prefetch", "hisparse", trace)))
                     ratios.append(dict(entry, trace=trace))
     config = plan_.contexts[-1].config
     platform = _ffi.platform_of(jax.default_backend())

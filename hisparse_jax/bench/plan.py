@@ -53,8 +53,8 @@ class BenchError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
-    """One run: kind ("capacity" or "equal batch"), mode, batch, and the trace it selects by
-    (None: the model's indexer)."""
+    """One run: kind ("capacity", "equal batch", or "prefetch": HiSparse at its capacity batch
+    with Config.prefetch), mode, batch, and the trace it selects by (None: the model's indexer)."""
 
     kind: str
     mode: str
@@ -387,6 +387,8 @@ def build_plan(args) -> Plan:
         raise BenchError(f"argument --modes: {', '.join(repeated)} given more than once")
     if args.no_io and "hisparse" not in args.modes:
         raise BenchError("--no-io times HiSparse without the record copy; add hisparse to --modes")
+    if args.prefetch and "hisparse" not in args.modes:
+        raise BenchError("--prefetch times HiSparse with its copies on a stream of their own; add hisparse to --modes")
     overrides = _parse_sets(family, args)
     if derivation is not None:
         overrides = {**derivation.overrides, **overrides}
@@ -414,6 +416,8 @@ def build_plan(args) -> Plan:
             c.runs += [RunPlan("capacity", m, c.caps[m].max_batch, trace) for m in args.modes]
             if not args.no_equal_batch and {"device", "hisparse"} <= c.caps.keys():
                 c.runs.append(RunPlan("equal batch", "hisparse", c.caps["device"].max_batch, trace))
+            if args.prefetch:  # the same batch and state as the capacity run, copies off the compute stream
+                c.runs.append(RunPlan("prefetch", "hisparse", c.caps["hisparse"].max_batch, trace))
     _check_fits(args, family, contexts, budget, host_budget)
     in_turns, note = _timing_schedule(args, contexts, platform)
     return Plan(family, overrides, contexts, trace_list, budget, host_budget, implementation, in_turns, note,

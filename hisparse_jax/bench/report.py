@@ -39,6 +39,9 @@ RATIO_COLUMNS = {
     "kv_hbm_per_request_full_kv_over_hisparse": "KV HBM per request full-KV/hisparse",
     "device_bytes_per_request_full_kv_over_hisparse": "device bytes per request full-KV/hisparse",
     "tokens_equal_at_equal_batch": "tokens equal at equal batch",
+    "tpot_prefetch_over_hisparse": "TPOT prefetch/hisparse",
+    "throughput_prefetch_over_full_kv": "throughput prefetch/full-KV",
+    "tokens_equal_with_prefetch": "tokens equal with prefetch",
 }
 MODE_NAMES = {"device": "full-KV", "hisparse": "hisparse"}
 
@@ -86,9 +89,11 @@ def _time_ratios(num: DecodeTiming, den: DecodeTiming) -> np.ndarray:
 
 
 def ratios(context: int, hisparse: DecodeTiming, device: DecodeTiming, equal: DecodeTiming | None,
-           caps: dict[str, Capacity]) -> dict:
+           caps: dict[str, Capacity], prefetch: DecodeTiming | None = None) -> dict:
     """The HiSparse / full-KV comparison at one context (a decode.json "ratios" entry); the
-    equal-batch keys only when the equal-batch run ran."""
+    equal-batch keys only when the equal-batch run ran, the prefetch keys only when the prefetch
+    run did (it decodes the same batch from the same state as the capacity run: its tokens must
+    be the same)."""
     batch = hisparse.batch / device.batch
     # throughput = batch / step time, so its ratio is the batch ratio x the inverse time ratio.
     throughput, throughput_range = _per_round(batch * _time_ratios(device, hisparse))
@@ -109,6 +114,16 @@ def ratios(context: int, hisparse: DecodeTiming, device: DecodeTiming, equal: De
             tpot_hisparse_over_full_kv_at_equal_batch=tpot,
             tpot_hisparse_over_full_kv_at_equal_batch_range=tpot_range,
             tokens_equal_at_equal_batch=bool(np.array_equal(equal.tokens, device.tokens)),
+        )
+    if prefetch is not None:
+        tpot, tpot_range = _per_round(_time_ratios(prefetch, hisparse))
+        gain, gain_range = _per_round((prefetch.batch / device.batch) * _time_ratios(device, prefetch))
+        out.update(
+            tpot_prefetch_over_hisparse=tpot,
+            tpot_prefetch_over_hisparse_range=tpot_range,
+            throughput_prefetch_over_full_kv=gain,
+            throughput_prefetch_over_full_kv_range=gain_range,
+            tokens_equal_with_prefetch=bool(np.array_equal(prefetch.tokens, hisparse.tokens)),
         )
     return out
 
@@ -179,7 +194,7 @@ def write_plots(report: dict, out: Path) -> list[Path]:
         return []
     paths = []
     series = [(run, mode, trace) for run, mode in (("capacity", "device"), ("capacity", "hisparse"),
-                                                   ("equal batch", "hisparse"))
+                                                   ("prefetch", "hisparse"), ("equal batch", "hisparse"))
               for trace in (report.get("traces") or [None])]
     for key, spread, label, name in (
         ("tokens_per_s", lambda r: r["tokens_per_s_range"], "decode tokens/s", "throughput.png"),
@@ -191,9 +206,10 @@ def write_plots(report: dict, out: Path) -> list[Path]:
             if rows:
                 mid = np.array([r[key] for r in rows])
                 low, high = np.array([spread(r) for r in rows]).T
-                where = "at capacity" if run == "capacity" else "at the baseline's batch"
+                where = {"capacity": "at capacity", "prefetch": "with prefetch at capacity"}.get(
+                    run, "at the baseline's batch")
                 ax.errorbar([r["context"] for r in rows], mid, yerr=[mid - low, high - mid], marker="o",
-                            linestyle="-" if run == "capacity" else "--", capsize=3,
+                            linestyle={"capacity": "-", "prefetch": ":"}.get(run, "--"), capsize=3,
                             label=f"{MODE_NAMES[mode]} {where}" + (f", {trace}" if trace else ""))
         ax.set_xscale("log", base=2)
         contexts = sorted({r["context"] for r in report["rows"]})

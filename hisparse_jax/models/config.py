@@ -48,6 +48,11 @@ class ModelConfig:
       implementation: the kernels RESOLVE and top-k run: "ffi" (C++ on CPU, CUDA on GPU),
         "reference" (pure JAX) or "auto" (the handler when one is registered). Both give the
         same bits in every implementation.
+      prefetch: "hisparse" mode: each layer's RESOLVE copies its misses on a stream of its own
+        (hisparse_jax.prefetch), joined right before the layer reads them, so the copy overlaps
+        the compute in between. A group that shares one selection (DSA's index_share > 1)
+        resolves all its layers at the anchor: the copies of its later layers overlap the
+        earlier layers. Same bits as without; on CPU nothing overlaps.
 
     Mixture of experts (hisparse_jax.models.moe), in place of the dense MLP when experts > 0:
       experts: routed experts of a layer this GPU holds (0: the dense SwiGLU MLP of width d_ff).
@@ -80,6 +85,7 @@ class ModelConfig:
     norm_eps: float = 1e-6
     dtype: Any = "float32"
     implementation: str = "auto"
+    prefetch: bool = False
     experts: int = 0
     experts_per_token: int = 0
     expert_d_ff: int = 0
@@ -111,6 +117,7 @@ class ModelConfig:
                     f"must be a positive int or None, got {self.pool_records!r}")
         require(self.implementation in IMPLEMENTATIONS, self, "implementation",
                 f"must be one of {IMPLEMENTATIONS}, got {self.implementation!r}")
+        require(isinstance(self.prefetch, bool), self, "prefetch", f"must be True or False, got {self.prefetch!r}")
         self._check_experts()
         self.check()
         self._check_paging()

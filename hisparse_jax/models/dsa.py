@@ -244,7 +244,7 @@ def init_state(config: Config, batch: int, mode: kv_store.Mode, sharding=None) -
     c = config
     fp8 = c.index_dtype == "fp8"
     state = State(
-        store=kv_store.init_store(mode, c.cache_config(batch), sharding, c.implementation),
+        store=kv_store.init_store(mode, c.cache_config(batch), sharding, c.implementation, c.prefetch),
         tail=tuple(jnp.zeros((batch, c.page_size, c.record_width), c.dtype) for _ in range(c.num_layers)),
         index_keys=tuple(jnp.zeros((batch, c.max_context, c.index_dim), c.key_dtype) for _ in range(c.groups)),
         lengths=jnp.zeros((batch,), jnp.int32),

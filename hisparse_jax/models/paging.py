@@ -130,6 +130,9 @@ def selected_parts(store: RecordStore, layer: int, located, tail: jax.Array, pos
       ([records Part, tail Part], misses [*S] int32, store).
     """
     store = kv_store.write_open_page(store, layer, tail)
+    # A prefetched copy is joined here, after the layer's own input (the tail holds this step's
+    # token): the copy overlaps everything the step computed before this layer.
+    located, store = kv_store.await_located(store, located, tail)
     records, valid = kv_store.gather(store, layer, located)
     *streams, k, P, W = records.shape
     records = records.reshape(*streams, k * P, W)

@@ -68,6 +68,7 @@ def _error(capsys, argv: list[str], status: int = 2) -> str:
         (["--set", "dtype=float16"], ["Config.dtype"]),
         (["--selection", "trace", "--trace-beta", "2"], ["TraceConfig.beta"]),
         (["--modes", "device", "--no-io"], ["--no-io", "add hisparse to --modes"]),
+        (["--modes", "device", "--prefetch"], ["--prefetch", "add hisparse to --modes"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv, needles):
@@ -186,8 +187,19 @@ def test_ratios_are_per_round_with_their_direction_in_the_name():
     kv = lambda m: caps[m].device_per_request_by_category["kv records"]
     assert q["kv_hbm_per_request_full_kv_over_hisparse"] == kv("device") / kv("hisparse")
     assert q["tokens_equal_at_equal_batch"] is True
-    assert set(q) - {"context"} == {k for k in report.RATIO_COLUMNS} | {
+    prefetch_keys = {"tpot_prefetch_over_hisparse", "throughput_prefetch_over_full_kv", "tokens_equal_with_prefetch"}
+    assert set(q) - {"context"} == {k for k in report.RATIO_COLUMNS} - prefetch_keys | {
         "throughput_hisparse_over_full_kv_range", "tpot_hisparse_over_full_kv_at_equal_batch_range"}
+    # With a prefetch run (the capacity batch, its own timed calls): its TPOT over HiSparse's per
+    # round, its throughput over full-KV's, and whether its tokens are HiSparse's.
+    prefetch = _timing("hisparse", 6, [1.0, 2.0, 2.0])
+    p = report.ratios(64, hisparse, device, equal, caps, prefetch)
+    assert p["tpot_prefetch_over_hisparse"] == pytest.approx(np.median([0.5, 1.0, 0.5]))
+    assert p["tpot_prefetch_over_hisparse_range"] == pytest.approx([0.5, 1.0])
+    assert p["throughput_prefetch_over_full_kv"] == pytest.approx(np.median(3 * np.array([1.0, 1.0, 0.5])))
+    assert p["tokens_equal_with_prefetch"] is True
+    assert set(p) - set(q) == prefetch_keys | {"tpot_prefetch_over_hisparse_range",
+                                                "throughput_prefetch_over_full_kv_range"}
     unequal = report.ratios(64, hisparse, device, _timing("hisparse", 2, [1, 1, 1], np.ones((4, 2), np.int32)), caps)
     assert unequal["tokens_equal_at_equal_batch"] is False
     without_equal = report.ratios(64, hisparse, device, None, caps)
@@ -234,6 +246,24 @@ def test_a_report_names_the_implementation_and_the_spread_of_every_timing(tmp_pa
     for heading in report.RATIO_COLUMNS.values():
         assert heading in stdout
     assert data["ratio_range"] in stdout
+
+
+def test_prefetch_run_at_the_capacity_batch(tmp_path):
+    """--prefetch adds HiSparse with Config.prefetch at its capacity batch, from the same state and
+    trace: the same tokens (on CPU the copy is synchronous; the GPU timings are in BENCHMARKS.md)."""
+    out = tmp_path / "decode"
+    rc = cli.main(["decode", "--contexts", "64", "--fill", "synthetic", "--selection", "trace", "--prefetch",
+                   "--set", "index_share=2", "--no-equal-batch", "--profile", "--out", str(out), *FAST])
+    assert rc == 0
+    data = json.loads((out / "decode.json").read_text())
+    rows = {(r["run"], r["mode"]): r for r in data["rows"]}
+    assert set(rows) == {("capacity", "device"), ("capacity", "hisparse"), ("prefetch", "hisparse")}
+    assert rows[("prefetch", "hisparse")]["batch"] == rows[("capacity", "hisparse")]["batch"]
+    assert rows[("prefetch", "hisparse")]["miss_rate"] == rows[("capacity", "hisparse")]["miss_rate"] > 0
+    (ratio,) = data["ratios"]
+    assert ratio["tokens_equal_with_prefetch"] is True
+    assert ratio["tpot_prefetch_over_hisparse"] > 0
+    assert sorted(p["run"] for p in data["profiles"]) == ["capacity", "capacity", "prefetch"]
 
 
 def test_synthetic_fill_trace_selection_and_no_io_run(tmp_path):

@@ -119,3 +119,49 @@ def test_format_profile_names_every_category():
                             {"hbm": 4e12, "host link": 5e10}, [])
     table = profile.format_profile([dict(mode="hisparse", context=64, batch=2, **p.as_dict())])
     assert all(c in table for c in profile.CATEGORIES) and "| 3.00 |" in table
+
+
+def _two_stream_trace(tmp_path):
+    """A trace of one step: compute on stream 7 (0-100 us, then 150-200 us), the prefetch's copy on
+    stream 9 (50-170 us: 50 us beside the first kernel, 20 us beside the second, 50 us alone),
+    and a fetch kernel on the compute stream (200-210 us: exposed)."""
+    run = tmp_path / "plugins" / "profile" / "2026_01_01"
+    run.mkdir(parents=True)
+    gpu = {"ph": "X", "pid": 2}
+    events = [
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {**gpu, "tid": 7, "name": "gemm_fusion_dot_3", "ts": 1000.0, "dur": 100.0, "args": {"hlo_op": "d.3", "hlo_module": "m"}},
+        {**gpu, "tid": 9, "name": "FetchKernel<int4>", "ts": 1050.0, "dur": 120.0, "args": {}},
+        {**gpu, "tid": 7, "name": "gemm_fusion_dot_4", "ts": 1150.0, "dur": 50.0, "args": {"hlo_op": "d.4", "hlo_module": "m"}},
+        {**gpu, "tid": 7, "name": "FetchKernel<int4>", "ts": 1200.0, "dur": 10.0, "args": {"hlo_op": "cc.1", "hlo_module": "m"}},
+    ]
+    with gzip.open(run / "host.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    (tmp_path / "program.hlo.txt").write_text("HloModule m\n")
+    return tmp_path
+
+
+def test_io_overlap_counts_the_copy_beside_other_streams(tmp_path):
+    kernels = profile.device_kernels(str(_two_stream_trace(tmp_path)), module="m")
+    assert [k.stream for k in kernels] == ["7", "9", "7", "7"], "a fetch kernel without a module annotation is kept"
+    overlap = profile.io_overlap(kernels, {}, steps=1)
+    assert overlap["io_seconds"] == pytest.approx(130e-6)  # 120 us on stream 9 + 10 us on stream 7
+    assert overlap["hidden_seconds"] == pytest.approx(70e-6)
+    assert overlap["hidden_fraction"] == pytest.approx(70 / 130)
+    assert profile.io_overlap([k for k in kernels if "gemm" in k.kernel], {}, steps=1) is None
+
+
+def test_prefetch_timeline_script(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "benchmarks" / "prefetch_timeline.py"
+    spec = importlib.util.spec_from_file_location("prefetch_timeline", script)
+    timeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timeline)
+    png = tmp_path / "timeline.png"
+    assert timeline.main([str(_two_stream_trace(tmp_path / "trace")), "--steps", "1", "--out", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "record copy 0.130 ms, 0.070 ms beside other kernels: 54% hidden" in out
+    assert "fetch on stream 9 at +0.050 ms for 0.120 ms; beside: weights/FFN x2" in out
+    assert png.stat().st_size > 0

@@ -1,0 +1,65 @@
+// XLA FFI handlers of the prefetch calls (prefetch.h) for platform "CUDA".
+// Not kCmdBufferCompatible: the resolve forks its copy onto the prefetch
+// stream and a later call joins it, which no single captured graph can hold.
+#include <cuda_runtime_api.h>
+
+#include <tuple>
+
+#include "handlers_cuda.h"
+#include "prefetch_checks.h"
+#include "prefetch_cuda.h"
+
+namespace hisparse {
+namespace {
+
+ffi::Error ResolvePrefetchCudaImpl(cudaStream_t stream, ffi::AnyBuffer pool, ffi::AnyBuffer selection,
+                                   ffi::AnyBuffer sealed, ffi::AnyBuffer layer, ffi::AnyBuffer hot_in,
+                                   ffi::AnyBuffer slot_record_in, ffi::AnyBuffer lru_in,
+                                   ffi::Result<ffi::AnyBuffer> slots,
+                                   ffi::Result<ffi::AnyBuffer> miss_records,
+                                   ffi::Result<ffi::AnyBuffer> miss_slots,
+                                   ffi::Result<ffi::AnyBuffer> misses,
+                                   ffi::Result<ffi::AnyBuffer> invalid,
+                                   ffi::Result<ffi::AnyBuffer> malformed,
+                                   ffi::Result<ffi::AnyBuffer> hot,
+                                   ffi::Result<ffi::AnyBuffer> slot_record,
+                                   ffi::Result<ffi::AnyBuffer> lru, bool fetch, int32_t launch,
+                                   int64_t prefetch_slot) {
+  if (auto err = CheckPrefetchSlot("hisparse_resolve_prefetch", prefetch_slot); err.failure())
+    return err;
+  return ResolveCudaLaunch(stream, pool, selection, sealed, layer, hot_in, slot_record_in, lru_in,
+                           slots, miss_records, miss_slots, misses, invalid, malformed, hot,
+                           slot_record, lru, fetch, launch, prefetch_slot);
+}
+
+ffi::Error PrefetchJoinCudaImpl(cudaStream_t stream, ffi::AnyBuffer hot_in, ffi::AnyBuffer misses_in,
+                                ffi::AnyBuffer miss_records, ffi::AnyBuffer miss_slots,
+                                ffi::AnyBuffer layer, ffi::AnyBuffer /*after*/,
+                                ffi::Result<ffi::AnyBuffer> hot, ffi::Result<ffi::AnyBuffer> misses,
+                                int64_t prefetch_slot) {
+  constexpr const char* op = "hisparse_prefetch_join";
+  if (auto err = CheckPrefetchJoin(hot_in, misses_in, miss_records, miss_slots, layer, hot, misses,
+                                   prefetch_slot);
+      err.failure())
+    return err;
+  // The wait comes first: a carried copy of hot must see the records.
+  if (cudaError_t err = JoinPrefetch(stream, prefetch_slot); err != cudaSuccess)
+    return CudaError(op, "waiting for the prefetch stream", err);
+  for (auto [in, out, name] : {std::tuple{hot_in, &hot, "hot"}, {misses_in, &misses, "misses"}}) {
+    if (auto err = Carry(op, name, in, *out, stream); err.failure()) return err;
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace hisparse
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    HisparseResolvePrefetchCuda, hisparse::ResolvePrefetchCudaImpl,
+    hisparse::WithPrefetchSlot(hisparse::BindResolveOperands(
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>())));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    HisparsePrefetchJoinCuda, hisparse::PrefetchJoinCudaImpl,
+    hisparse::BindPrefetchJoinOperands(
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));

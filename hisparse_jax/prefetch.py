@@ -1,0 +1,118 @@
+"""Prefetch: RESOLVE with its record copy overlapping the compute that comes before the read.
+
+`resolve_prefetch` decides exactly as `resolve` does, but on a CUDA device it leaves the copy of
+the missed records to a stream of its own; `join_prefetch` hands the hot buffer on once that copy
+is done. Whatever the program computes between the two (and before `after`, the join's ordering
+operand) overlaps the copy. A group of layers that shares one selection (DSA's `index_share`)
+resolves all its layers at the anchor and joins each right before it reads: the copies of the
+later layers overlap the earlier layers' attention and feed-forward.
+
+Only timing changes: after the join, the hot buffer, the slots and the LRU state are RESOLVE's,
+bit for bit (ffi/prefetch.h has the contract). On CPU, and with the pure-JAX reference, the copy
+happens inside the resolve and the join only hands its operands on: the same program, the same
+bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from . import _checks, _ffi, _targets
+from .cache import HotCache
+from .reference import resolve_reference
+from .resolve import _LAUNCH, Implementation, ResolveResult, resolve_call, resolve_outputs
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PendingFetch:
+    """A copy `resolve_prefetch` left in flight, until `join_prefetch`.
+
+    Attributes:
+      misses, miss_records, miss_slots: the resolve's miss plan ([*S], [*S, k], [*S, k] int32),
+        which the copy reads; layer: the int32 layer scalar it reads.
+      slot: static; the key that pairs the resolve with its join.
+      in_flight: static; False where the copy already happened in the resolve (CPU, reference).
+    """
+
+    misses: jax.Array
+    miss_records: jax.Array
+    miss_slots: jax.Array
+    layer: jax.Array
+    slot: int = dataclasses.field(metadata=dict(static=True))
+    in_flight: bool = dataclasses.field(metadata=dict(static=True))
+
+
+def resolve_prefetch(
+    cache: HotCache,
+    host_pool: jax.Array,
+    selection: jax.Array,
+    sealed: jax.Array,
+    layer: jax.Array | int,
+    *,
+    slot: int,
+    implementation: Implementation = "auto",
+    fetch: bool = True,
+    launch: Literal["auto", "fused", "split"] = "auto",
+    checked: bool = False,
+) -> tuple[ResolveResult, HotCache, PendingFetch]:
+    """`resolve` (same arguments and results) with the record copy left in flight.
+
+    Args:
+      slot: a Python int >= 0, one per resolve of a program that may be in flight at once (a
+        layer index does): the join of the same slot waits for this copy.
+    Returns:
+      (ResolveResult, HotCache, PendingFetch). The HotCache's `hot` rows of this call's misses
+      are undefined until `join_prefetch(cache, pending, after)`; read `hot` only from the join's
+      result (slot_record and lru are final at once).
+    """
+    if not isinstance(slot, int) or isinstance(slot, bool) or slot < 0:
+        raise ValueError(f"resolve_prefetch: slot must be a Python int >= 0 (one per layer of the program), "
+                         f"got {slot!r}")
+    impl = _ffi.choose_implementation(implementation)
+    _checks.check_resolve(cache, host_pool, selection, sealed, layer, need_host=impl == "ffi")
+    if launch not in _LAUNCH:
+        raise ValueError(f"launch must be 'auto', 'fused' or 'split', got {launch!r}")
+    layer = jnp.asarray(layer, jnp.int32)
+    if impl == "ffi":
+        outs = resolve_call(_targets.RESOLVE_PREFETCH, cache, host_pool, selection, sealed, layer, fetch=fetch,
+                            launch=launch, prefetch_slot=slot)
+    else:
+        outs = resolve_reference(
+            cache.hot, cache.slot_record, cache.lru, host_pool, selection, sealed, layer, fetch=fetch
+        )
+    result, cache = resolve_outputs(outs, checked)
+    pending = PendingFetch(result.misses, result.miss_records, result.miss_slots, layer, slot, impl == "ffi")
+    return result, cache, pending
+
+
+def join_prefetch(cache: HotCache, pending: PendingFetch, after) -> tuple[HotCache, jax.Array]:
+    """(cache with the pending copy done, the resolve's misses [*S]).
+
+    Args:
+      pending: `resolve_prefetch`'s PendingFetch.
+      after: any array (or pytree of arrays): the join runs once it is computed, so the copy
+        overlaps everything computed before it. Never read.
+    """
+    if not isinstance(pending, PendingFetch):
+        raise TypeError(f"join_prefetch: pending must be resolve_prefetch's PendingFetch, got "
+                        f"{type(pending).__name__}")
+    if not pending.in_flight:
+        return cache, pending.misses
+    leaves = jax.tree_util.tree_leaves(after)
+    if not leaves:
+        raise ValueError("join_prefetch: after must hold at least one array (what the copy should overlap)")
+    # The first leaf orders the join: an operand the handler never reads (no copy, no slice).
+    anchor = jnp.asarray(leaves[0])
+    call = jax.ffi.ffi_call(
+        _targets.PREFETCH_JOIN,
+        (jax.typeof(cache.hot), jax.ShapeDtypeStruct(pending.misses.shape, jnp.int32)),
+        input_output_aliases={0: 0, 1: 1},  # hot and misses pass through in place
+    )
+    hot, misses = call(cache.hot, pending.misses, pending.miss_records, pending.miss_slots, pending.layer,
+                       anchor, prefetch_slot=pending.slot)
+    return dataclasses.replace(cache, hot=hot), misses
