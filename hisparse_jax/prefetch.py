@@ -21,10 +21,9 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from . import _checks, _ffi, _targets
+from . import _targets
 from .cache import HotCache
-from .reference import resolve_reference
-from .resolve import _LAUNCH, Implementation, ResolveResult, resolve_call, resolve_outputs
+from .resolve import Implementation, ResolveResult, resolve_with
 
 
 @jax.tree_util.register_dataclass
@@ -73,19 +72,9 @@ def resolve_prefetch(
     if not isinstance(slot, int) or isinstance(slot, bool) or slot < 0:
         raise ValueError(f"resolve_prefetch: slot must be a Python int >= 0 (one per layer of the program), "
                          f"got {slot!r}")
-    impl = _ffi.choose_implementation(implementation)
-    _checks.check_resolve(cache, host_pool, selection, sealed, layer, need_host=impl == "ffi")
-    if launch not in _LAUNCH:
-        raise ValueError(f"launch must be 'auto', 'fused' or 'split', got {launch!r}")
-    layer = jnp.asarray(layer, jnp.int32)
-    if impl == "ffi":
-        outs = resolve_call(_targets.RESOLVE_PREFETCH, cache, host_pool, selection, sealed, layer, fetch=fetch,
-                            launch=launch, prefetch_slot=slot)
-    else:
-        outs = resolve_reference(
-            cache.hot, cache.slot_record, cache.lru, host_pool, selection, sealed, layer, fetch=fetch
-        )
-    result, cache = resolve_outputs(outs, checked)
+    result, cache, impl, layer = resolve_with(_targets.RESOLVE_PREFETCH, cache, host_pool, selection, sealed, layer,
+                                              implementation=implementation, fetch=fetch, launch=launch,
+                                              checked=checked, prefetch_slot=slot)
     pending = PendingFetch(result.misses, result.miss_records, result.miss_slots, layer, slot, impl == "ffi")
     return result, cache, pending
 

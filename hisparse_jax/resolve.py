@@ -83,19 +83,29 @@ def resolve(
       (ResolveResult, new HotCache). Under jit with the cache donated, the
       state is updated in place (the FFI call aliases it).
     """
+    result, cache, _, _ = resolve_with(_targets.RESOLVE, cache, host_pool, selection, sealed, layer,
+                                       implementation=implementation, fetch=fetch, launch=launch, checked=checked)
+    return result, cache
+
+
+def resolve_with(target: str, cache: HotCache, host_pool, selection, sealed, layer, *, implementation: str,
+                 fetch: bool, launch: str, checked: bool, **attributes):
+    """`resolve` through the FFI target `target` (RESOLVE or its prefetch variant, with its extra
+    `attributes`): (ResolveResult, HotCache, the implementation that ran, the int32 layer)."""
     impl = _ffi.choose_implementation(implementation)
     _checks.check_resolve(cache, host_pool, selection, sealed, layer, need_host=impl == "ffi")
     if launch not in _LAUNCH:
         raise ValueError(f"launch must be 'auto', 'fused' or 'split', got {launch!r}")
     layer = jnp.asarray(layer, jnp.int32)
     if impl == "ffi":
-        outs = resolve_call(_targets.RESOLVE, cache, host_pool, selection, sealed, layer, fetch=fetch,
-                            launch=launch)
+        outs = resolve_call(target, cache, host_pool, selection, sealed, layer, fetch=fetch, launch=launch,
+                            **attributes)
     else:
         outs = resolve_reference(
             cache.hot, cache.slot_record, cache.lru, host_pool, selection, sealed, layer, fetch=fetch
         )
-    return resolve_outputs(outs, checked)
+    result, cache = resolve_outputs(outs, checked)
+    return result, cache, impl, layer
 
 
 def resolve_call(target: str, cache: HotCache, host_pool, selection, sealed, layer, *, fetch: bool,
