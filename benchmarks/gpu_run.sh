@@ -40,6 +40,12 @@
 #             state, 88 GiB pinned host budget for pools), synthetic fill, trace selection,
 #             no-IO and equal-batch runs; DSA at 32K and 128K, NSA and Quest at 128K.
 #             Each context is its own run (own JSON, table and plots under OUT_DIR).
+#   train     python -m hisparse_jax.train fit: the trace model (docs/training.md) trained on the
+#             Python standard library, model.npz and training.json in OUT_DIR/train
+#             (TRAIN_ARGS: extra fit arguments, e.g. --dense-steps 20 --sparse-steps 10 to time it)
+#   record    python -m hisparse_jax.train record: that model decoding 8 held-out documents
+#             (32K-token prefill, 512 teacher-forced steps), the trace in OUT_DIR/trace.npz
+#             (RECORD_ARGS: extra record arguments)
 # Logs of every stage land in OUT_DIR; the script stops at the first failing stage.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -90,6 +96,11 @@ for stage in "$@"; do
         --target "$SITE" . ;;
     check)
       run check make -C ffi/tests check ;;
+    train)
+      run train env PYTHONPATH="$SITE" "$PY" -m hisparse_jax.train fit --out "$OUT_DIR/train" ${TRAIN_ARGS:-} ;;
+    record)
+      run record env PYTHONPATH="$SITE" "$PY" -m hisparse_jax.train record \
+        --checkpoint "$OUT_DIR/train/model.npz" --out "$OUT_DIR/trace.npz" ${RECORD_ARGS:-} ;;
     sanitize)
       run sanitize make -C ffi/tests sanitize ;;
     pytest)

@@ -2,18 +2,20 @@
 
 Reproduces the generator figures of docs/traces.md. For each named calibration and context n it
 generates the ids one selecting layer of one stream picks at each step (hisparse_jax.traces, top-k
-of the trace scores among n sealed records) and replays them through a cache of B records:
+of the trace scores among n sealed records) and replays them through a cache of B records with
+the simulator of hisparse_jax.cache_policies (docs/policies.md has each rule):
 
 - "lru": RESOLVE's own order (docs/contract.md, rule 4): untouched records, then the records just
   fetched (miss order), then the hits (old order); victims from the least recently used end;
 - "fifo": victims in order of insertion;
 - "random": victims drawn uniformly (seeded);
-- "optimal": Belady's rule, the record whose next use is farthest (never used again first).
+- "optimal": Belady's rule ("belady" in cache_policies), the record whose next use is farthest
+  (never used again first).
 
 Every step's k ids must be resident after it (B >= k): victims are never ids of the current step.
 Misses count from step `warm` on. A second table gives the overlap of two adjacent selecting
-layers at the same step (innovations chained with rho_layer). CPU is enough (about 10 minutes for
-the defaults):
+layers at the same step (innovations chained with rho_layer). CPU is enough (about 80 s for the
+defaults on two CPU cores):
 
   python benchmarks/trace_calibration.py                      # both calibrations, n = 32K, 64K, 128K
   python benchmarks/trace_calibration.py --contexts 65536 --seeds 0 1 2 3
@@ -22,17 +24,15 @@ the defaults):
 from __future__ import annotations
 
 import argparse
-import bisect
-import collections
-import random
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hisparse_jax import traces
+from hisparse_jax import cache_policies, traces
 
 POLICIES = ("lru", "fifo", "random", "optimal")
+LIBRARY_NAMES = {"optimal": "belady"}  # this script's table says "optimal"
 
 
 def trace_ids(config: traces.TraceConfig, n: int, k: int, steps: int, seed: int,
@@ -59,44 +59,9 @@ def miss_rate(selections: list[np.ndarray], capacity: int, warm: int, policy: st
     """Records fetched per record selected, from step `warm` on, for a cache of `capacity` records."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    rng = random.Random(seed)
-    uses = collections.defaultdict(list)  # record -> steps that select it (for "optimal")
-    for t, ids in enumerate(selections):
-        for r in ids.tolist():
-            uses[r].append(t)
-
-    def next_use(r: int, t: int) -> float:
-        later = uses[r]
-        i = bisect.bisect_right(later, t)
-        return later[i] if i < len(later) else float("inf")
-
-    resident = collections.OrderedDict()  # eviction order: first = next victim (LRU / oldest)
-    missed = selected = 0
-    for t, ids in enumerate(selections):
-        now = ids.tolist()
-        chosen = set(now)
-        hits = [r for r in resident if r in chosen]
-        misses = [r for r in now if r not in resident]
-        if policy == "lru":
-            untouched = [r for r in resident if r not in chosen]
-            resident = collections.OrderedDict.fromkeys(untouched + misses + hits)
-        else:
-            resident.update(dict.fromkeys(misses))
-        excess = len(resident) - capacity
-        if excess > 0:
-            evictable = [r for r in resident if r not in chosen]
-            if policy == "random":
-                victims = rng.sample(evictable, excess)
-            elif policy == "optimal":
-                victims = sorted(evictable, key=lambda r: next_use(r, t), reverse=True)[:excess]
-            else:
-                victims = evictable[:excess]
-            for r in victims:
-                del resident[r]
-        if t >= warm:
-            missed += len(misses)
-            selected += len(now)
-    return missed / selected
+    ids = np.stack(selections)[:, None, :]  # [steps, one stream, k]
+    misses = cache_policies.simulate(ids, capacity, LIBRARY_NAMES.get(policy, policy), seed=seed)
+    return misses[warm:].sum() / np.count_nonzero(ids[warm:] >= 0)
 
 
 def main(argv=None) -> None:
@@ -119,8 +84,7 @@ def main(argv=None) -> None:
         for n in args.contexts:
             for seed in args.seeds:
                 sel = trace_ids(config, n, k, args.steps, seed)
-                overlap = np.mean([len(np.intersect1d(sel[t], sel[t + 1])) / k
-                                   for t in range(args.warm, args.steps - 1)])
+                overlap = cache_policies.step_overlap(np.stack(sel[args.warm:])[:, None, None, :])[0]
                 rates = [miss_rate(sel, c * k, args.warm, "lru") for c in (1, 2, 4)]
                 rates += [miss_rate(sel, 2 * k, args.warm, policy) for policy in ("fifo", "random", "optimal")]
                 print(f"| {name} | {n} | {n / k:g} | {seed} | {overlap:.3f} | "
@@ -133,7 +97,7 @@ def main(argv=None) -> None:
         for n in args.contexts:
             for seed in args.seeds:
                 sel = trace_ids(config, n, k, args.warm + 20, seed, layers=2)[args.warm:]
-                overlap = np.mean([len(np.intersect1d(ids[0], ids[1])) / k for ids in sel])
+                overlap = cache_policies.layer_overlap(np.stack(sel)[:, :, None, :])[0]
                 print(f"| {name} | {n} | {seed} | {overlap:.3f} |", flush=True)
 
 

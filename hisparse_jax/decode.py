@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .models import get_family
+from .models import get_family, paging
 from .traces import ForcedSelection
 
-_STATIC = ("family", "config", "steps", "sampling", "return_logits", "skip_indexer")
+_STATIC = ("family", "config", "steps", "sampling", "return_logits", "skip_indexer", "record_selection")
 
 SAMPLING = ("greedy", "sample")
 
@@ -33,22 +33,34 @@ def next_tokens(logits: jax.Array, sampling: str, key: jax.Array) -> jax.Array:
     raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
 
 
-def _generate_program(family, config, steps, sampling, return_logits, skip_indexer, weights, state,
-                      first_tokens, key, selections, forced_on):
+def _generate_program(family, config, steps, sampling, return_logits, skip_indexer, weights, state, first_tokens,
+                      key, selections, forced_on, teacher_tokens=None, record_selection=False):
     def step(carry, xs):
         state, tokens = carry
-        i, ids = xs
+        i, ids, teacher = xs
         forced = None if ids is None else ForcedSelection(ids, forced_on, skip_indexer)
-        with jax.named_scope("decode_step"):
+        with jax.named_scope("decode_step"), paging.recording() as chosen:
             state, logits, misses = family.decode_step(config, weights, state, tokens, forced)
+        recorded = _stack_recorded(chosen) if record_selection else None
         with jax.named_scope("sample"):
             nxt = next_tokens(logits, sampling, jax.random.fold_in(key, i))
-        return (state, nxt), (nxt, logits if return_logits else None, misses)
+        fed = nxt if teacher is None else teacher
+        return (state, fed), (nxt, logits if return_logits else None, misses, recorded)
 
     carry = (state, first_tokens)
-    xs = (jnp.arange(steps, dtype=jnp.int32), selections)
-    (state, _), (tokens, logits, misses) = jax.lax.scan(step, carry, xs)
+    xs = (jnp.arange(steps, dtype=jnp.int32), selections, teacher_tokens)
+    (state, _), (tokens, logits, misses, recorded) = jax.lax.scan(step, carry, xs)
+    if record_selection:
+        return tokens, logits, misses, state, recorded
     return tokens, logits, misses, state
+
+
+def _stack_recorded(chosen: list) -> jax.Array:
+    """The ids of every selecting layer of one step, [layers, *S, k]."""
+    if not chosen or any(ids is None for ids in chosen):
+        raise ValueError('generate: record_selection needs a "hisparse" or "device" state; a "dense" state '
+                         "attends to every record and selects none")
+    return jnp.stack(chosen)
 
 
 _generate_jit = jax.jit(_generate_program, static_argnames=_STATIC, donate_argnames=("state",))
@@ -111,6 +123,8 @@ def generate(
     return_logits: bool = False,
     selections: jax.Array | None = None,
     skip_indexer: bool = False,
+    record_selection: bool = False,
+    teacher_tokens: jax.Array | None = None,
 ):
     """Decodes `steps` tokens per stream in one jitted scan.
 
@@ -125,10 +139,18 @@ def generate(
         top-k (a selection trace, hisparse_jax.traces.selections; shapes from
         family.selecting_layout), or None. The model still computes its indexer and top-k.
       skip_indexer: with selections, do not compute the indexer at all (a diagnostic).
+      record_selection: also return the ids every selecting layer attended to at every step
+        (the model's own top-k, or the forced `selections`): a fifth output [steps, layers,
+        *S, k] int32, ascending per stream with -1 padding (hisparse_jax.recorded stores them).
+        Needs a "hisparse" or "device" state and an unsharded family.
+      teacher_tokens: [steps, b] int32 or None. Teacher forcing: the token fed to step i + 1 is
+        teacher_tokens[i], not the one sampled (the model reads a given continuation, e.g. the
+        rest of a document); the returned tokens stay the model's own samples.
     Returns:
       tokens [steps, b] int32 (tokens[i] is produced by step i and fed to step
-      i + 1), logits [steps, b, V] float32 or None, misses [steps, *family
-      shape] int32, and the new state (its host pool still pinned_host).
+      i + 1 unless teacher_tokens), logits [steps, b, V] float32 or None, misses [steps,
+      *family shape] int32, the new state (its host pool still pinned_host), and with
+      record_selection the selections [steps, layers, *S, k] int32.
     """
     family = get_family(family)
     _check_family_config(family, config)
@@ -139,11 +161,23 @@ def generate(
     _check_batch("first_tokens", first_tokens, state.lengths.shape[0])
     _check_context(config, state.lengths, int(steps))
     return _generate_jit(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
-                                      return_logits, selections, skip_indexer))
+                                      return_logits, selections, skip_indexer, record_selection, teacher_tokens))
 
 
 def _arguments(family, config, weights, state, first_tokens, steps, sampling, seed, return_logits,
-               selections, skip_indexer) -> dict:
+               selections, skip_indexer, record_selection=False, teacher_tokens=None) -> dict:
+    batch = state.lengths.shape[0]
+    if record_selection:
+        family.selecting_layout(config, batch)  # a sharded family refuses here, with its reason
+        if state.store.mode == "dense":
+            raise ValueError('generate: record_selection needs a "hisparse" or "device" state; a "dense" state '
+                             "attends to every record and selects none")
+    if teacher_tokens is not None:
+        want = (int(steps), batch)
+        if tuple(jnp.shape(teacher_tokens)) != want or not jnp.issubdtype(jnp.result_type(teacher_tokens), jnp.integer):
+            raise ValueError(f"generate: teacher_tokens must be integer [steps, batch] = {list(want)}, got "
+                             f"{jnp.result_type(teacher_tokens)} {list(jnp.shape(teacher_tokens))}")
+        teacher_tokens = jax.device_put(jnp.asarray(teacher_tokens, jnp.int32), state.lengths.sharding)
     if selections is not None:
         layers, streams, _ = family.selecting_layout(config, state.lengths.shape[0])
         want = (int(steps), layers, *streams, config.top_k)
@@ -158,20 +192,22 @@ def _arguments(family, config, weights, state, first_tokens, steps, sampling, se
         raise ValueError("generate: skip_indexer=True needs selections (what else would select?)")
     return dict(
         family=family, config=config, steps=int(steps), sampling=sampling, return_logits=bool(return_logits),
-        skip_indexer=bool(skip_indexer), weights=weights, state=state,
+        skip_indexer=bool(skip_indexer), record_selection=bool(record_selection), weights=weights, state=state,
         first_tokens=_like_lengths(state, first_tokens), key=jax.random.key(seed), selections=selections,
         # A program input, not a constant: XLA cannot drop the indexer the selections override.
-        forced_on=jnp.asarray(True) if selections is not None else None,
+        forced_on=jnp.asarray(True) if selections is not None else None, teacher_tokens=teacher_tokens,
     )
 
 
 def trace_generate(family, config, weights, state, first_tokens, steps, *, sampling="greedy", seed=0,
-                   return_logits=False, selections=None, skip_indexer=False) -> jax.stages.Traced:
+                   return_logits=False, selections=None, skip_indexer=False, record_selection=False,
+                   teacher_tokens=None) -> jax.stages.Traced:
     """The traced (not run) program of `generate`: `.jaxpr`, `.lower().as_text()`,
     `.lower().compile().as_text()` for program tests and benchmarks."""
     family = get_family(family)
     return _generate_jit.trace(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
-                                            return_logits, selections, skip_indexer))
+                                            return_logits, selections, skip_indexer, record_selection,
+                                            teacher_tokens))
 
 
 def prefill(family, config, weights, state, prompts: jax.Array, lengths: jax.Array):

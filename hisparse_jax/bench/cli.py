@@ -42,7 +42,9 @@ from .plan import CPU_DEFAULTS, DEPLOYMENT_DEFAULTS, BenchError, ContextPlan, Pl
 from .progress import Progress
 from .report import MODE_NAMES, fmt_bytes, format_table, write_plots
 from . import profile as profile_lib
-from .runner import FILLS, DecodeRun, profile_run, start_run, time_in_turns, tokens_needed, without_io
+from . import policies as policies_command
+from .runner import (FILLS, DecodeRun, RecordedSelection, profile_run, start_run, time_in_turns, tokens_needed,
+                     without_io)
 
 __all__ = ["main", "format_table", "write_plots"]
 
@@ -111,18 +113,28 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--fill", default=None, choices=FILLS,
                    help="(default: prefill; deployment: synthetic) prefill: the model's dense prefill of random prompts; synthetic: hashed "
                         "non-zero records and metadata, no O(T^2) prefill (long contexts)")
-    d.add_argument("--selection", default=None, choices=["indexer", "trace", "trace-no-indexer"],
+    d.add_argument("--selection", default=None, choices=["indexer", "trace", "trace-no-indexer", "recorded"],
                    help="(default: indexer; deployment: trace) indexer: the model's own top-k (random weights: little locality); trace: "
                         "the calibrated synthetic trace of docs/traces.md (the indexer still runs); "
-                        "trace-no-indexer: the trace without computing the indexer (shows its cost)")
+                        "trace-no-indexer: the trace without computing the indexer (shows its cost); "
+                        "recorded: the selections of a recorded trace, --trace-file (the indexer still runs)")
     d.add_argument("--trace", default=None, nargs="+", choices=list(traces.CALIBRATIONS),
                    help="the trace calibrations, one comparison each (docs/traces.md): glm-5.1 reproduces "
                         "GLM-5.1's published LRU misses, deepseek-v3.2 DeepSeek-V3.2's ~44%% step overlap "
-                        f"(default: {' '.join(cpu['trace'])}; deployment: {' '.join(slc['trace'])})")
+                        f"(default: {' '.join(cpu['trace'])}; deployment: {' '.join(slc['trace'])}; "
+                        "not with --selection recorded, nor are the --trace-* overrides)")
     d.add_argument("--trace-beta", type=float, default=None, help="override the calibration's beta")
     d.add_argument("--trace-rho-e", type=float, default=None, help="override the calibration's rho_e")
-    d.add_argument("--trace-memoryless-layers", type=int, default=0,
-                   help="leading selecting layers with no locality (real models: layers 0-1)")
+    d.add_argument("--trace-memoryless-layers", type=int, default=None,
+                   help="leading selecting layers with no locality (real models: layers 0-1; default: 0)")
+    d.add_argument("--trace-file", default=None, metavar="PATH",
+                   help="with --selection recorded (required there, refused elsewhere): a recorded selection trace "
+                        "(hisparse_jax.recorded), one comparison labelled by the file. Its ids are replayed as "
+                        "recorded: the model's selecting layer g of G replays trace layer g x L // G, stream i of "
+                        "the batch trace stream i mod its streams (Quest's and NSA's KV heads of a stream share "
+                        "its ids), run step t trace step t. Its k must be --top-k and its page size the model's, it "
+                        "must hold every step a run decodes, and the contexts must be at least the trace's (every "
+                        "id sealed when selected); a longer context keeps the trace's locality at its own context")
     d.add_argument("--no-io", action="store_true", help="also time HiSparse without the record copy")
     d.add_argument("--prefetch", action="store_true",
                    help="also time HiSparse at its capacity batch with prefetch (each layer's misses copied on a "
@@ -149,6 +161,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="time the pure-JAX reference RESOLVE when no compiled handler is available")
     d.add_argument("--out", default="results/decode", help="folder for decode.json and plots")
     d.add_argument("--no-plots", action="store_true")
+    policies_command.add_parser(sub)
     return p
 
 
@@ -159,8 +172,9 @@ def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> 
     timings, profiles = {}, []
 
     def name(r: RunPlan) -> str:
-        return f"{MODE_NAMES[r.mode]} @ {c.context}, batch {r.batch} ({r.kind}" + (
-            f", {r.trace.name} trace)" if r.trace is not None else ")")
+        selection = ("" if r.trace is None else f", {r.trace.name}" if isinstance(r.trace, RecordedSelection)
+                     else f", {r.trace.name} trace")  # "recorded trace FILE", "glm-5.1 trace"
+        return f"{MODE_NAMES[r.mode]} @ {c.context}, batch {r.batch} ({r.kind}{selection})"
 
     def start(r: RunPlan) -> DecodeRun:
         config = dataclasses.replace(c.config, prefetch=True) if r.kind == "prefetch" else c.config
@@ -178,8 +192,11 @@ def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> 
         if r.kind == "equal batch":
             return
         if args.profile:
-            label = f"{r.mode}{'-prefetch' if r.kind == 'prefetch' else ''}-{c.context}" + (
-                "" if r.trace is None else f"-{r.trace.name}")
+            label = f"{r.mode}{'-prefetch' if r.kind == 'prefetch' else ''}-{c.context}"
+            if isinstance(r.trace, RecordedSelection):  # a folder name: the file's, not its path
+                label += f"-recorded-{Path(r.trace.path).stem}"
+            elif r.trace is not None:
+                label += f"-{r.trace.name}"
             trace_dir = None if args.profile_dir is None else str(Path(args.profile_dir) / label)
             profiled = profile_run(run, bandwidths, trace_dir)
             profiles.append(dict(profiled, trace=None if r.trace is None else r.trace.name, run=r.kind))
@@ -220,8 +237,9 @@ def _progress_total(args, plan_: Plan) -> int:
 def run_decode(args, plan_: Plan) -> dict:
     """Times every planned run; the decode.json report."""
     rows, ratios, notes, profiles = [], [], [], []
-    notes += [traces.describe(t) for t in plan_.traces]
-    if plan_.traces and plan_.contexts[0].config.page_size > 1:
+    notes += [t.describe() if isinstance(t, RecordedSelection) else traces.describe(t) for t in plan_.traces]
+    calibrated = [t for t in plan_.traces if isinstance(t, traces.TraceConfig)]
+    if calibrated and plan_.contexts[0].config.page_size > 1:
         notes.append(f"records are pages of {plan_.contexts[0].config.page_size} tokens: the calibrations are "
                      "token-level figures applied to pages (page-level locality uncalibrated)")
     with Progress(_progress_total(args, plan_), "decode") as progress:
@@ -254,6 +272,7 @@ def run_decode(args, plan_: Plan) -> dict:
         device_budget_bytes=plan_.device_budget, host_budget_bytes=plan_.host_budget, max_batch_cap=args.max_batch,
         steps=args.steps, reps=args.reps, timing=plan_.timing_note, fill=args.fill, selection=args.selection,
         traces=[t.name for t in plan_.traces], notes=notes, overrides=plan_.overrides, num_layers=config.num_layers,
+        recorded_trace=next((t.as_dict() for t in plan_.traces if isinstance(t, RecordedSelection)), None),
         ratio_range=report_lib.range_note(plan_.in_turns), rows=rows, ratios=ratios, profiles=profiles,
     )
 
@@ -269,7 +288,8 @@ def header(report: dict) -> str:
         f"{report['timing']}; TPOT = call time / steps",
         f"{report['num_layers']} layers (a slice of a real model: per-request bytes scale with layers); "
         f"state from {report['fill']}, selection by {report['selection']}"
-        + (" (its state on device is not in the byte account)" if report["selection"] != "indexer" else ""),
+        # the synthetic trace's generator (a recorded trace has none; the ids of both are counted)
+        + (" (its state on device is not in the byte account)" if report["selection"].startswith("trace") else ""),
         *report["notes"],
     ]
     if report["ratios"]:
@@ -303,6 +323,9 @@ def explain(plan_: Plan) -> str:
 def main(argv=None) -> int:
     try:
         args = _parser().parse_args(argv)
+        if args.command == "policies":
+            args.argv = list(sys.argv[1:] if argv is None else argv)  # for the report's command line
+            return policies_command.run(args)
         plan_ = build_plan(args)
     except BenchError as err:
         print(f"hisparse-bench: error: {err}", file=sys.stderr)

@@ -5,7 +5,8 @@ overrides and room for every decoded token), each mode's capacity under the budg
 and how they are timed. Whatever would fail later fails here, as a BenchError holding one line:
 a Config the model rejects (its ValueError names `Config.field`; the flags that set the field
 are added), a bfloat16 config on XLA:CPU (which cannot run its dots), the pure-JAX reference
-RESOLVE unless allowed, a run whose batch 1 does not fit the budgets (with the bytes it needs
+RESOLVE unless allowed, a recorded trace (--trace-file) whose k, page size, steps or sealed
+records do not fit the runs, a run whose batch 1 does not fit the budgets (with the bytes it needs
 and the budget that fits). Sizing compiles the decode of every context and mode for its memory
 analysis (hisparse_jax.bench.working_memory); the checks of arguments and of the state bytes
 come before any compilation.
@@ -21,14 +22,15 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .. import _ffi, traces
+from .. import _ffi, recorded, traces
 from ..models import get_family
 from .capacity import Capacity, capacity
 from .working_memory import fit_batches, program_memory, working_memory
 from .deployments import DEPLOYMENTS, get_deployment
 from .report import MODE_NAMES, fmt_bytes
-from .runner import tokens_needed
+from .runner import RecordedSelection, tokens_needed
 
 MiB, GiB = 2**20, 2**30
 
@@ -54,12 +56,13 @@ class BenchError(Exception):
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
     """One run: kind ("capacity", "equal batch", or "prefetch": HiSparse at its capacity batch
-    with Config.prefetch), mode, batch, and the trace it selects by (None: the model's indexer)."""
+    with Config.prefetch), mode, batch, and the trace it selects by (a calibration, a recorded
+    trace, or None: the model's indexer)."""
 
     kind: str
     mode: str
     batch: int
-    trace: traces.TraceConfig | None
+    trace: traces.TraceConfig | RecordedSelection | None
 
     @property
     def key(self) -> tuple[str, str, str | None]:
@@ -84,7 +87,7 @@ class Plan:
     family: object
     overrides: dict
     contexts: list[ContextPlan]
-    traces: list[traces.TraceConfig]
+    traces: list[traces.TraceConfig | RecordedSelection]
     device_budget: int
     host_budget: int
     implementation: str
@@ -170,6 +173,63 @@ def _config(family, args, context: int, overrides: dict):
         raise _config_error(family, err) from None
 
 
+def _check_selection_flags(args) -> None:
+    """--trace-file goes with --selection recorded and only with it, without the synthetic trace's
+    flags. Runs before the defaults fill --trace in."""
+    if args.selection != "recorded":
+        if args.trace_file is not None:
+            raise BenchError("--trace-file replays a recorded trace; add --selection recorded (or drop --trace-file)")
+        return
+    if args.trace_file is None:
+        raise BenchError("--selection recorded replays a recorded trace; add --trace-file PATH")
+    given = [flag for flag, value in (("--trace", args.trace), ("--trace-beta", args.trace_beta),
+                                      ("--trace-rho-e", args.trace_rho_e),
+                                      ("--trace-memoryless-layers", args.trace_memoryless_layers))
+             if value is not None]
+    if given:
+        raise BenchError(f"{', '.join(given)}: the synthetic trace's calibration does not apply to --selection "
+                         f"recorded, which replays --trace-file; drop {'them' if len(given) > 1 else 'it'}")
+
+
+def _recorded(args, configs: dict) -> RecordedSelection:
+    """The --trace-file trace, checked against every context's config before anything compiles:
+    its k and page size are the model's, it holds every step a run decodes, and every id it selects
+    is sealed in the benchmark's streams when it is selected (the ids are replayed as recorded)."""
+    path = args.trace_file
+    try:
+        trace = recorded.load_trace(path)
+    except ValueError as err:
+        raise BenchError(f"--trace-file: {err}") from None
+    where = f"--trace-file {path}"
+    config = configs[args.contexts[0]]  # top_k and page_size are the same at every context
+    if trace.k != config.top_k:
+        hot = f" --hot-slots {trace.k}" if trace.k > config.hot_slots else ""
+        raise BenchError(f"{where}: the trace selects k={trace.k} records per step, the model's top_k is "
+                         f"{config.top_k}; pass --top-k {trace.k}{hot}")
+    if trace.page_size != config.page_size:
+        raise BenchError(f"{where}: the trace's records are pages of {trace.page_size} tokens, the model's of "
+                         f"{config.page_size}; pass --set page_size={trace.page_size}, or replay a trace recorded "
+                         "at the model's page size")
+    steps = tokens_needed(0, args.steps, args.reps, args.no_io, args.profile)  # what every run decodes
+    if trace.steps < steps:
+        raise BenchError(f"{where}: the trace holds {trace.steps} decode steps, a run decodes {steps} (--steps x "
+                         "(--reps + 1), twice with --no-io, one call more with --profile); lower --steps or --reps")
+    # At run step t a stream holding `context` tokens has (context + t) // page_size sealed records
+    # (traces.selections' rule), every stream alike; a batch may replay any trace stream (i mod
+    # streams), so it needs the most any of them had sealed at step t: the trace's own context.
+    t = np.arange(steps)
+    need = trace.sealed[:steps].max(axis=1)
+    shortest = int(np.max(need * trace.page_size - t))
+    for context in sorted(configs):
+        short = (context + t) // trace.page_size < need
+        if short.any():
+            step = int(np.argmax(short))
+            raise BenchError(f"{where}: at context {context} a stream has {(context + step) // trace.page_size} "
+                             f"sealed records at step {step}, where the trace selects among {need[step]}; pass "
+                             f"--contexts of at least {shortest} tokens (the trace's context)")
+    return RecordedSelection(str(path), trace)
+
+
 def _traces(args, config) -> list[traces.TraceConfig]:
     """The trace of every calibration in --trace (none with --selection indexer)."""
     if args.selection == "indexer":
@@ -177,7 +237,7 @@ def _traces(args, config) -> list[traces.TraceConfig]:
     repeated = sorted({t for t in args.trace if args.trace.count(t) > 1})
     if repeated:
         raise BenchError(f"argument --trace: {', '.join(repeated)} given more than once")
-    fields = dict(memoryless_layers=args.trace_memoryless_layers)
+    fields = dict(memoryless_layers=args.trace_memoryless_layers or 0)
     for name, value in (("beta", args.trace_beta), ("rho_e", args.trace_rho_e)):
         if value is not None:
             fields[name] = value
@@ -374,6 +434,7 @@ def _with_working_memory(args, family, config, state_only: Capacity, budget: int
 
 def build_plan(args) -> Plan:
     """Checks everything that can be checked before any compilation, then sizes every run."""
+    _check_selection_flags(args)
     derivation = resolve_defaults(args)
     family = get_family(args.family)
     if args.preset not in family.Config.PRESETS:
@@ -397,7 +458,8 @@ def build_plan(args) -> Plan:
     platform = _ffi.platform_of(jax.default_backend())
     _check_dtype(args, _field_value(family, args.preset, overrides, "dtype"), platform)
     configs = {context: _config(family, args, context, overrides) for context in args.contexts}
-    trace_list = _traces(args, configs[args.contexts[0]])
+    trace_list = ([_recorded(args, configs)] if args.selection == "recorded"
+                  else _traces(args, configs[args.contexts[0]]))
     implementation = _implementation(args, configs[args.contexts[0]], platform)
     if implementation == "reference" and "implementation" in {f.name for f in dataclasses.fields(family.Config)}:
         # Pin "auto" to the reference it stands for here, so the report names what runs. ("auto"
@@ -412,7 +474,7 @@ def build_plan(args) -> Plan:
     for c in contexts:
         c.caps = {m: _with_working_memory(args, family, c.config, cap, budget, host_budget)
                   for m, cap in c.caps.items()}
-        for trace in trace_list or [None]:  # each calibration is a comparison of its own
+        for trace in trace_list or [None]:  # each calibration (or the recorded trace) is a comparison of its own
             c.runs += [RunPlan("capacity", m, c.caps[m].max_batch, trace) for m in args.modes]
             if not args.no_equal_batch and {"device", "hisparse"} <= c.caps.keys():
                 c.runs.append(RunPlan("equal batch", "hisparse", c.caps["device"].max_batch, trace))

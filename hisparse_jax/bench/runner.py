@@ -8,7 +8,9 @@ trace (hisparse_jax.traces, docs/traces.md) instead of the indexer on random
 weights: the ids of every step a run will decode are generated once, before
 anything is timed (`traces.selections`), kept in host memory, and each call gets
 its next `steps` of them on device before its clock starts. The model still runs
-its indexer and top-k; only their ids are replaced.
+its indexer and top-k; only their ids are replaced. A RecordedSelection (a
+recorded trace, hisparse_jax.recorded) takes the same path: its ids, mapped onto
+the model's selecting layers and streams, replace the generated ones.
 
 The decode is `hisparse_jax.decode.generate` (one jitted lax.scan over
 `steps`, state donated). `start_run` builds the state and makes the first
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import time
 from types import ModuleType
 
@@ -31,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import decode, traces
+from .. import decode, recorded, traces
 from . import profile
 from .synthetic import synthetic_state, without_fetch
 
@@ -128,10 +131,66 @@ def tokens_needed(context: int, steps: int, reps: int, no_io: bool = False, prof
     return context + steps * ((reps + 1) * (2 if no_io else 1) + (1 if profile else 0))
 
 
-def trace_ids(family: ModuleType, config, trace: traces.TraceConfig, lengths: jax.Array, steps: int,
-              seed: int = 0) -> np.ndarray:
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: hashed by identity (it holds arrays)
+class RecordedSelection:
+    """A recorded trace replayed as a run's selection, named by the file it was read from.
+
+    Mapped onto a model whose selecting layout is (G layers, streams [b, *rest]): selecting layer
+    g replays trace layer g * layers // G (proportionally: a shallower trace repeats its layers, a
+    deeper one skips some), stream i of the batch trace stream i mod streams, the same ids for
+    every trailing stream index (Quest's and NSA's KV heads all select what the trace's stream
+    selected), and step t of the run the trace's step t. The ids are used as recorded: the
+    benchmark's context may be longer than the trace's (hisparse_jax.bench.plan checks that every
+    id is sealed when it is selected); the locality is the trace's, at its own context.
+    """
+
+    path: str
+    trace: recorded.RecordedTrace
+
+    @property
+    def name(self) -> str:
+        return f"recorded trace {self.path}"
+
+    def as_dict(self) -> dict:
+        """The trace's file, source and shape, for a report."""
+        t = self.trace
+        return dict(path=self.path, source=t.source, steps=t.steps, layers=t.layers, streams=t.streams, k=t.k,
+                    page_size=t.page_size)
+
+    def describe(self) -> str:
+        """One line naming the trace, its source and how it is mapped, for benchmark output."""
+        t = self.trace
+        # The source's headline fields only (the whole source, training history included, is in the JSON).
+        brief = {k: t.source[k] for k in ("kind", "model", "model_sha256", "prefill", "steps") if k in t.source}
+        if "documents" in t.source:
+            brief["documents"] = len(t.source["documents"])
+        return (f"{self.name} (source {json.dumps(brief, sort_keys=True)}): {t.steps} steps, {t.layers} "
+                f"selecting layers, {t.streams} streams, k={t.k}, page_size={t.page_size}, "
+                f"{t.sealed[0].min()}-{t.sealed[0].max()} sealed at its first step; replayed as recorded, "
+                f"layers mapped proportionally, stream i of a batch on trace stream i mod {t.streams}, shared "
+                "by the stream's KV heads: the trace's locality at its own context")
+
+
+def recorded_ids(family: ModuleType, config, selection: RecordedSelection, batch: int, steps: int) -> np.ndarray:
+    """A recorded trace's ids for the first `steps` steps of a run at `batch`, mapped onto the
+    model (RecordedSelection): [steps, layers, *streams, k] int32 in host memory."""
+    t = selection.trace
+    layers, streams, _ = family.selecting_layout(config, batch)
+    if steps > t.steps or t.k != config.top_k:
+        raise ValueError(f"{selection.name} holds {t.steps} steps of k={t.k}; the run needs {steps} of "
+                         f"k={config.top_k}")
+    ids = t.ids[:steps, np.arange(layers) * t.layers // layers][:, :, np.arange(batch) % t.streams]
+    ids = ids.reshape(steps, layers, batch, *([1] * (len(streams) - 1)), t.k)
+    return np.ascontiguousarray(np.broadcast_to(ids, (steps, layers, *streams, t.k)))
+
+
+def trace_ids(family: ModuleType, config, trace: traces.TraceConfig | RecordedSelection, lengths: jax.Array,
+              steps: int, seed: int = 0) -> np.ndarray:
     """A trace's ids for `steps` decode steps from streams holding `lengths` tokens, in host
-    memory: [steps, layers, *streams, k] int32 (family.selecting_layout)."""
+    memory: [steps, layers, *streams, k] int32 (family.selecting_layout): generated for a
+    TraceConfig, mapped from the file for a RecordedSelection."""
+    if isinstance(trace, RecordedSelection):
+        return recorded_ids(family, config, trace, int(lengths.shape[0]), steps)
     layers, streams, records = family.selecting_layout(config, int(lengths.shape[0]))
     ids = traces.selections(trace, layers, streams, records, config.top_k, lengths, steps,
                             page_size=config.page_size, seed=seed)
@@ -160,12 +219,13 @@ def _warm_up(run: DecodeRun, first_tokens) -> DecodeRun:
 
 
 def start_run(family: ModuleType, config, weights, mode: str, batch: int, context: int, steps: int, *,
-              fill: str = "prefill", trace: traces.TraceConfig | None = None, trace_steps: int = 0,
-              skip_indexer: bool = False, seed: int = 0) -> DecodeRun:
+              fill: str = "prefill", trace: traces.TraceConfig | RecordedSelection | None = None,
+              trace_steps: int = 0, skip_indexer: bool = False, seed: int = 0) -> DecodeRun:
     """A warmed-up run of `mode` at `batch` from a state holding `context` tokens per stream.
 
     With a trace, its ids for `trace_steps` steps (every step the run will decode, warm-up
-    included) are generated first; skip_indexer=True does not compute the model's indexer at all.
+    included) are generated (or mapped from a recorded trace) first; skip_indexer=True does not
+    compute the model's indexer at all.
     """
     state, first = initial_state(family, config, weights, mode, batch, context, fill=fill, seed=seed)
     ids = None if trace is None else trace_ids(family, config, trace, state.lengths, trace_steps, seed)

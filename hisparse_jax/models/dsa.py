@@ -68,6 +68,9 @@ class Config(ModelConfig):
         query projection).
       index_share: n layers per indexer group (1 = every layer selects).
       index_dtype: None (index keys in `dtype`) or "fp8" (e4m3 keys with a float32 scale per token).
+      index_rope_dim: trailing dims of the indexer's queries and keys rotated by the token's
+        position (rope, as DeepSeek-V3.2's indexer does), so that the indexer can rank by
+        distance as well as content; 0 (the default): no position in the indexer.
       indexer_implementation: the lightning indexer's kernel, "auto", "ffi" (the fused CUDA kernel)
         or "reference" (XLA). Kept apart from `implementation`: RESOLVE and top-k give the same
         bits in every implementation, the indexer's scores agree within rounding only, so a
@@ -84,6 +87,7 @@ class Config(ModelConfig):
     q_lora_rank: int = 0
     index_share: int = 1
     index_dtype: str | None = None
+    index_rope_dim: int = 0
     indexer_implementation: str = "auto"
 
     PRESETS = {
@@ -114,6 +118,9 @@ class Config(ModelConfig):
                 f"must be None (keys in dtype) or 'fp8', got {self.index_dtype!r}")
         require(self.indexer_implementation in IMPLEMENTATIONS, self, "indexer_implementation",
                 f"must be one of {IMPLEMENTATIONS}, got {self.indexer_implementation!r}")
+        d = self.index_rope_dim
+        require(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= self.index_dim and d % 2 == 0, self,
+                "index_rope_dim", f"must be an even int in [0, index_dim={self.index_dim}], got {d!r}")
         require(self.index_dtype != "fp8" or self.index_dim % 16 == 0, self, "index_dim",
                 f"fp8 index keys need index_dim a multiple of 16, got {self.index_dim}")
 
@@ -308,29 +315,45 @@ def _split_record(config: Config):
 # --------------------------------------------------------------------------- lightning indexer
 
 
-def index_key(config: Config, iw: IndexerWeights, h: jax.Array):
-    """h [..., D] -> (k_I [..., dI] in the key dtype, scale [...] float32 or None) = LayerNorm(W_k h)."""
+def _index_rope(config: Config, x: jax.Array, positions) -> jax.Array:
+    """Rope over the trailing index_rope_dim dims of x [..., dI] (x itself when 0)."""
+    d = config.index_rope_dim
+    if d == 0:
+        return x
+    if positions is None:
+        raise ValueError("dsa: Config.index_rope_dim > 0 rotates index queries and keys by position; pass positions")
+    return jnp.concatenate([x[..., :-d], layers.rope(x[..., -d:], positions, config.rope_theta)], axis=-1)
+
+
+def index_key(config: Config, iw: IndexerWeights, h: jax.Array, positions=None):
+    """h [..., D] -> (k_I [..., dI] in the key dtype, scale [...] float32 or None) = LayerNorm(W_k h),
+    its last index_rope_dim dims rotated at `positions` (broadcast to h.shape[:-1])."""
     key = layers.layer_norm(jnp.einsum("...d,de->...e", h, iw.w_k), iw.k_scale, iw.k_bias, config.norm_eps)
+    key = _index_rope(config, key, positions)
     if config.index_dtype == "fp8":
         return quantize_keys_fp8(key)
     return key, None
 
 
-def index_query(config: Config, iw: IndexerWeights, h: jax.Array):
-    """h [b, D] -> (q_I [b, HI, dI] in dtype, head weights [b, HI] float32 with 1/sqrt(HI dI) folded in)."""
-    q = jnp.einsum("bd,dje->bje", h, iw.w_q)
-    head = jnp.einsum("bd,dj->bj", h, iw.w_head, preferred_element_type=jnp.float32)
+def index_query(config: Config, iw: IndexerWeights, h: jax.Array, positions=None):
+    """h [..., D] -> (q_I [..., HI, dI] in dtype, head weights [..., HI] float32 with 1/sqrt(HI dI) folded in);
+    q_I's last index_rope_dim dims rotated at `positions` (broadcast to h.shape[:-1])."""
+    q = jnp.einsum("...d,dje->...je", h, iw.w_q)
+    q = _index_rope(config, q, None if positions is None else jnp.asarray(positions)[..., None])
+    head = jnp.einsum("...d,dj->...j", h, iw.w_head, preferred_element_type=jnp.float32)
     return q, head / math.sqrt(config.index_heads * config.index_dim)
 
 
-def record_scores(config: Config, iw: IndexerWeights, h: jax.Array, keys: jax.Array, scale, sealed: jax.Array):
+def record_scores(config: Config, iw: IndexerWeights, h: jax.Array, keys: jax.Array, scale, sealed: jax.Array,
+                  positions=None):
     """Indexer scores of every record: [b, R] float32 (-inf past the sealed records).
 
     Args:
       h: [b, D] the anchor layer's normed input; keys: [b, T, dI] (scale [b, T] for fp8).
       sealed: [b] int32: only the sealed pages' tokens are scored.
+      positions: [b] int32, the query token's position (read with index_rope_dim > 0).
     """
-    q, head = index_query(config, iw, h)
+    q, head = index_query(config, iw, h, positions)
     tokens = index_scores(q, head, keys, sealed * config.page_size, key_scale=scale,
                           implementation=config.indexer_implementation)  # [b, T]
     b = tokens.shape[0]
@@ -377,11 +400,11 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
         iw = weights.indexers[g]
         with jax.named_scope("indexer"):
             h = layers.rms_norm(x, weights.layers[g * c.index_share].attn_norm, c.norm_eps)
-            key, scale = index_key(c, iw, h)
+            key, scale = index_key(c, iw, h, pos)
             keys[g] = keys[g].at[jnp.arange(b), pos].set(key)
             if scale is not None:
                 scales[g] = scales[g].at[jnp.arange(b), pos].set(scale)
-            scores = lambda: record_scores(c, iw, h, keys[g], scales[g], store.sealed)
+            scores = lambda: record_scores(c, iw, h, keys[g], scales[g], store.sealed, pos)
             selection = paging.select(c, store, scores, forced, g)
         group = range(g * c.index_share, (g + 1) * c.index_share)
         located = []
@@ -438,7 +461,7 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
     for g in range(c.groups):
         with jax.named_scope("indexer"):
             h = layers.rms_norm(x, weights.layers[g * c.index_share].attn_norm, c.norm_eps)
-            key, scale = index_key(c, weights.indexers[g], h[:, :keep])
+            key, scale = index_key(c, weights.indexers[g], h[:, :keep], positions[:keep])
             keys[g] = jax.lax.dynamic_update_slice(
                 keys[g], jnp.where(written[..., None], key, jnp.zeros((), key.dtype)), (0, 0, 0))
             if scale is not None:

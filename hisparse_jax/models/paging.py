@@ -7,8 +7,9 @@ stream, k = top_k. Stream-shaped arguments ([*S]) must already be broadcast to t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -102,11 +103,31 @@ def select(config, store: RecordStore, scores: Callable[[], jax.Array], forced: 
       the lower id); None in "dense" mode (every sealed record, read in place).
     """
     if store.mode == "dense":
-        return None
-    ids = select_topk(scores(), store.sealed, config.top_k, implementation=config.implementation)
-    if forced is not None:
-        ids = jnp.where(forced.enabled, forced.ids[selector], ids)
+        ids = None
+    else:
+        ids = select_topk(scores(), store.sealed, config.top_k, implementation=config.implementation)
+        if forced is not None:
+            ids = jnp.where(forced.enabled, forced.ids[selector], ids)
+    if _recorders:
+        _recorders[-1].append(ids)
     return ids
+
+
+# Open `recording` blocks, innermost last: `select` hands each its ids while a step is traced.
+_recorders: list[list] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list]:
+    """Collects, in call order, the ids every `select` returns while the block traces a decode
+    step: the selections the step attends to (a trace's ids where one is forced), one entry per
+    selecting layer; None for a "dense" store, which selects nothing."""
+    selections: list = []
+    _recorders.append(selections)
+    try:
+        yield selections
+    finally:
+        _recorders.pop()
 
 
 def locate(store: RecordStore, layer: int, selection: jax.Array | None):

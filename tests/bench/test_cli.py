@@ -21,20 +21,11 @@ from hisparse_jax.bench.plan import build_plan
 from hisparse_jax.bench.runner import DecodeTiming, tokens_needed
 from hisparse_jax.bench.working_memory import program_memory
 from hisparse_jax.models import get_family
+from cli_errors import one_line_error as _error  # pytest puts a test's folder on sys.path
 
 CPU = jax.default_backend() == "cpu"
 PLATFORM = _ffi.platform_of(jax.default_backend())
 FAST = ["--steps", "2", "--reps", "3", "--max-batch", "3", "--device-budget-mib", "0.5", "--no-plots"]
-
-
-def _error(capsys, argv: list[str], status: int = 2) -> str:
-    """Runs the CLI with a bad argv: exit `status`, nothing on stdout, one error line on stderr."""
-    assert cli.main(argv) == status
-    out, err = capsys.readouterr()
-    assert out == ""
-    assert err.startswith("hisparse-bench: error: ") and err.endswith("\n") and err.count("\n") == 1, err
-    assert "Traceback" not in err
-    return err
 
 
 @pytest.mark.parametrize(

@@ -118,3 +118,23 @@ def test_realistic_shapes():
     assert real.record_width == 576 and real.record_bytes == 1152
     cache = real.cache_config(8)
     assert cache.stream_shape == (8,) and cache.pool_records == real.max_context
+
+
+def test_indexer_rope_decodes_alike_in_every_mode_and_changes_the_selection():
+    config = CASE.config(index_rope_dim=8)
+    hisparse = CASE.run(config, "hisparse")
+    assert_bitwise_equal(hisparse, CASE.run(config, "device"))
+    assert not np.array_equal(hisparse.misses, CASE.run(CASE.config(), "hisparse").misses)
+
+
+@pytest.mark.parametrize("value", [3, -2, 18, True])
+def test_indexer_rope_dim_is_checked(value):
+    with pytest.raises(ValueError, match="Config.index_rope_dim: must be an even int in"):
+        dsa.Config.tiny(index_rope_dim=value)
+
+
+def test_indexer_rope_needs_positions():
+    config = dsa.Config.tiny(index_rope_dim=8)
+    iw = dsa.init_weights(config, 0).indexers[0]
+    with pytest.raises(ValueError, match="pass positions"):
+        dsa.index_key(config, iw, jnp.zeros((2, config.d_model), config.dtype))

@@ -1,0 +1,69 @@
+"""Recording the trained model's selections while it decodes long held-out documents.
+
+Each stream reads one document: a dense prefill of its first `prefill` tokens, then `steps`
+decode steps teacher-forced with the document's next tokens (generate's teacher_tokens), every
+step's top-k ids of every layer recorded (record_selection). The trace file
+(hisparse_jax.recorded) carries the model, the documents and the decode's own next-token loss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import decode
+from ..models import dsa
+from ..recorded import RecordedTrace
+from .checkpoint import load_model
+from .corpus import Corpus
+
+
+def record_trace(model_path: str | Path, corpus: Corpus, *, documents: int, prefill: int, steps: int,
+                 mode: str = "device", top_k: int | None = None, hot_slots: int | None = None) -> RecordedTrace:
+    """The selections of `steps` teacher-forced decode steps after a `prefill`-token prompt, one
+    held-out document per stream (the longest that have prefill + steps + 1 tokens)."""
+    for name, value in (("documents", documents), ("prefill", prefill), ("steps", steps)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"record: {name} must be a positive int, got {value!r}")
+    overrides = {} if top_k is None else dict(top_k=top_k)
+    probe, _, _ = load_model(model_path, **overrides)
+    context = -(-(prefill + steps) // probe.prefill_chunk) * probe.prefill_chunk
+    config, weights, meta = load_model(model_path, max_context=context,
+                                       hot_slots=hot_slots or max(probe.hot_slots, probe.top_k), **overrides)
+    if prefill < config.top_k:
+        raise ValueError(f"record: prefill={prefill} tokens hold fewer records than top_k={config.top_k}; "
+                         "the trace would start with short selections: prefill at least top_k tokens")
+    docs = corpus.long_documents(prefill + steps + 1)
+    if len(docs) < documents:
+        raise ValueError(f"record: {len(docs)} held-out documents have {prefill + steps + 1} tokens, {documents} "
+                         "asked for; lower --documents, --prefill or --steps")
+    docs = docs[:documents]
+    text = np.stack([d.tokens[: prefill + steps + 1] for d in docs]).astype(np.int32)
+    state = dsa.init_state(config, documents, mode)
+    state, _ = decode.prefill(dsa, config, weights, state, jnp.asarray(text[:, :prefill]),
+                              jnp.full((documents,), prefill, jnp.int32))
+    teacher = jnp.asarray(text[:, prefill + 1 :].T)  # [steps, streams]: fed after each step
+    _, logits, _, state, ids = decode.generate(dsa, config, weights, state, jnp.asarray(text[:, prefill]), steps,
+                                               return_logits=True, record_selection=True, teacher_tokens=teacher)
+    logits = np.asarray(jax.device_get(logits), np.float64)  # [steps, streams, V]
+    top = logits.max(axis=-1, keepdims=True)
+    log_z = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+    target = np.take_along_axis(logits, np.asarray(teacher)[..., None], axis=-1)[..., 0]
+    decode_loss = float(np.mean(log_z - target))
+    digest = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()[:16]
+    source = dict(
+        kind="recorded", model=Path(model_path).name, model_sha256=digest, family="dsa",
+        model_config={f: str(getattr(config, f)) if f == "dtype" else getattr(config, f)
+                      for f in ("vocab", "d_model", "num_layers", "n_heads", "kv_lora_rank", "qk_rope_dim",
+                                "index_heads", "index_dim", "top_k", "dtype", "rope_theta")},
+        training=meta, documents=[dict(name=d.name, tokens=int(d.tokens.size)) for d in docs],
+        prefill=prefill, steps=steps, mode=mode,
+        decode_loss_nats_per_byte=decode_loss,
+        teacher_forced="each step is fed the document's next token; the ids are the model's own top-k",
+    )
+    sealed = prefill + np.arange(steps, dtype=np.int32)[:, None].repeat(documents, 1)
+    return RecordedTrace(ids=np.asarray(jax.device_get(ids), np.int32), sealed=sealed, page_size=1, source=source)
