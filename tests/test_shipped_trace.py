@@ -15,6 +15,7 @@ from hisparse_jax import cache_policies, decode
 from hisparse_jax.models import dsa
 from hisparse_jax.recorded import load_trace
 from hisparse_jax.train.checkpoint import load_model
+from hisparse_jax.train.record import next_token_loss
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "2026-12-02-h200" / "trace-model"
 pytestmark = pytest.mark.skipif(not (RESULTS / "trace.npz").is_file(), reason="the shipped trace is not in this tree")
@@ -55,8 +56,5 @@ def test_the_shipped_weights_predict_python():
     teacher = jnp.asarray(text[:, prompt + 1 : prompt + 1 + steps].T)
     _, logits, _, _ = decode.generate(dsa, config, weights, state, jnp.asarray(text[:, prompt]), steps,
                                       return_logits=True, teacher_tokens=teacher)
-    logits = np.asarray(logits, np.float64)[:, 0]
-    top = logits.max(-1, keepdims=True)
-    log_z = np.log(np.exp(logits - top).sum(-1)) + top[:, 0]
-    loss = np.mean(log_z - logits[np.arange(steps), np.asarray(teacher)[:, 0]])
+    loss = next_token_loss(logits, teacher)
     assert loss < 2.0, loss

@@ -20,7 +20,7 @@ from hisparse_jax.recorded import load_trace
 from hisparse_jax.train import __main__ as train_cli
 from hisparse_jax.train import fit as fit_lib
 from hisparse_jax.train.checkpoint import load_model, save_model
-from hisparse_jax.train.corpus import Corpus
+from hisparse_jax.train.corpus import Corpus, WindowSampler
 from hisparse_jax.train.forward import check_trainable, forward, forward_loss
 from hisparse_jax.train.record import record_trace
 
@@ -43,6 +43,11 @@ def text_root(tmp_path_factory) -> Path:
 def corpus(text_root) -> Corpus:
     # Everything long is held out with probability 1/2: the recorder needs a long held-out document.
     return Corpus.from_roots([text_root], held_out_fraction=0.2, long_tokens=40000, long_fraction=0.5)
+
+
+def corpus_windows(corpus: Corpus, batch: int, length: int) -> WindowSampler:
+    """Held-out windows [batch, length], seeded."""
+    return WindowSampler(Corpus.packed(corpus.held_out), batch, length, seed=0)
 
 
 def _tiny_plan(**changes) -> fit_lib.TrainPlan:
@@ -109,11 +114,6 @@ def test_training_forward_is_the_decode_model(corpus):
                                       return_logits=True, teacher_tokens=teacher)
     got = np.concatenate([np.asarray(first_logits)[:, None], np.moveaxis(np.asarray(logits), 0, 1)], axis=1)
     np.testing.assert_allclose(got, np.asarray(expected), rtol=2e-4, atol=2e-4)
-
-
-def corpus_windows(corpus: Corpus, batch: int, length: int):
-    from hisparse_jax.train.corpus import WindowSampler
-    return WindowSampler(Corpus.packed(corpus.held_out), batch, length, seed=0)
 
 
 def test_checkpoint_round_trips(trained, tmp_path):
@@ -214,6 +214,7 @@ def test_cli_fit_and_record(text_root, tmp_path, capsys):
     (["fit", "--model", "huge", "--out", "x"], "invalid choice"),
     (["fit", "--model", "tiny", "--max-steps", "0", "--out", "x"], "--max-steps must be a positive int"),
     (["fit", "--model", "tiny", "--time-scale", "0", "--out", "x"], "--time-scale must be > 0"),
+    (["fit", "--model", "tiny", "--seed", "-1", "--out", "x"], "--seed must be an int >= 0"),
     (["record", "--checkpoint", "missing.npz", "--out", "x.npz", "--roots", "."], "no such file"),
     (["fit"], "required"),
 ])

@@ -28,7 +28,7 @@ from .. import _ffi, recorded, traces
 from ..models import get_family
 from .capacity import Capacity, capacity
 from .working_memory import fit_batches, program_memory, working_memory
-from .deployments import DEPLOYMENTS, get_deployment
+from .deployments import get_deployment
 from .report import MODE_NAMES, fmt_bytes
 from .runner import RecordedSelection, tokens_needed
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from typing import Callable, Iterator, Sequence
 
 import jax
@@ -108,13 +109,15 @@ def select(config, store: RecordStore, scores: Callable[[], jax.Array], forced: 
         ids = select_topk(scores(), store.sealed, config.top_k, implementation=config.implementation)
         if forced is not None:
             ids = jnp.where(forced.enabled, forced.ids[selector], ids)
-    if _recorders:
-        _recorders[-1].append(ids)
+    recorders = getattr(_recording, "open", None)
+    if recorders:
+        recorders[-1].append(ids)
     return ids
 
 
-# Open `recording` blocks, innermost last: `select` hands each its ids while a step is traced.
-_recorders: list[list] = []
+# Open `recording` blocks of this thread, innermost last: `select` hands the innermost its ids
+# while a step is traced (per thread: two threads tracing steps keep their selections apart).
+_recording = threading.local()
 
 
 @contextlib.contextmanager
@@ -123,11 +126,13 @@ def recording() -> Iterator[list]:
     step: the selections the step attends to (a trace's ids where one is forced), one entry per
     selecting layer; None for a "dense" store, which selects nothing."""
     selections: list = []
-    _recorders.append(selections)
+    if not hasattr(_recording, "open"):
+        _recording.open = []
+    _recording.open.append(selections)
     try:
         yield selections
     finally:
-        _recorders.pop()
+        _recording.open.pop()
 
 
 def locate(store: RecordStore, layer: int, selection: jax.Array | None):

@@ -64,6 +64,8 @@ def _fit(args) -> None:
         raise ValueError(f"--max-steps must be a positive int, got {args.max_steps}")
     if not args.time_scale > 0:
         raise ValueError(f"--time-scale must be > 0, got {args.time_scale}")
+    if args.seed is not None and args.seed < 0:
+        raise ValueError(f"--seed must be an int >= 0, got {args.seed}")
     phases = tuple(dataclasses.replace(
         p, steps=min(p.steps, args.max_steps or p.steps),
         seconds=None if p.seconds is None else p.seconds * args.time_scale) for p in plan.phases)

@@ -22,6 +22,15 @@ from .checkpoint import load_model
 from .corpus import Corpus
 
 
+def next_token_loss(logits, targets) -> float:
+    """Mean cross-entropy in nats of logits [..., V] against integer targets [...], in float64."""
+    logits = np.asarray(logits, np.float64)
+    top = logits.max(axis=-1, keepdims=True)
+    log_z = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+    target = np.take_along_axis(logits, np.asarray(targets)[..., None], axis=-1)[..., 0]
+    return float(np.mean(log_z - target))
+
+
 def record_trace(model_path: str | Path, corpus: Corpus, *, documents: int, prefill: int, steps: int,
                  mode: str = "device", top_k: int | None = None, hot_slots: int | None = None) -> RecordedTrace:
     """The selections of `steps` teacher-forced decode steps after a `prefill`-token prompt, one
@@ -49,11 +58,7 @@ def record_trace(model_path: str | Path, corpus: Corpus, *, documents: int, pref
     teacher = jnp.asarray(text[:, prefill + 1 :].T)  # [steps, streams]: fed after each step
     _, logits, _, state, ids = decode.generate(dsa, config, weights, state, jnp.asarray(text[:, prefill]), steps,
                                                return_logits=True, record_selection=True, teacher_tokens=teacher)
-    logits = np.asarray(jax.device_get(logits), np.float64)  # [steps, streams, V]
-    top = logits.max(axis=-1, keepdims=True)
-    log_z = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
-    target = np.take_along_axis(logits, np.asarray(teacher)[..., None], axis=-1)[..., 0]
-    decode_loss = float(np.mean(log_z - target))
+    decode_loss = next_token_loss(jax.device_get(logits), jax.device_get(teacher))
     digest = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()[:16]
     source = dict(
         kind="recorded", model=Path(model_path).name, model_sha256=digest, family="dsa",
