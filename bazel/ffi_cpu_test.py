@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import hisparse_jax as hj
-from hisparse_jax.reference import pool_write_reference
+from hisparse_jax.pool import pool_write_reference
 
 RESOLVE = "bazel_hisparse_resolve"
 POOL_WRITE = "bazel_hisparse_pool_write"

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _ffi, _targets
+from . import _dispatch, fp8, targets
 
 Implementation = Literal["auto", "ffi", "reference"]
 
@@ -33,9 +33,6 @@ MAX_ROWS = 2**31 - 1
 MAX_N = 2**24
 MAX_K = 2**31 - 1
 ROW_ALIGN_BYTES = 16  # K * (bytes of a w element) must be a multiple
-
-# The largest finite float8_e4m3fn value: quantize_weights_fp8 maps each row's max |w| to it.
-FP8_MAX = 448.0
 
 _BF16 = np.dtype(jnp.bfloat16)
 _FP8 = np.dtype(jnp.float8_e4m3fn)
@@ -78,12 +75,12 @@ def grouped_matmul(
     impl = _choose(implementation, x, w)
     if impl == "reference":
         return grouped_matmul_reference(x, w, group_sizes, scale)
-    _ffi.require_cuda_kernel(_OP, _targets.GROUPED_MATMUL)
+    _dispatch.require_handler(_OP, targets.GROUPED_MATMUL)
     _check_kernel_domain(x, w)
     M = _shape(x)[0]
     E, N, _ = _shape(w)
     factors = scale if scale is not None else jnp.ones((E, N), jnp.float32)
-    call = jax.ffi.ffi_call(_targets.GROUPED_MATMUL, jax.ShapeDtypeStruct((M, N), jnp.float32))
+    call = jax.ffi.ffi_call(targets.GROUPED_MATMUL, jax.ShapeDtypeStruct((M, N), jnp.float32))
     return call(x, w, factors, group_sizes)
 
 
@@ -135,26 +132,17 @@ def clamped_group_sizes(group_sizes: jax.Array, rows: int) -> jax.Array:
 
 
 def quantize_weights_fp8(w: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Per-output-channel fp8 quantization of expert weights.
+    """Per-output-channel fp8 quantization of expert weights: fp8.quantize_rows.
 
     Args:
       w: [E, N, K] float (bfloat16 or float32).
     Returns:
-      (codes [E, N, K] float8_e4m3fn, scale [E, N] float32) with scale = max_k |w| / 448 and
-      codes = w / scale rounded to nearest, so codes * scale recovers each weight within 2^-4 of
-      its magnitude (2^-10 * scale for the smallest ones). A row of zeros gets codes 0 and scale
-      1. A row holding inf or NaN gets codes 0 and scale NaN, so its outputs are NaN in every
-      implementation; no fp8 NaN code is ever written (the CUDA kernel does not decode them).
+      (codes [E, N, K] float8_e4m3fn, scale [E, N] float32) with scale = max(max_k |w| / 448,
+      2**-126) (hisparse_jax/fp8.py has the rule). A row of zeros gets codes 0 and dequantizes
+      to 0; a row holding inf or NaN gets codes 0 and scale NaN, so its outputs are NaN in
+      every implementation.
     """
-    x = jnp.asarray(w).astype(jnp.float32)
-    amax = jnp.max(jnp.abs(x), axis=-1)
-    finite = jnp.isfinite(amax)
-    scale = jnp.where(finite, jnp.where(amax > 0, amax / FP8_MAX, 1.0), jnp.nan)
-    divisor = jnp.where(finite, scale, 1.0)[..., None]
-    # x / (amax / 448) can round to just above 448, which float8_e4m3fn would turn into NaN;
-    # the clip only takes back that last rounding.
-    codes = jnp.where(finite[..., None], jnp.clip(x / divisor, -FP8_MAX, FP8_MAX), 0.0)
-    return codes.astype(jnp.float8_e4m3fn), scale.astype(jnp.float32)
+    return fp8.quantize_rows(w)
 
 
 # --------------------------------------------------------------------------- checks
@@ -232,4 +220,4 @@ def _check_kernel_domain(x, w) -> None:
 
 
 def _choose(implementation: str, x, w) -> str:
-    return _ffi.choose_cuda_kernel(implementation, _targets.GROUPED_MATMUL, _domain_error(x, w))
+    return _dispatch.choose_implementation(_OP, implementation, targets.GROUPED_MATMUL, _domain_error(x, w))

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _ffi, _targets
+from . import _dispatch, fp8, targets
 
 Implementation = Literal["auto", "ffi", "reference"]
 
@@ -29,9 +29,6 @@ MAX_HEADS = 128
 DIM_MULTIPLE = 16
 MAX_DIM = 256
 MAX_F32_QUERY_ELEMENTS = 128 * 128
-
-# The largest finite float8_e4m3fn value: quantize_keys_fp8 maps each token's max |key| to it.
-FP8_MAX = 448.0
 
 _QUERY_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float32))
 _KEY_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float8_e4m3fn), np.dtype(np.float32))
@@ -69,12 +66,12 @@ def index_scores(
     impl = _choose(implementation, q, keys)
     if impl == "reference":
         return index_scores_reference(q, weights, keys, lengths, key_scale=key_scale)
-    _ffi.require_cuda_kernel(_OP, _targets.INDEX_SCORES)
+    _dispatch.require_handler(_OP, targets.INDEX_SCORES)
     _check_kernel_domain(q, keys)
     b, T = _shape(keys)[:2]
     # bfloat16 keys have no scale; the target still takes the operand, as an empty array.
     scale = key_scale if key_scale is not None else jnp.zeros((0,), jnp.float32)
-    call = jax.ffi.ffi_call(_targets.INDEX_SCORES, jax.ShapeDtypeStruct((b, T), jnp.float32))
+    call = jax.ffi.ffi_call(targets.INDEX_SCORES, jax.ShapeDtypeStruct((b, T), jnp.float32))
     return call(q, weights, keys, scale, lengths)
 
 
@@ -103,25 +100,17 @@ def index_scores_reference(
 
 
 def quantize_keys_fp8(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Per-token fp8 quantization, as DeepSeek stores its index keys.
+    """Per-token fp8 quantization, as DeepSeek stores its index keys: fp8.quantize_rows.
 
     Args:
       keys: [..., d] float (bfloat16 or float32).
     Returns:
-      (codes [..., d] float8_e4m3fn, scale [...] float32) with scale = max |key| / 448 per token
-      and codes = key / scale rounded to nearest; codes * scale recovers each key within 2^-4 of
-      its magnitude (2^-10 * scale for the smallest ones). A token of zeros gets codes 0 and
-      scale 0. A token holding inf or NaN gets scale NaN, so its scores are NaN in every
-      implementation (the CUDA kernel does not decode fp8 NaN codes; ffi/indexer.h).
+      (codes [..., d] float8_e4m3fn, scale [...] float32) with scale = max(max |key| / 448,
+      2**-126) per token (hisparse_jax/fp8.py has the rule). A token of zeros gets codes 0 and
+      dequantizes to 0; a token holding inf or NaN gets codes 0 and scale NaN, so its scores
+      are NaN in every implementation.
     """
-    x = jnp.asarray(keys).astype(jnp.float32)
-    amax = jnp.max(jnp.abs(x), axis=-1)
-    scale = jnp.where(jnp.isfinite(amax), amax / FP8_MAX, jnp.nan)
-    divisor = jnp.where(scale > 0, scale, 1.0)[..., None]
-    # x / (amax / 448) can round to just above 448, which float8_e4m3fn would turn into NaN;
-    # the clip only takes back that last rounding (and the codes of rows whose scale is NaN).
-    codes = jnp.clip(x / divisor, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn)
-    return codes, scale
+    return fp8.quantize_rows(keys)
 
 
 # --------------------------------------------------------------------------- checks
@@ -195,4 +184,4 @@ def _check_kernel_domain(q, keys) -> None:
 
 
 def _choose(implementation: str, q, keys) -> str:
-    return _ffi.choose_cuda_kernel(implementation, _targets.INDEX_SCORES, _domain_error(q, keys))
+    return _dispatch.choose_implementation(_OP, implementation, targets.INDEX_SCORES, _domain_error(q, keys))

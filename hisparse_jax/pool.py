@@ -8,8 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
 
-from . import _checks, _ffi, _targets
-from .reference import pool_write_reference
+from . import _bits, _checks, _dispatch, targets
 
 
 def rows_outside_pool(host_pool_records: int, start, count, rows: int):
@@ -54,7 +53,7 @@ def write_records(
     n = records.shape[start.ndim + 1]
     if count is None:
         count = jnp.full(start.shape, n, jnp.int32)
-    impl = _ffi.choose_implementation(implementation)
+    impl = _dispatch.choose_implementation("write_records", implementation, targets.POOL_WRITE)
     _checks.check_pool_write(host_pool, records, start, count, need_host=impl == "ffi")
     R = host_pool.shape[1 + start.ndim]
     if not isinstance(start, jax.core.Tracer) and not isinstance(count, jax.core.Tracer):
@@ -68,11 +67,38 @@ def write_records(
         )
     if impl == "reference":
         return pool_write_reference(host_pool, records, start, count)
-    _ffi.require_ffi(jax.default_backend())
+    _dispatch.require_handler("write_records", targets.POOL_WRITE)
     call = jax.ffi.ffi_call(
-        _targets.POOL_WRITE, jax.typeof(host_pool), input_output_aliases={0: 0}
+        targets.POOL_WRITE, jax.typeof(host_pool), input_output_aliases={0: 0}
     )
     return call(host_pool, records, start, count)
+
+
+def pool_write_reference(host_pool, records, start, count):
+    """host_pool[l, s, start[s] + i] = records[l, s, i] for i < count[s], in pure JAX.
+
+    Rows landing outside [0, R) are not written. Works on a device copy of the
+    pool and moves the result back to host memory.
+    """
+    stream_shape = start.shape
+    ns = len(stream_shape)
+    L, R = host_pool.shape[0], host_pool.shape[1 + ns]
+    n = records.shape[1 + ns]
+    rec = host_pool.shape[2 + ns :]
+    S = 1
+    for d in stream_shape:
+        S *= d
+    pool = _bits.as_bits(jax.device_put(host_pool, jax.memory.Space.Device)).reshape(L, S, R, *rec)
+    rows = _bits.as_bits(records).reshape(L, S, n, *rec)
+    i = jnp.arange(n)
+    target = start.reshape(S, 1) + i  # [S, n]
+    keep = (i < jnp.clip(count.reshape(S, 1), 0, n)) & (target >= 0) & (target < R)
+    target = jnp.where(keep, target, R)  # R is dropped
+    pool = jax.vmap(lambda p, r: jax.vmap(lambda pp, rr, tt: pp.at[tt].set(rr, mode="drop"))(p, r, target))(
+        pool, rows
+    )
+    pool = _bits.from_bits(pool.reshape(host_pool.shape), host_pool.dtype)
+    return jax.device_put(pool, jax.memory.Space.Host)
 
 
 def _raise_if_outside(op: str, R: int, start, count, n: int) -> None:

@@ -21,7 +21,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from . import _targets
+from . import targets
 from .cache import HotCache
 from .resolve import Implementation, ResolveResult, resolve_with
 
@@ -72,7 +72,7 @@ def resolve_prefetch(
     if not isinstance(slot, int) or isinstance(slot, bool) or slot < 0:
         raise ValueError(f"resolve_prefetch: slot must be a Python int >= 0 (one per layer of the program), "
                          f"got {slot!r}")
-    result, cache, impl, layer = resolve_with(_targets.RESOLVE_PREFETCH, cache, host_pool, selection, sealed, layer,
+    result, cache, impl, layer = resolve_with(targets.RESOLVE_PREFETCH, cache, host_pool, selection, sealed, layer,
                                               implementation=implementation, fetch=fetch, launch=launch,
                                               checked=checked, prefetch_slot=slot)
     pending = PendingFetch(result.misses, result.miss_records, result.miss_slots, layer, slot, impl == "ffi")
@@ -98,7 +98,7 @@ def join_prefetch(cache: HotCache, pending: PendingFetch, after) -> tuple[HotCac
     # The first leaf orders the join: an operand the handler never reads (no copy, no slice).
     anchor = jnp.asarray(leaves[0])
     call = jax.ffi.ffi_call(
-        _targets.PREFETCH_JOIN,
+        targets.PREFETCH_JOIN,
         (jax.typeof(cache.hot), jax.ShapeDtypeStruct(pending.misses.shape, jnp.int32)),
         input_output_aliases={0: 0, 1: 1},  # hot and misses pass through in place
     )

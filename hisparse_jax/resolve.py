@@ -1,4 +1,8 @@
-"""RESOLVE: make the selected records resident in the hot buffer and return their slots."""
+"""RESOLVE: make the selected records resident in the hot buffer and return their slots.
+
+Two implementations behind `implementation=`: the FFI custom call "hisparse_resolve" (C++ on
+CPU, CUDA on GPU) and `resolve_reference`, pure JAX (its per-stream rules in _resolve_stream.py).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from . import _checks, _ffi, _targets
+from . import _bits, _checks, _dispatch, _resolve_stream, targets
 from .cache import HotCache
-from .reference import resolve_reference
 
 Implementation = Literal["auto", "ffi", "reference"]
 _LAUNCH = {"auto": 0, "fused": 1, "split": 2}
@@ -83,7 +86,7 @@ def resolve(
       (ResolveResult, new HotCache). Under jit with the cache donated, the
       state is updated in place (the FFI call aliases it).
     """
-    result, cache, _, _ = resolve_with(_targets.RESOLVE, cache, host_pool, selection, sealed, layer,
+    result, cache, _, _ = resolve_with(targets.RESOLVE, cache, host_pool, selection, sealed, layer,
                                        implementation=implementation, fetch=fetch, launch=launch, checked=checked)
     return result, cache
 
@@ -92,7 +95,7 @@ def resolve_with(target: str, cache: HotCache, host_pool, selection, sealed, lay
                  fetch: bool, launch: str, checked: bool, **attributes):
     """`resolve` through the FFI target `target` (RESOLVE or its prefetch variant, with its extra
     `attributes`): (ResolveResult, HotCache, the implementation that ran, the int32 layer)."""
-    impl = _ffi.choose_implementation(implementation)
+    impl = _dispatch.choose_implementation("resolve", implementation, target)
     _checks.check_resolve(cache, host_pool, selection, sealed, layer, need_host=impl == "ffi")
     if launch not in _LAUNCH:
         raise ValueError(f"launch must be 'auto', 'fused' or 'split', got {launch!r}")
@@ -112,7 +115,7 @@ def resolve_call(target: str, cache: HotCache, host_pool, selection, sealed, lay
                  launch: str, **attributes):
     """The FFI call of RESOLVE or its prefetch variant (`target`; extra `attributes`): its nine
     results, the state updated in place (aliased). Arguments already checked by `resolve`."""
-    _ffi.require_ffi(jax.default_backend())
+    _dispatch.require_handler("resolve", target)
     k = selection.shape[-1]
     streams = selection.shape[:-1]
     per_pick = jax.ShapeDtypeStruct((*streams, k), jnp.int32)
@@ -144,6 +147,73 @@ def resolve_call(target: str, cache: HotCache, host_pool, selection, sealed, lay
         fetch=bool(fetch),
         launch=np.int32(_LAUNCH[launch]),  # the handler decodes an int32 attribute
         **attributes,
+    )
+
+
+def resolve_reference(hot, slot_record, lru, host_pool, selection, sealed, layer, *, fetch=True):
+    """RESOLVE on every stream of one layer; same operands and results as the FFI call.
+
+    Shapes: hot [L, *S, B, *rec], slot_record/lru [L, *S, B], host_pool
+    [L, *S, R, *rec], selection [*S, k], sealed [*S], layer [] int32.
+    Returns (slots, miss_records, miss_slots, misses, invalid, malformed, hot,
+    slot_record, lru); see ffi/resolve.h for the malformed-state and k = 0 rules.
+
+    Vectorized with sorts and prefix sums (_resolve_stream.py), so it runs under jit, vmap and
+    scan on any backend. It reads the host pool by moving it to device memory first (XLA gathers
+    cannot read pinned_host operands), so it copies the whole pool on every call: a reference
+    and a fallback, not a fast path.
+    """
+    num_layers = host_pool.shape[0]
+    stream_shape = selection.shape[:-1]
+    k = selection.shape[-1]
+    B = slot_record.shape[-1]
+    R = host_pool.shape[1 + len(stream_shape)]
+    rec = host_pool.shape[2 + len(stream_shape) :]
+    n = 1
+    for d in stream_shape:
+        n *= d
+    layer = jnp.asarray(layer, jnp.int32)
+    layer_ok = (layer >= 0) & (layer < num_layers)
+    at = jnp.clip(layer, 0, num_layers - 1)
+
+    flat_sel = selection.reshape(n, k)
+    flat_sealed = jnp.asarray(sealed, jnp.int32).reshape(n)
+    layer_rec = slot_record[at].reshape(n, B)
+    layer_lru = lru[at].reshape(n, B)
+    out = jax.vmap(_resolve_stream.resolve_stream, in_axes=(0, 0, 0, 0, None))(
+        flat_sel, flat_sealed, layer_rec, layer_lru, R
+    )
+
+    hot_dtype, hot = hot.dtype, _bits.as_bits(hot)
+    layer_hot = hot[at].reshape(n, B, *rec)
+    if fetch:
+        pool = _bits.as_bits(jax.device_put(host_pool, jax.memory.Space.Device))[at].reshape(n, R, *rec)
+        rows = jax.vmap(lambda p, s: p[jnp.clip(s, 0, R - 1)])(pool, flat_sel)
+        layer_hot = jax.vmap(lambda h, f, r: h.at[f].set(r, mode="drop"))(
+            layer_hot, out["fill_slot"], rows
+        )
+
+    def put(full, new_layer):
+        updated = full.at[at].set(new_layer.reshape(full.shape[1:]))
+        return jnp.where(layer_ok, updated, full)
+
+    never = jnp.full((n, k), -1, jnp.int32)
+    slots = jnp.where(layer_ok, out["slots"], never)
+    miss_records = jnp.where(layer_ok, out["miss_records"], never)
+    miss_slots = jnp.where(layer_ok, out["miss_slots"], never)
+    misses = jnp.where(layer_ok, out["misses"], 0)
+    invalid = jnp.where(layer_ok, out["invalid"], jnp.sum(flat_sel != -1, axis=1, dtype=jnp.int32))
+    malformed = jnp.where(layer_ok, out["malformed"], 0)
+    return (
+        slots.reshape(*stream_shape, k),
+        miss_records.reshape(*stream_shape, k),
+        miss_slots.reshape(*stream_shape, k),
+        misses.reshape(stream_shape),
+        invalid.reshape(stream_shape),
+        malformed.reshape(stream_shape),
+        _bits.from_bits(put(hot, layer_hot), hot_dtype),
+        put(slot_record, out["slot_record"]),
+        put(lru, out["lru"]),
     )
 
 

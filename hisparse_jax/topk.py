@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _checks, _ffi, _targets
+from . import _checks, _dispatch, targets
 
 Implementation = Literal["auto", "ffi", "reference"]
 
@@ -45,14 +45,14 @@ def select_topk(
       unordered; the FFI always uses the total order.
     Works under jit and inside lax.scan; not under vmap (add stream dims instead).
     """
-    impl = _ffi.choose_implementation(implementation)
+    impl = _dispatch.choose_implementation(_OP, implementation, targets.TOPK)
     _check_topk(scores, sealed, k)
     if impl == "reference":
         return select_topk_reference(scores, sealed, k)
-    _ffi.require_ffi(jax.default_backend())
+    _dispatch.require_handler(_OP, targets.TOPK)
     streams, records = tuple(jax.typeof(scores).shape[:-1]), jax.typeof(scores).shape[-1]
     call = jax.ffi.ffi_call(
-        _targets.TOPK,
+        targets.TOPK,
         (
             jax.ShapeDtypeStruct((*streams, k), jnp.int32),
             # The streaming CUDA kernel's scratch (two bitmaps of R bits per stream), dropped

@@ -53,10 +53,10 @@ except ModuleNotFoundError as err:
         raise
     pytest.exit(f"hisparse_jax is not installed ({err}). {_INSTALL}", returncode=4)
 
-if hisparse_jax._ffi._ext is None:
+if hisparse_jax.ffi_extension_error() is not None:
     pytest.exit(
         f"hisparse_jax was imported from {Path(hisparse_jax.__file__).parent} without its compiled "
-        f"extension ({hisparse_jax._ffi._IMPORT_ERROR}). {_INSTALL}",
+        f"extension ({hisparse_jax.ffi_extension_error()}). {_INSTALL}",
         returncode=4,
     )
 

@@ -12,7 +12,6 @@ import ml_dtypes
 import numpy as np
 
 import hisparse_jax as hs
-from hisparse_jax import _ffi
 
 import oracle
 
@@ -28,7 +27,7 @@ def examples(n: int) -> int:
 def implementations() -> tuple[str, ...]:
     """The implementations that run on the default backend: always the JAX
     reference, and the FFI handler (C++ on CPU, CUDA on GPU) when registered."""
-    return ("reference", "ffi") if _ffi.has_ffi() else ("reference",)
+    return ("reference", "ffi") if hs.has_ffi() else ("reference",)
 
 
 IMPLEMENTATIONS = implementations()

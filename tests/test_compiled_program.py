@@ -14,7 +14,7 @@ import pytest
 from jax import lax
 
 import hisparse_jax as hs
-from hisparse_jax import _ffi, _targets
+from hisparse_jax import targets
 from helpers import IMPLEMENTATIONS, config, empty_state, random_records, to_pinned_host
 
 needs_ffi = pytest.mark.skipif("ffi" not in IMPLEMENTATIONS, reason="no FFI handler for this backend")
@@ -228,9 +228,9 @@ def decode_inputs(rng):
 def test_resolve_once_per_layer_per_step():
     fn = nested_resolve_program([])
     hlo = Hlo(fn.lower(*resolve_inputs(np.random.default_rng(0))).compile().as_text())
-    assert hlo.text.count(f'custom_call_target="{_targets.RESOLVE}"') == 1, "one call site, in the layer loop"
-    assert hlo.loop_nest_of(_targets.RESOLVE) == [T, CFG.num_layers]
-    assert hlo.executions(_targets.RESOLVE) == T * CFG.num_layers
+    assert hlo.text.count(f'custom_call_target="{targets.RESOLVE}"') == 1, "one call site, in the layer loop"
+    assert hlo.loop_nest_of(targets.RESOLVE) == [T, CFG.num_layers]
+    assert hlo.executions(targets.RESOLVE) == T * CFG.num_layers
 
 
 @needs_ffi
@@ -256,10 +256,10 @@ def test_decode_loop_program():
     donated pool stays S(5) in and out, every donated buffer aliased."""
     fn = decode_loop_program([])
     hlo = Hlo(fn.lower(*decode_inputs(np.random.default_rng(1))).compile().as_text())
-    assert hlo.text.count(f'custom_call_target="{_targets.POOL_WRITE}"') == 1
-    assert hlo.loop_nest_of(_targets.POOL_WRITE) == [T]
-    assert hlo.loop_nest_of(_targets.RESOLVE) == [T, CFG.num_layers]
-    assert hlo.executions(_targets.RESOLVE) == T * CFG.num_layers
+    assert hlo.text.count(f'custom_call_target="{targets.POOL_WRITE}"') == 1
+    assert hlo.loop_nest_of(targets.POOL_WRITE) == [T]
+    assert hlo.loop_nest_of(targets.RESOLVE) == [T, CFG.num_layers]
+    assert hlo.executions(targets.RESOLVE) == T * CFG.num_layers
     assert_pool_passed_without_copy(hlo, parameter=3)
     _, result = hlo.entry_layout()
     assert re.search(
@@ -293,12 +293,12 @@ def test_second_call_does_not_recompile_and_donation_consumes(program):
 @pytest.mark.gpu
 def test_ffi_is_the_cuda_handler_on_gpu():
     """On the GPU backend "auto" picks the CUDA handler, and the compiled program runs it."""
-    assert "cuda" in hs.ffi_platforms() and _ffi.has_ffi()
+    assert "cuda" in hs.ffi_platforms() and hs.has_ffi()
     assert IMPLEMENTATIONS == ("reference", "ffi")
     fn = nested_resolve_program([])
     args = resolve_inputs(np.random.default_rng(0))
     hlo = Hlo(fn.lower(*args).compile().as_text())
-    assert hlo.executions(_targets.RESOLVE) == T * CFG.num_layers
+    assert hlo.executions(targets.RESOLVE) == T * CFG.num_layers
     assert_pool_passed_without_copy(hlo, parameter=3)
 
 
@@ -306,26 +306,26 @@ def test_ffi_is_the_cuda_handler_on_gpu():
 
 
 def test_target_names():
-    assert _targets.ALL == ("hisparse_resolve", "hisparse_pool_write", "hisparse_topk", "hisparse_index_scores",
+    assert targets.ALL == ("hisparse_resolve", "hisparse_pool_write", "hisparse_topk", "hisparse_index_scores",
                             "hisparse_grouped_matmul", "hisparse_resolve_prefetch", "hisparse_prefetch_join")
-    assert (_targets.RESOLVE, _targets.POOL_WRITE, _targets.TOPK, _targets.INDEX_SCORES,
-            _targets.GROUPED_MATMUL, _targets.RESOLVE_PREFETCH, _targets.PREFETCH_JOIN) == _targets.ALL
-    assert set(_targets.CAPSULE_KEYS) == set(_targets.ALL)
-    assert _targets.CUDA_ONLY == ("hisparse_index_scores", "hisparse_grouped_matmul")
+    assert (targets.RESOLVE, targets.POOL_WRITE, targets.TOPK, targets.INDEX_SCORES,
+            targets.GROUPED_MATMUL, targets.RESOLVE_PREFETCH, targets.PREFETCH_JOIN) == targets.ALL
+    assert set(targets.CAPSULE_KEYS) == set(targets.ALL)
+    assert targets.CUDA_ONLY == ("hisparse_index_scores", "hisparse_grouped_matmul")
 
 
 def test_every_target_registered_for_cpu():
     assert "cpu" in hs.ffi_platforms()
-    capsules = _ffi._ext.cpu_registrations()
-    assert set(capsules) == {_targets.CAPSULE_KEYS[t] for t in _targets.ALL if t not in _targets.CUDA_ONLY}
+    capsules = hs.ffi_registrations("cpu")
+    assert set(capsules) == {targets.CAPSULE_KEYS[t] for t in targets.ALL if t not in targets.CUDA_ONLY}
     if hs.built_with_cuda():
-        assert set(_ffi._ext.cuda_registrations()) == set(_targets.CAPSULE_KEYS.values())
+        assert set(hs.ffi_registrations("cuda")) == set(targets.CAPSULE_KEYS.values())
         assert "cuda" in hs.ffi_platforms()
     else:
-        assert not _ffi._ext.cuda_registrations() and "cuda" not in hs.ffi_platforms()
+        assert not hs.ffi_registrations("cuda") and "cuda" not in hs.ffi_platforms()
 
 
-@pytest.mark.parametrize("target", [t for t in _targets.ALL if t not in _targets.CUDA_ONLY])
+@pytest.mark.parametrize("target", [t for t in targets.ALL if t not in targets.CUDA_ONLY])
 def test_targets_compile_and_run_on_cpu(target):
     """Registered means XLA:CPU finds a handler: a program calling each target
     compiles and runs on a CPU device (an unknown name does not)."""
@@ -335,14 +335,14 @@ def test_targets_compile_and_run_on_cpu(target):
         jax.sharding.SingleDeviceSharding(cpu, memory_kind="pinned_host"),
     )
     with jax.default_device(cpu):
-        if target == _targets.RESOLVE:
+        if target == targets.RESOLVE:
             cache = hs.init_hot_cache(CFG, jax.sharding.SingleDeviceSharding(cpu))
             sel = jnp.array([[1, 2, -1, -1], [3, 3, 3, 3]], jnp.int32)
             result, cache = jax.jit(
                 lambda c, p: hs.resolve(c, p, sel, jnp.full((2,), 16, jnp.int32), 2, implementation="ffi")
             )(cache, pool)
             np.testing.assert_array_equal(result.slots, [[0, 1, -1, -1], [0, 0, 0, 0]])
-        elif target in (_targets.RESOLVE_PREFETCH, _targets.PREFETCH_JOIN):
+        elif target in (targets.RESOLVE_PREFETCH, targets.PREFETCH_JOIN):
             cache = hs.init_hot_cache(CFG, jax.sharding.SingleDeviceSharding(cpu))
             sel = jnp.array([[1, 2, -1, -1], [3, 3, 3, 3]], jnp.int32)
 
@@ -354,7 +354,7 @@ def test_targets_compile_and_run_on_cpu(target):
             result, (cache, misses) = jax.jit(resolved)(cache, pool)
             np.testing.assert_array_equal(result.slots, [[0, 1, -1, -1], [0, 0, 0, 0]])
             np.testing.assert_array_equal(misses, [2, 1])
-        elif target == _targets.TOPK:
+        elif target == targets.TOPK:
             scores = jnp.array([[3.0, 1.0, 2.0], [0.0, 5.0, 4.0]], jnp.float32)
             ids = jax.jit(
                 lambda s: hs.select_topk(s, jnp.array([3, 1], jnp.int32), 2, implementation="ffi")

@@ -25,7 +25,7 @@ import pytest
 from jax import lax
 
 import hisparse_jax as hs
-from hisparse_jax import _targets
+from hisparse_jax import targets
 from hisparse_jax.grouped_matmul import clamped_group_sizes
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -437,15 +437,15 @@ def _compiled(impl, w_dtype=BF16):
 def test_auto_is_the_reference_on_cpu():
     if jax.default_backend() != "cpu":
         pytest.skip("CPU backend only")
-    assert _targets.GROUPED_MATMUL not in _compiled("auto")
+    assert targets.GROUPED_MATMUL not in _compiled("auto")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("w_dtype", [BF16, FP8], ids=["bf16", "fp8"])
 def test_ffi_program_is_one_custom_call(w_dtype):
     hlo = _compiled("ffi", w_dtype)
-    assert hlo.count(f'custom_call_target="{_targets.GROUPED_MATMUL}"') == 1
-    assert f'custom_call_target="{_targets.GROUPED_MATMUL}"' in _compiled("auto", w_dtype)
+    assert hlo.count(f'custom_call_target="{targets.GROUPED_MATMUL}"') == 1
+    assert f'custom_call_target="{targets.GROUPED_MATMUL}"' in _compiled("auto", w_dtype)
 
 
 @pytest.mark.gpu
@@ -453,7 +453,7 @@ def test_auto_is_the_reference_outside_the_kernel_domain():
     rng = np.random.default_rng(13)
     for x_dtype, w_dtype, K in [(F32, F32, 64), (BF16, BF16, 36)]:  # float32; K not a multiple of 8
         x, w, sizes, scale = make_inputs(rng, 10, 2, 16, K, x_dtype=x_dtype, w_dtype=w_dtype)
-        assert _targets.GROUPED_MATMUL not in _jitted("auto").lower(x, w, sizes, scale).compile().as_text()
+        assert targets.GROUPED_MATMUL not in _jitted("auto").lower(x, w, sizes, scale).compile().as_text()
         check("auto", x, w, sizes, scale)
         with pytest.raises(ValueError, match="grouped_matmul: .*pass implementation='reference'"):
             hs.grouped_matmul(x, w, sizes, scale, implementation="ffi")
@@ -462,7 +462,7 @@ def test_auto_is_the_reference_outside_the_kernel_domain():
 @pytest.mark.gpu
 def test_handler_rejects_bad_operands():
     """A direct ffi_call (no Python checks) gets the handler's own error, naming the operand."""
-    call = jax.ffi.ffi_call(_targets.GROUPED_MATMUL, jax.ShapeDtypeStruct((4, 16), jnp.float32))
+    call = jax.ffi.ffi_call(targets.GROUPED_MATMUL, jax.ShapeDtypeStruct((4, 16), jnp.float32))
     x = jnp.zeros((4, 36), jnp.bfloat16)  # K not a multiple of 8
     args = (x, jnp.zeros((2, 16, 36), jnp.bfloat16), jnp.ones((2, 16), jnp.float32), jnp.zeros((2,), jnp.int32))
     with pytest.raises(Exception, match="hisparse_grouped_matmul: w: K must be a multiple of 8"):

@@ -24,7 +24,7 @@ import pytest
 from jax import lax
 
 import hisparse_jax as hs
-from hisparse_jax import _targets
+from hisparse_jax import targets
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -327,37 +327,37 @@ def test_reference_program_has_the_intermediate():
         pytest.skip("CPU backend only")
     hlo = _compiled("reference")
     assert _big_arrays(hlo, B_ * H_ * T_)
-    assert _targets.INDEX_SCORES not in hlo
+    assert targets.INDEX_SCORES not in hlo
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("key_dtype", [BF16, FP8], ids=["bf16", "fp8"])
 def test_ffi_program_is_one_custom_call_without_intermediate(key_dtype):
     hlo = _compiled("ffi", key_dtype)
-    assert hlo.count(f'custom_call_target="{_targets.INDEX_SCORES}"') == 1
+    assert hlo.count(f'custom_call_target="{targets.INDEX_SCORES}"') == 1
     assert not _big_arrays(hlo, B_ * H_ * T_), "no [b, H, T]-sized array"
 
 
 def test_auto_is_the_reference_on_cpu():
     if jax.default_backend() != "cpu":
         pytest.skip("CPU backend only")
-    assert _targets.INDEX_SCORES not in _compiled("auto")
+    assert targets.INDEX_SCORES not in _compiled("auto")
 
 
 @pytest.mark.gpu
 def test_auto_is_the_kernel_on_gpu_where_it_applies():
-    assert f'custom_call_target="{_targets.INDEX_SCORES}"' in _compiled("auto", FP8)
+    assert f'custom_call_target="{targets.INDEX_SCORES}"' in _compiled("auto", FP8)
     rng = np.random.default_rng(29)
     q, w, keys, lengths, _ = make_inputs(rng, 2, 4, 50, 24, key_dtype=F32)  # f32 keys, d % 16 != 0
     hlo = jax.jit(lambda *a: hs.index_scores(*a, implementation="auto")).lower(q, w, keys, lengths).compile().as_text()
-    assert _targets.INDEX_SCORES not in hlo
+    assert targets.INDEX_SCORES not in hlo
 
 
 @pytest.mark.gpu
 def test_handler_rejects_bad_operands():
     """A direct ffi_call (no Python checks) gets the handler's own error, naming the operand."""
     q = jnp.zeros((2, 4, 20), jnp.bfloat16)  # d not a multiple of 16
-    call = jax.ffi.ffi_call(_targets.INDEX_SCORES, jax.ShapeDtypeStruct((2, 8), jnp.float32))
+    call = jax.ffi.ffi_call(targets.INDEX_SCORES, jax.ShapeDtypeStruct((2, 8), jnp.float32))
     args = (q, jnp.zeros((2, 4), jnp.float32), jnp.zeros((2, 8, 20), jnp.bfloat16),
             jnp.zeros((0,), jnp.float32), jnp.zeros((2,), jnp.int32))
     with pytest.raises(Exception, match="hisparse_index_scores: q: d must be a multiple of 16"):

@@ -23,7 +23,7 @@ from helpers import IMPLEMENTATIONS, Mix, draw_selection, random_state, to_pinne
 from test_compiled_program import CFG, Hlo, assert_pool_passed_without_copy
 
 import hisparse_jax as hs
-from hisparse_jax import _targets
+from hisparse_jax import targets
 
 LAYERS = 3
 
@@ -142,9 +142,9 @@ def test_prefetch_program_keeps_the_pool_and_hot_buffer_in_place():
     compiled = prefetch.lower(hs.init_hot_cache(cfg), pool, selections, jnp.full(cfg.stream_shape, 16, jnp.int32),
                               jnp.eye(8, dtype=jnp.float32)).compile()
     hlo = Hlo(compiled.as_text())
-    assert hlo.executions(_targets.RESOLVE_PREFETCH) == LAYERS
-    assert hlo.executions(_targets.PREFETCH_JOIN) == LAYERS
-    assert hlo.executions(_targets.RESOLVE) == 0
+    assert hlo.executions(targets.RESOLVE_PREFETCH) == LAYERS
+    assert hlo.executions(targets.PREFETCH_JOIN) == LAYERS
+    assert hlo.executions(targets.RESOLVE) == 0
     assert_pool_passed_without_copy(hlo, parameter=3)  # after hot, slot_record, lru
     hot = f"f32[{','.join(map(str, cfg.hot_shape))}]"
     copies = [line for line in compiled.as_text().splitlines()

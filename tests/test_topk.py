@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hisparse_jax as hs
-from hisparse_jax import _ffi, _targets
+from hisparse_jax import targets
 from hisparse_jax.topk import select_topk_reference, workspace_words
 from helpers import IMPLEMENTATIONS, examples
 
@@ -311,7 +311,7 @@ def compiled_text(implementation: str, scores, sealed, k: int) -> str:
 def test_ffi_program_has_the_custom_call_and_no_sort():
     scores, sealed = jnp.zeros((4, 2, 1024), jnp.float32), jnp.zeros((4, 2), jnp.int32)
     text = compiled_text("ffi", scores, sealed, 64)
-    assert text.count(f'custom_call_target="{_targets.TOPK}"') == 1
+    assert text.count(f'custom_call_target="{targets.TOPK}"') == 1
     assert not re.search(r"\bsort\(", text), "the FFI path must not sort"
     assert 'custom_call_target="TopK"' not in text and "__gpu$TopK" not in text
     # The reference does sort (lax.top_k plus the ascending sort), so the check can see one.
@@ -321,7 +321,7 @@ def test_ffi_program_has_the_custom_call_and_no_sort():
 def test_auto_picks_the_handler_when_registered():
     scores, sealed = jnp.zeros((2, 300), jnp.float32), jnp.zeros((2,), jnp.int32)
     text = compiled_text("auto", scores, sealed, 8)
-    assert (f'custom_call_target="{_targets.TOPK}"' in text) == _ffi.has_ffi()
+    assert (f'custom_call_target="{targets.TOPK}"' in text) == hs.has_ffi()
 
 
 @needs_ffi
@@ -382,7 +382,7 @@ def _direct_topk(scores, sealed, k, out_k=None, words=None):
     """The TOP-K target called without the Python checks, as a careless caller would."""
     streams, R = scores.shape[:-1], scores.shape[-1]
     call = jax.ffi.ffi_call(
-        _targets.TOPK,
+        targets.TOPK,
         (
             jax.ShapeDtypeStruct((*streams, k if out_k is None else out_k), jnp.int32),
             jax.ShapeDtypeStruct((*streams, workspace_words(R) if words is None else words), jnp.uint32),

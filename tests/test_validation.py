@@ -17,7 +17,7 @@ import pytest
 from jax.experimental import checkify
 
 import hisparse_jax as hs
-from hisparse_jax import _ffi, _targets
+from hisparse_jax import targets
 from hisparse_jax import config as config_module
 from helpers import IMPLEMENTATIONS, config, jitted_resolve, to_device, to_pinned_host
 
@@ -361,17 +361,17 @@ def test_require_ffi_names_the_fix():
     with pytest.raises(
         RuntimeError, match=r"no FFI handler for platform 'tpu'.*use implementation='reference'"
     ):
-        _ffi.require_ffi("tpu")
-    if not _ffi.has_ffi("gpu"):
+        hs.require_ffi("tpu")
+    if not hs.has_ffi("gpu"):
         with pytest.raises(RuntimeError, match=r"no FFI handler for platform 'gpu'.*rebuild with CUDA"):
-            _ffi.require_ffi("gpu")
+            hs.require_ffi("gpu")
 
 
 def test_gpu_backend_name_maps_to_cuda_platform():
     """jax.default_backend() says "gpu"; the handlers are registered for "CUDA"."""
-    assert _ffi.platform_of("gpu") == "cuda" and _ffi.platform_of("cpu") == "cpu"
-    assert _ffi.has_ffi("gpu") == ("cuda" in hs.ffi_platforms())
-    assert _ffi.has_ffi("cpu") == ("cpu" in hs.ffi_platforms())
+    assert hs.platform_of("gpu") == "cuda" and hs.platform_of("cpu") == "cpu"
+    assert hs.has_ffi("gpu") == ("cuda" in hs.ffi_platforms())
+    assert hs.has_ffi("cpu") == ("cpu" in hs.ffi_platforms())
 
 
 # --------------------------------------------------------------------------- checked mode
@@ -547,7 +547,7 @@ def _direct_resolve(ops: Operands, selection=None, sealed=None):
     pick = jax.ShapeDtypeStruct((*streams, k), jnp.int32)
     per_stream = jax.ShapeDtypeStruct(streams, jnp.int32)
     call = jax.ffi.ffi_call(
-        _targets.RESOLVE,
+        targets.RESOLVE,
         (
             pick,
             pick,
@@ -636,7 +636,7 @@ def test_cuda_handler_keeps_its_limits(ops, message):
 @needs_ffi
 def test_pool_write_handler_refuses_malformed_operands():
     pool, records, start, count = _pool_write_operands()
-    call = jax.ffi.ffi_call(_targets.POOL_WRITE, jax.typeof(pool), input_output_aliases={0: 0})
+    call = jax.ffi.ffi_call(targets.POOL_WRITE, jax.typeof(pool), input_output_aliases={0: 0})
     with pytest.raises(
         jax.errors.JaxRuntimeError,
         match=r"hisparse_pool_write: records .* must be \[L, \*streams, n, ...record of host_pool\]",

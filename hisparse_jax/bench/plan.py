@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _ffi, recorded, traces
+from .._ffi import extension_error
 from ..models import get_family
 from .capacity import Capacity, capacity
 from .working_memory import fit_batches, program_memory, working_memory
@@ -271,7 +272,7 @@ def _implementation(args, config, platform: str) -> str:
     """The RESOLVE implementation the decode will run: "ffi", or "reference" (refused unless
     --allow-reference)."""
     requested = config.implementation
-    available = _ffi._ext is not None and _ffi.has_ffi(platform)
+    available = extension_error() is None and _ffi.has_ffi(platform)
     if requested == "ffi" and available or requested == "auto" and available:
         return "ffi"
     if requested == "reference":
@@ -279,8 +280,8 @@ def _implementation(args, config, platform: str) -> str:
             return "reference"
         raise BenchError("--set implementation=reference times the pure-JAX reference RESOLVE; "
                          "pass --allow-reference too to confirm")
-    if _ffi._ext is None:
-        cause = f" ({_ffi._IMPORT_ERROR})" if _ffi._IMPORT_ERROR is not None else ""
+    if extension_error() is not None:
+        cause = f" ({extension_error()})"
         why = (f"hisparse_jax was imported from {Path(_ffi.__file__).parent} without its compiled "
                f"extension{cause}, so RESOLVE would run as the pure-JAX reference: install the package "
                "(`./dev build`, or `pip install --no-build-isolation .`) and run hisparse-bench from "

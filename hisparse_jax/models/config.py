@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from .._ffi import IMPLEMENTATIONS
+from .._dispatch import IMPLEMENTATIONS
 from ..config import CacheConfig
 
 

@@ -39,10 +39,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .. import kv_store, layout
-from .._ffi import IMPLEMENTATIONS
+from .. import fp8, kv_store, layout
+from .._dispatch import IMPLEMENTATIONS
 from ..config import CacheConfig
-from ..indexer import index_scores, quantize_keys_fp8
+from ..indexer import index_scores
 from ..kv_store import RecordStore
 from ..traces import ForcedSelection
 from . import layers, moe, paging
@@ -331,7 +331,7 @@ def index_key(config: Config, iw: IndexerWeights, h: jax.Array, positions=None):
     key = layers.layer_norm(jnp.einsum("...d,de->...e", h, iw.w_k), iw.k_scale, iw.k_bias, config.norm_eps)
     key = _index_rope(config, key, positions)
     if config.index_dtype == "fp8":
-        return quantize_keys_fp8(key)
+        return fp8.quantize_rows(key)  # one scale per token
     return key, None
 
 

@@ -28,7 +28,7 @@ so a decode step gives the same bits on every run and in every decode mode.
 Weights: expert matrices are [E, N, K] with K the contiguous axis (grouped_matmul's layout):
 w_gate_up [E, 2F, D] (an expert's gate rows, then its up rows) and w_down [E, D, F]; with
 expert_dtype "fp8", float8_e4m3fn codes and a float32 scale per expert and output channel
-(grouped_matmul.quantize_weights_fp8). The router is kept in float32 (D x experts x G: a few MB
+(fp8.quantize_rows). The router is kept in float32 (D x experts x G: a few MB
 at most, read once per step): routing is a discrete choice, and bf16 logits would tie or swap
 near-equal experts that float32 keeps apart.
 """
@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..grouped_matmul import grouped_matmul, quantize_weights_fp8
+from .. import fp8
+from ..grouped_matmul import grouped_matmul
 from . import layers
 from .config import ModelConfig, is_positive_int
 from .weights import init_normal, ones
@@ -78,7 +79,7 @@ class MoEWeights:
 
 # Jitted, XLA fuses the quantization's elementwise steps: op by op, each would leave a float32
 # temporary of the whole expert tensor.
-_quantize = jax.jit(quantize_weights_fp8)
+_quantize = jax.jit(fp8.quantize_rows)  # one scale per expert and output channel
 
 
 def _experts(config: ModelConfig, gate_up: jax.Array, down: jax.Array) -> ExpertWeights:

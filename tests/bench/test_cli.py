@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from hisparse_jax import _ffi
+import hisparse_jax as hs
 from hisparse_jax.bench import cli, plan, report
 from hisparse_jax.bench.capacity import account, capacity
 from hisparse_jax.bench.plan import build_plan
@@ -24,7 +24,7 @@ from hisparse_jax.models import get_family
 from cli_errors import one_line_error as _error  # pytest puts a test's folder on sys.path
 
 CPU = jax.default_backend() == "cpu"
-PLATFORM = _ffi.platform_of(jax.default_backend())
+PLATFORM = hs.platform_of(jax.default_backend())
 FAST = ["--steps", "2", "--reps", "3", "--max-batch", "3", "--device-budget-mib", "0.5", "--no-plots"]
 
 
@@ -125,7 +125,7 @@ def test_nothing_fits_names_the_budget_that_fits(capsys):
 
 
 def test_refuses_to_time_the_reference_without_the_extension(capsys, monkeypatch):
-    monkeypatch.setattr(_ffi, "_ext", None)
+    monkeypatch.setattr(plan, "extension_error", lambda: ImportError("no module named _hisparse_ffi"))
     err = _error(capsys, ["decode", "--contexts", "64"])
     assert "without its compiled extension" in err and "pure-JAX reference" in err
     assert "pip install --no-build-isolation ." in err and "--allow-reference" in err

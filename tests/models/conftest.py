@@ -49,4 +49,4 @@ def ffi_backend() -> bool:
     """True when the default backend has the RESOLVE FFI handler (C++ on CPU, CUDA on GPU)."""
     import hisparse_jax
 
-    return hisparse_jax._ffi.has_ffi()
+    return hisparse_jax.has_ffi()

@@ -24,7 +24,7 @@ import pytest
 from jax._src import dispatch
 from model_helpers import CASES, FEW_LAYERS, STEPS
 
-from hisparse_jax import _targets, decode, layout
+from hisparse_jax import targets, decode, layout
 
 
 def _traced(case, config, mode="hisparse"):
@@ -65,8 +65,8 @@ def needs_ffi(ffi_backend):
 def test_one_resolve_per_sparse_layer_per_step(needs_ffi, case):
     config = case.config()
     calls = ffi_calls(_traced(case, config).jaxpr.jaxpr)
-    resolves = [c for c in calls if c[0] == _targets.RESOLVE]
-    writes = [c for c in calls if c[0] == _targets.POOL_WRITE]
+    resolves = [c for c in calls if c[0] == targets.RESOLVE]
+    writes = [c for c in calls if c[0] == targets.POOL_WRITE]
     layers = config.cache_config(1).num_layers
     assert len(resolves) == layers, "one RESOLVE call site per sparse layer (the layers are unrolled)"
     assert all(trips == STEPS and scans == 1 for _, trips, scans in resolves), "each runs once per step"
@@ -75,7 +75,7 @@ def test_one_resolve_per_sparse_layer_per_step(needs_ffi, case):
 
 def test_no_resolve_or_pool_outside_hisparse(case):
     calls = ffi_calls(_traced(case, case.config(), "device").jaxpr.jaxpr)
-    assert not [c for c in calls if c[0] in (_targets.RESOLVE, _targets.POOL_WRITE)]
+    assert not [c for c in calls if c[0] in (targets.RESOLVE, targets.POOL_WRITE)]
 
 
 _DEFINITION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
@@ -128,7 +128,7 @@ def test_host_pool_stays_pinned_and_is_never_copied(needs_ffi, case):
     assert re.search(host_pool, entry.group(2)), f"pool {pool} is not an S(5) result"
 
     instructions = _instructions(hlo)
-    resolves = [i for i in instructions.values() if f'custom_call_target="{_targets.RESOLVE}"' in i[2]]
+    resolves = [i for i in instructions.values() if f'custom_call_target="{targets.RESOLVE}"' in i[2]]
     assert resolves, "no RESOLVE custom call in the compiled program"
     on_gpu = jax.default_backend() == "gpu"
     for _, _, rest in resolves:
@@ -143,7 +143,7 @@ def test_host_pool_stays_pinned_and_is_never_copied(needs_ffi, case):
         if shape.startswith(pool[:-1]):
             assert opcode in allowed, f"{name} = {opcode} produces a pool-shaped array: a copy of the pool"
             if opcode == "custom-call":
-                assert _targets.POOL_WRITE in rest, f"{name}: unexpected custom call on the pool"
+                assert targets.POOL_WRITE in rest, f"{name}: unexpected custom call on the pool"
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import pytest
 from model_helpers import CASES, STEPS, assert_bitwise_equal
 from test_decode_program import _assert_no_big_copies, _hlo_shape, _materialized, _traced, _IN_PLACE, ffi_calls
 
-from hisparse_jax import _targets
+from hisparse_jax import targets
 
 SHARED = [2, 4]
 
@@ -58,10 +58,10 @@ def test_prefetch_program(ffi_backend):
     config = _dsa(2, prefetch=True)
     calls = ffi_calls(_traced(case, config).jaxpr.jaxpr)
     layers = config.num_layers
-    for target in (_targets.RESOLVE_PREFETCH, _targets.PREFETCH_JOIN):
+    for target in (targets.RESOLVE_PREFETCH, targets.PREFETCH_JOIN):
         sites = [c for c in calls if c[0] == target]
         assert len(sites) == layers and all(trips == STEPS for _, trips, _ in sites), f"{target}: {sites}"
-    assert not [c for c in calls if c[0] == _targets.RESOLVE], "a plain RESOLVE next to the prefetch"
+    assert not [c for c in calls if c[0] == targets.RESOLVE], "a plain RESOLVE next to the prefetch"
 
     hlo = _assert_no_big_copies(case, config, "hisparse")
     cache = config.cache_config(len(case.lengths))
