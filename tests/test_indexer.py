@@ -396,7 +396,7 @@ def test_quantize_special_tokens():
     keys[3, 7] = np.nan
     codes, scale = hs.quantize_keys_fp8(jnp.asarray(keys))
     codes, scale = np.asarray(codes).astype(np.float64), np.asarray(scale)
-    assert scale[0] == 0 and np.all(codes[0] == 0), "a zero token: codes 0, scale 0"
+    assert scale[0] == 2.0**-126 and np.all(codes[0] == 0), "a zero token: codes 0, the smallest normal scale"
     assert scale[1] == pytest.approx(2.5 / 448, rel=2.0**-23)
     assert codes[1, 3] == -448 and np.count_nonzero(codes[1]) == 1
     assert np.isnan(scale[2]) and np.isnan(scale[3]), "non-finite tokens get a NaN scale"

@@ -1,0 +1,93 @@
+"""hisparse_jax.fp8: the one float8_e4m3fn quantizer (per-row scale), its rule on special rows,
+and both call sites (the indexer's keys, the grouped matmul's weights) using it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import hisparse_jax as hs
+from hisparse_jax import fp8
+
+MIN_NORMAL = 2.0**-126
+
+
+def quantize(x):
+    codes, scale = fp8.quantize_rows(jnp.asarray(x))
+    return np.asarray(codes), np.asarray(scale)
+
+
+def test_all_zero_row_gets_codes_zero_and_the_smallest_normal_scale():
+    codes, scale = quantize(np.zeros((3, 16), np.float32))
+    assert codes.dtype == np.dtype(ml_dtypes.float8_e4m3fn) and scale.dtype == np.float32
+    assert np.all(scale == MIN_NORMAL) and np.all(codes.astype(np.float32) == 0)
+    np.testing.assert_array_equal(np.asarray(fp8.dequantize_rows(codes, scale)), 0.0)
+
+
+def test_negative_zero_row_dequantizes_to_zero():
+    codes, scale = quantize(np.full((2, 8), -0.0, np.float32))
+    assert np.all(scale == MIN_NORMAL)
+    assert np.all(np.asarray(fp8.dequantize_rows(codes, scale)) == 0)
+
+
+def test_tiny_row_keeps_a_normal_scale():
+    # Normal values whose amax / 448 would be subnormal: the scale stops at the smallest normal
+    # float32. (Subnormal inputs themselves read as 0 on XLA:CPU, which flushes them.)
+    x = np.zeros((1, 16), np.float32)
+    x[0, :4] = [1e-37, -3e-37, 5e-38, 0.0]
+    codes, scale = quantize(x)
+    assert scale[0] == MIN_NORMAL
+    back = np.asarray(fp8.dequantize_rows(codes, scale))
+    assert np.all(np.abs(back - x) <= 2.0**-4 * np.abs(x) + 2.0**-10 * MIN_NORMAL)
+
+
+def test_huge_row_maps_its_max_to_448():
+    x = np.array([[3e38, -1e38, 1.0, 0.0]], np.float32)
+    codes, scale = quantize(x)
+    assert np.isfinite(scale[0]) and scale[0] == np.float32(np.float32(3e38) / np.float32(448))
+    assert codes[0, 0].astype(np.float32) == 448 and np.all(np.isfinite(codes.astype(np.float32)))
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_non_finite_row_gets_codes_zero_and_scale_nan(bad):
+    x = np.ones((2, 8), np.float32)
+    x[1, 3] = bad
+    codes, scale = quantize(x)
+    assert np.isnan(scale[1]) and np.all(codes[1].astype(np.float32) == 0)
+    assert np.isfinite(scale[0]), "other rows are unaffected"
+    assert not np.any(np.isnan(codes.astype(np.float32))), "no fp8 NaN code is ever written"
+    assert np.all(np.isnan(np.asarray(fp8.dequantize_rows(codes, scale))[1]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_round_trip_bound(dtype):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((8, 32, 64)) * rng.uniform(1e-3, 1e3, (8, 32, 1))).astype(dtype)
+    codes, scale = quantize(x)
+    xf = x.astype(np.float64)
+    back = np.asarray(fp8.dequantize_rows(codes, scale)).astype(np.float64)
+    # e4m3: half an ulp is 2^-4 relative; the subnormal spacing is 2^-9 of the scale.
+    assert np.all(np.abs(back - xf) <= 2.0**-4 * np.abs(xf) * (1 + 2.0**-20) + 2.0**-10 * scale[..., None])
+    top = np.take_along_axis(codes.astype(np.float64), np.abs(xf).argmax(-1)[..., None], -1)
+    np.testing.assert_array_equal(np.abs(top), 448.0)
+
+
+def test_jit_gives_the_same_bits():
+    x = np.random.default_rng(6).standard_normal((4, 48)).astype(np.float32)
+    eager, jitted = fp8.quantize_rows(x), jax.jit(fp8.quantize_rows)(x)
+    for a, b in zip(eager, jitted):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+
+
+@pytest.mark.parametrize("quantizer", [hs.quantize_keys_fp8, hs.quantize_weights_fp8])
+def test_both_call_sites_use_the_one_quantizer(quantizer):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 5, 32)).astype(np.float32)
+    x[0, 1] = 0.0
+    x[1, 2, 4] = np.nan
+    got, want = quantizer(jnp.asarray(x)), fp8.quantize_rows(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(got[0]).view(np.uint8), np.asarray(want[0]).view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(got[1]).view(np.uint32), np.asarray(want[1]).view(np.uint32))
