@@ -21,7 +21,7 @@ else:
     _IMPORT_ERROR = None
 
 _registered: dict[str, bool] = {"cpu": False, "CUDA": False}
-_registered_targets: dict[str, set[str]] = {"cpu": set(), "CUDA": set()}
+_registered_names: dict[str, set[str]] = {"cpu": set(), "CUDA": set()}
 
 
 def _register() -> None:
@@ -36,7 +36,7 @@ def _register() -> None:
             if key not in capsules:  # a target without a handler on this platform (targets.CUDA_ONLY)
                 continue
             jax.ffi.register_ffi_target(target, capsules[key], platform=platform)
-            _registered_targets[platform].add(target)
+            _registered_names[platform].add(target)
         _registered[platform] = True
 
 
@@ -85,7 +85,7 @@ def has_ffi(backend: str | None = None) -> bool:
 def has_target(target: str, backend: str | None = None) -> bool:
     """True when `target` has a handler registered for `backend` (default: jax.default_backend())."""
     platform = platform_of(backend or jax.default_backend())
-    return any(target in names for p, names in _registered_targets.items() if p.lower() == platform)
+    return any(target in names for p, names in _registered_names.items() if p.lower() == platform)
 
 
 def cuda_kernel_ready(target: str) -> bool:

@@ -268,7 +268,7 @@ def run_decode(args, plan_: Plan) -> dict:
         device=str(jax.devices()[0].device_kind),
         backend=jax.default_backend(), jax=jax.__version__,
         resolve_implementation=f"ffi on {platform}" if plan_.implementation == "ffi" else "reference",
-        hisparse_jax_path=str(Path(_ffi.__file__).parent),
+        hisparse_jax_path=str(Path(__file__).parents[1]),
         device_budget_bytes=plan_.device_budget, host_budget_bytes=plan_.host_budget, max_batch_cap=args.max_batch,
         steps=args.steps, reps=args.reps, timing=plan_.timing_note, fill=args.fill, selection=args.selection,
         traces=[t.name for t in plan_.traces], notes=notes, overrides=plan_.overrides, num_layers=config.num_layers,

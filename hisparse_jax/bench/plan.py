@@ -282,7 +282,7 @@ def _implementation(args, config, platform: str) -> str:
                          "pass --allow-reference too to confirm")
     if extension_error() is not None:
         cause = f" ({extension_error()})"
-        why = (f"hisparse_jax was imported from {Path(_ffi.__file__).parent} without its compiled "
+        why = (f"hisparse_jax was imported from {Path(__file__).parents[1]} without its compiled "
                f"extension{cause}, so RESOLVE would run as the pure-JAX reference: install the package "
                "(`./dev build`, or `pip install --no-build-isolation .`) and run hisparse-bench from "
                "outside the source tree")
