@@ -1,4 +1,5 @@
-"""Trace-time checks of RESOLVE and pool-write operands, with messages a user can act on."""
+"""Trace-time checks of op operands, with messages a user can act on: RESOLVE's and the pool
+write's here in full, and the shape and dtype readers the other ops' checks share."""
 
 from __future__ import annotations
 
@@ -17,6 +18,16 @@ def _shape(x):
 
 def _dtype(x):
     return np.dtype(jax.typeof(x).dtype)
+
+
+def shape_of(x) -> tuple[int, ...]:
+    """The shape of an array, tracer or array-like (np.shape: also a list or a scalar)."""
+    return tuple(np.shape(x))
+
+
+def dtype_of(x) -> np.dtype:
+    """The dtype of an array or tracer, or the one numpy gives an array-like."""
+    return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
 
 
 def check_int32(op: str, name: str, x) -> None:

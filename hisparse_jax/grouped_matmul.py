@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _dispatch, fp8, targets
+from . import _checks, _dispatch, fp8, targets
 
 Implementation = Literal["auto", "ffi", "reference"]
 
@@ -148,12 +148,7 @@ def quantize_weights_fp8(w: jax.Array) -> tuple[jax.Array, jax.Array]:
 # --------------------------------------------------------------------------- checks
 
 
-def _shape(x) -> tuple[int, ...]:
-    return tuple(np.shape(x))
-
-
-def _dtype(x) -> np.dtype:
-    return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+_shape, _dtype = _checks.shape_of, _checks.dtype_of
 
 
 def _fail(exc, message: str):

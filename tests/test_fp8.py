@@ -62,17 +62,33 @@ def test_non_finite_row_gets_codes_zero_and_scale_nan(bad):
     assert np.all(np.isnan(np.asarray(fp8.dequantize_rows(codes, scale))[1]))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
-def test_round_trip_bound(dtype):
-    rng = np.random.default_rng(5)
-    x = (rng.standard_normal((8, 32, 64)) * rng.uniform(1e-3, 1e3, (8, 32, 1))).astype(dtype)
-    codes, scale = quantize(x)
-    xf = x.astype(np.float64)
-    back = np.asarray(fp8.dequantize_rows(codes, scale)).astype(np.float64)
-    # e4m3: half an ulp is 2^-4 relative; the subnormal spacing is 2^-9 of the scale.
-    assert np.all(np.abs(back - xf) <= 2.0**-4 * np.abs(xf) * (1 + 2.0**-20) + 2.0**-10 * scale[..., None])
-    top = np.take_along_axis(codes.astype(np.float64), np.abs(xf).argmax(-1)[..., None], -1)
-    np.testing.assert_array_equal(np.abs(top), 448.0)
+# The indexer's keys [b, T, d] (seed 31, as its tests drew them), the grouped matmul's weights
+# [E, N, K] (seed 7), and the quantizer itself: each row's scale, the bound, the +-448 maximum.
+ROUND_TRIP = {
+    "keys": (hs.quantize_keys_fp8, 31, (3, 50, 64)),
+    "weights": (hs.quantize_weights_fp8, 7, (3, 20, 64)),
+    "rows": (fp8.quantize_rows, 5, (8, 32, 64)),
+}
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("site", sorted(ROUND_TRIP))
+def test_quantize_round_trip(site, dtype):
+    quantizer, seed, shape = ROUND_TRIP[site]
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal(shape) * np.exp(rng.uniform(-8, 8, size=(*shape[:-1], 1)))).astype(dtype)
+    codes, scale = quantizer(jnp.asarray(w))
+    assert codes.dtype == np.dtype(ml_dtypes.float8_e4m3fn) and codes.shape == w.shape
+    assert scale.dtype == np.float32 and scale.shape == w.shape[:-1]
+    x = w.astype(np.float64)
+    s = np.asarray(scale).astype(np.float64)
+    np.testing.assert_allclose(s, np.abs(x).max(-1) / 448.0, rtol=2.0**-23)
+    back = np.asarray(codes).astype(np.float64) * s[..., None]
+    # e4m3: 3 mantissa bits (half an ulp = 2^-4 relative); subnormal spacing 2^-9 of the scale.
+    assert np.all(np.abs(back - x) <= 2.0**-4 * np.abs(x) * (1 + 2.0**-20) + 2.0**-10 * s[..., None])
+    np.testing.assert_array_equal(np.asarray(fp8.dequantize_rows(codes, scale)), (np.asarray(codes).astype(np.float32) * np.asarray(scale)[..., None]))
+    top = np.take_along_axis(np.asarray(codes).astype(np.float64), np.abs(x).argmax(-1)[..., None], -1)
+    np.testing.assert_array_equal(np.abs(top), 448.0)  # each row's largest |x| becomes +-448
 
 
 def test_jit_gives_the_same_bits():
