@@ -36,11 +36,15 @@ def choose_implementation(op: str, implementation: str, target: str, domain_erro
     return "ffi" if _ffi.has_ffi() else "reference"
 
 
-def require_handler(op: str, target: str) -> None:
+def require_handler(op: str, target: str, domain_error: str = "") -> None:
     """Raises a RuntimeError saying why implementation='ffi' cannot run `target` for op `op` on
-    the default backend, and what to do instead; returns when it can."""
+    the default backend, and what to do instead, or, for a CUDA-only target whose kernel is
+    ready, a ValueError "op: domain_error" when the operands are outside its domain; returns
+    when the call can run."""
     if target in targets.CUDA_ONLY:
         _require_cuda_kernel(op, target)
+        if domain_error:
+            raise ValueError(f"{op}: {domain_error}")
     else:
         require_ffi(jax.default_backend())
 

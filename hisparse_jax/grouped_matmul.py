@@ -72,11 +72,10 @@ def grouped_matmul(
       bits on every call, whatever the other groups). Works under jit and lax.scan.
     """
     _check_operands(x, w, group_sizes, scale)
-    impl = _choose(implementation, x, w)
+    impl = _dispatch.choose_implementation(_OP, implementation, targets.GROUPED_MATMUL, _domain_error(x, w))
     if impl == "reference":
         return grouped_matmul_reference(x, w, group_sizes, scale)
-    _dispatch.require_handler(_OP, targets.GROUPED_MATMUL)
-    _check_kernel_domain(x, w)
+    _dispatch.require_handler(_OP, targets.GROUPED_MATMUL, _domain_error(x, w))
     M = _shape(x)[0]
     E, N, _ = _shape(w)
     factors = scale if scale is not None else jnp.ones((E, N), jnp.float32)
@@ -207,12 +206,3 @@ def _domain_error(x, w) -> str:
         return (f"x and w have K = {K}; the CUDA kernel needs a multiple of {multiple} with {_dtype(w)} w "
                 "(16-byte rows); pad K with zeros or pass implementation='reference'")
     return ""
-
-
-def _check_kernel_domain(x, w) -> None:
-    if error := _domain_error(x, w):
-        _fail(ValueError, error)
-
-
-def _choose(implementation: str, x, w) -> str:
-    return _dispatch.choose_implementation(_OP, implementation, targets.GROUPED_MATMUL, _domain_error(x, w))

@@ -63,11 +63,10 @@ def index_scores(
       ffi/indexer.h, not bit for bit; each is deterministic. Works under jit and lax.scan.
     """
     _check_operands(q, weights, keys, lengths, key_scale)
-    impl = _choose(implementation, q, keys)
+    impl = _dispatch.choose_implementation(_OP, implementation, targets.INDEX_SCORES, _domain_error(q, keys))
     if impl == "reference":
         return index_scores_reference(q, weights, keys, lengths, key_scale=key_scale)
-    _dispatch.require_handler(_OP, targets.INDEX_SCORES)
-    _check_kernel_domain(q, keys)
+    _dispatch.require_handler(_OP, targets.INDEX_SCORES, _domain_error(q, keys))
     b, T = _shape(keys)[:2]
     # bfloat16 keys have no scale; the target still takes the operand, as an empty array.
     scale = key_scale if key_scale is not None else jnp.zeros((0,), jnp.float32)
@@ -171,12 +170,3 @@ def _domain_error(q, keys) -> str:
         return (f"float32 q needs H * d <= {MAX_F32_QUERY_ELEMENTS} in the CUDA kernel (got {H} * {d}); "
                 "pass q in bfloat16")
     return ""
-
-
-def _check_kernel_domain(q, keys) -> None:
-    if error := _domain_error(q, keys):
-        _fail(ValueError, error)
-
-
-def _choose(implementation: str, q, keys) -> str:
-    return _dispatch.choose_implementation(_OP, implementation, targets.INDEX_SCORES, _domain_error(q, keys))

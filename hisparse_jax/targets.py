@@ -1,7 +1,10 @@
-"""FFI target names: the ABI between Python and the compiled handlers.
+"""FFI target names: the ABI between Python and the compiled handlers, and a public fact.
 
 Every target is registered under these names for each platform that has a
-handler; tests assert the set, so a rename is a deliberate ABI change.
+handler; tests assert the set, so a rename is a deliberate ABI change. The
+names appear in compiled programs as custom_call_target="...", so
+`hisparse_jax.targets.RESOLVE in jitted.lower(...).compile().as_text()` tells
+whether a program calls the FFI RESOLVE (and how often).
 """
 
 RESOLVE = "hisparse_resolve"
