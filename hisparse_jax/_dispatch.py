@@ -10,11 +10,15 @@ for operands inside the kernel's domain, else their XLA reference.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import jax
 
 from . import _ffi, targets
 
 IMPLEMENTATIONS = ("auto", "ffi", "reference")
+# The type of every op's `implementation=` argument.
+Implementation = Literal["auto", "ffi", "reference"]
 
 
 def choose_implementation(op: str, implementation: str, target: str, domain_error: str = "") -> str:

@@ -15,15 +15,12 @@ float8_e4m3fn with a float32 scale per expert and output channel (`quantize_weig
 
 from __future__ import annotations
 
-from typing import Literal
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import _checks, _dispatch, fp8, targets
-
-Implementation = Literal["auto", "ffi", "reference"]
+from ._dispatch import Implementation
 
 _OP = "grouped_matmul"
 

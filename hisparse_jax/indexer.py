@@ -12,15 +12,12 @@ reference below. Keys are bfloat16, or float8_e4m3fn with a float32 scale per to
 
 from __future__ import annotations
 
-from typing import Literal
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import _checks, _dispatch, fp8, targets
-
-Implementation = Literal["auto", "ffi", "reference"]
+from ._dispatch import Implementation
 
 _OP = "index_scores"
 

@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from . import targets
+from ._dispatch import Implementation
 from .cache import HotCache
-from .resolve import Implementation, ResolveResult, resolve_with
+from .resolve import ResolveResult, resolve_with
 
 
 @jax.tree_util.register_dataclass

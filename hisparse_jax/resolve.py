@@ -15,9 +15,9 @@ import numpy as np
 from jax.experimental import checkify
 
 from . import _bits, _checks, _dispatch, _resolve_stream, targets
+from ._dispatch import Implementation
 from .cache import HotCache
 
-Implementation = Literal["auto", "ffi", "reference"]
 _LAUNCH = {"auto": 0, "fused": 1, "split": 2}
 
 

@@ -8,15 +8,12 @@ ids; the contract, total order of floats included, is in ffi/topk.h.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import _checks, _dispatch, targets
-
-Implementation = Literal["auto", "ffi", "reference"]
+from ._dispatch import Implementation
 
 _OP = "select_topk"
 
