@@ -2,7 +2,7 @@
 
 `hisparse-bench decode` times `hisparse_jax.decode.generate`: one jitted lax.scan over `steps`
 decode steps, the state donated (its outputs alias its inputs). Beyond the state (the byte
-account, hisparse_jax.bench.capacity) and the weights (outside the device budget), a call needs:
+account, hisparse_jax.bench.decode.capacity) and the weights (outside the device budget), a call needs:
 
 - temp: XLA's temporary buffers (activations, the indexer's [b, T] float32 scores, top-k
   scratch, copies XLA inserts), `memory_analysis().temp_size_in_bytes`: one allocation per call;
@@ -10,7 +10,7 @@ account, hisparse_jax.bench.capacity) and the weights (outside the device budget
   [steps, L, *streams] int32, the output tuple's index tables), output minus alias bytes;
 - arguments: the call's other inputs (first tokens [b] int32, the PRNG key, the forced flag);
 - trace ids: with a selection trace, the ids of the call's steps, [steps, selecting layers,
-  *streams, k] int32, put on device before the call (hisparse_jax.bench.runner).
+  *streams, k] int32, put on device before the call (hisparse_jax.bench.decode.runner).
 
 Not counted: the previous call's tokens ([steps, b] int32) the runner keeps until the call
 returns, and the no-IO and profiled calls (other programs at the same batch).
@@ -24,7 +24,7 @@ Working memory is not affine in the batch in general (buffer assignment packs an
 batch 1 XLA:CPU copies DSA's index-key buffers that larger batches update in place), so
 `working_memory` fits an affine model to two compiled batches (`fit_batches` picks two that
 bracket the batches a capacity search can answer) only for the search to start from; the search
-checks its answer against compiled programs (hisparse_jax.bench.capacity).
+checks its answer against compiled programs (hisparse_jax.bench.decode.capacity).
 tests/bench/test_working_memory.py states the residuals.
 
 Memory kinds: on a GPU, memory_analysis reports the pinned_host pool apart (its `host_*` fields)
@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .. import decode, layout
+from ... import decode, layout
 
 # Two batches the affine model is fitted to when no search bound is known. Not batch 1: small
 # dims of size 1 change what XLA does (on CPU, DSA's index keys are copied at batch 1, updated in
@@ -185,10 +185,10 @@ def working_memory(family: ModuleType, config, mode: str, steps: int, *, trace: 
 
 def trace_ids_bytes(family: ModuleType, config, batch: int, steps: int) -> int:
     """Bytes of one call's trace ids, [steps, layers, *streams, k] int32 (family.selecting_layout)."""
-    return 4 * int(np.prod(_selections_shape(family, config, batch, steps)))
+    return 4 * int(np.prod(selections_shape(family, config, batch, steps)))
 
 
-def _selections_shape(family, config, batch: int, steps: int) -> tuple[int, ...]:
+def selections_shape(family, config, batch: int, steps: int) -> tuple[int, ...]:
     layers, streams, _ = family.selecting_layout(config, batch)
     return (int(steps), layers, *streams, config.top_k)
 
@@ -239,7 +239,7 @@ def _compiled_memory(family, config, mode, batch, steps, trace, skip_indexer, ba
         key=jax.eval_shape(lambda: jax.random.key(0)),
         forced_on=jax.ShapeDtypeStruct((), jnp.bool_) if trace else None,
     )
-    selections = (jax.ShapeDtypeStruct(_selections_shape(family, config, batch, steps), jnp.int32)
+    selections = (jax.ShapeDtypeStruct(selections_shape(family, config, batch, steps), jnp.int32)
                   if trace else None)
     traced = decode._generate_jit.trace(
         family=family, config=config, steps=steps, sampling="greedy", return_logits=False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from hisparse_jax.bench import capacity as cap_lib
+from hisparse_jax.bench.decode import capacity as cap_lib
 from hisparse_jax.models import get_family
 
 FAMILIES = ["dsa", "quest", "nsa"]
