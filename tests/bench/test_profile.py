@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from hisparse_jax import decode
-from hisparse_jax.bench import profile
+from hisparse_jax.bench import device_trace, kernel_categories, profile, roofline
 from hisparse_jax.models import dsa, nsa, quest
 
 
@@ -24,7 +24,7 @@ def _compiled_step_hlo():
 
 
 def test_instructions_carry_their_model_scope():
-    instructions = profile.hlo_instructions(_compiled_step_hlo())
+    instructions = kernel_categories.hlo_instructions(_compiled_step_hlo())
     scopes = " ".join(i.scope for i in instructions.values())
     for scope in ("decode_step", "indexer", "attention", "attend", "mlp"):
         assert f"/{scope}" in scopes, scope
@@ -36,25 +36,25 @@ def test_instructions_carry_their_model_scope():
     [
         ("ResolveKernel<4096>", None, "resolve"),
         ("FetchKernel", None, "IO"),
-        ("void hisparse::TopkKernel", profile.Instruction("custom-call", "x/indexer", "hisparse_topk", ()), "top-k"),
-        ("loop_fusion_3", profile.Instruction("fusion", "jit(f)/decode_step/indexer/max", "", ("reduce",)), "indexer"),
+        ("void hisparse::TopkKernel", kernel_categories.Instruction("custom-call", "x/indexer", "hisparse_topk", ()), "top-k"),
+        ("loop_fusion_3", kernel_categories.Instruction("fusion", "jit(f)/decode_step/indexer/max", "", ("reduce",)), "indexer"),
         ("void hisparse::IndexScoresKernel<1>", None, "indexer"),
-        ("gemm_fusion_dot_3", profile.Instruction("fusion", "jit(f)/decode_step/indexer/dot_general", "", ("dot",)),
+        ("gemm_fusion_dot_3", kernel_categories.Instruction("fusion", "jit(f)/decode_step/indexer/dot_general", "", ("dot",)),
          "weights/FFN"),
-        ("gemm_fusion_dot_4", profile.Instruction("fusion", "jit(f)/decode_step/attention/attend/dot_general", "",
+        ("gemm_fusion_dot_4", kernel_categories.Instruction("fusion", "jit(f)/decode_step/attention/attend/dot_general", "",
                                                   ("dot",)), "attention"),
-        ("sm90_xmma_gemm_bf16", profile.Instruction("custom-call", "jit(f)/decode_step/mlp/dot", "__cublas$gemm", ()),
+        ("sm90_xmma_gemm_bf16", kernel_categories.Instruction("custom-call", "jit(f)/decode_step/mlp/dot", "__cublas$gemm", ()),
          "weights/FFN"),
-        ("input_reduce_fusion", profile.Instruction("fusion", "jit(f)/decode_step/attention/reduce", "", ("reduce",)),
+        ("input_reduce_fusion", kernel_categories.Instruction("fusion", "jit(f)/decode_step/attention/reduce", "", ("reduce",)),
          "attention"),
-        ("loop_dynamic_slice_fusion", profile.Instruction("fusion", "jit(f)/while/body", "",
+        ("loop_dynamic_slice_fusion", kernel_categories.Instruction("fusion", "jit(f)/while/body", "",
                                                           ("parameter", "dynamic-slice")), "copies"),
         ("memcpy32_post", None, "copies"),
-        ("loop_select_fusion", profile.Instruction("fusion", "jit(f)/decode_step/sample", "", ("select",)), "other"),
+        ("loop_select_fusion", kernel_categories.Instruction("fusion", "jit(f)/decode_step/sample", "", ("select",)), "other"),
     ],
 )
 def test_kernels_fall_in_their_category(kernel, instruction, category):
-    assert profile.classify(kernel, instruction) == category
+    assert kernel_categories.classify(kernel, instruction) == category
 
 
 def test_device_kernels_read_a_perfetto_trace(tmp_path):
@@ -69,17 +69,17 @@ def test_device_kernels_read_a_perfetto_trace(tmp_path):
     ]
     with gzip.open(run / "host.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": events}, f)
-    kernels = profile.device_kernels(str(tmp_path))
+    kernels = device_trace.device_kernels(str(tmp_path))
     assert [(k.kernel, k.hlo_op) for k in kernels] == [("loop_fusion_3", "fusion.3"), ("FetchKernel", "custom-call.1")]
     assert [k.seconds for k in kernels] == pytest.approx([40e-6, 10e-6])
-    seconds, top = profile.summarize(kernels, {"fusion.3": profile.Instruction("fusion", "a/attention/b", "", ())},
+    seconds, top = device_trace.summarize(kernels, {"fusion.3": kernel_categories.Instruction("fusion", "a/attention/b", "", ())},
                                      steps=2)
     # Inside a captured command buffer every kernel carries the buffer's name: the kernel's own
     # name (an instruction's, '.' written '_') finds the instruction.
-    captured = [profile.KernelTime("loop_fusion_3", "command_buffer_7", 1e-6)]
-    instructions = profile.hlo_instructions("ENTRY %e () -> f32[] {\n  %loop_fusion.3 = f32[] fusion(), "
+    captured = [device_trace.KernelTime("loop_fusion_3", "command_buffer_7", 1e-6)]
+    instructions = kernel_categories.hlo_instructions("ENTRY %e () -> f32[] {\n  %loop_fusion.3 = f32[] fusion(), "
                                             'kind=kLoop, calls=%c, metadata={op_name="jit(g)/x/attention/exp"}\n}')
-    assert profile.summarize(captured, instructions, steps=1)[0]["attention"] == pytest.approx(1e-6)
+    assert device_trace.summarize(captured, instructions, steps=1)[0]["attention"] == pytest.approx(1e-6)
     assert seconds["attention"] == pytest.approx(20e-6) and seconds["IO"] == pytest.approx(5e-6)
     assert top[0] == ("attention", "loop_fusion_3", pytest.approx(20e-6))
 
@@ -87,7 +87,7 @@ def test_device_kernels_read_a_perfetto_trace(tmp_path):
 def test_step_bytes_of_a_dsa_step():
     config = dsa.Config.tiny(index_dtype="fp8")
     weights = dsa.init_weights(config)
-    moved = profile.step_bytes(dsa, config, weights, batch=3, context=100, misses_per_step=10)
+    moved = roofline.step_bytes(dsa, config, weights, batch=3, context=100, misses_per_step=10)
     embed = weights.embed
     assert moved["weights"] == sum(x.nbytes for x in jax.tree.leaves(weights)) - embed.nbytes + 3 * embed.shape[1] * 4
     assert moved["metadata"] == 3 * config.groups * 100 * (config.index_dim + 4)
@@ -104,8 +104,8 @@ def test_a_step_reads_only_the_experts_it_is_expected_to_use():
     everything = sum(x.nbytes for x in jax.tree.leaves(weights)) - weights.embed.nbytes
     for batch, busy in ((1, 8 * (1 - (7 / 8) ** 2)), (64, 8 * (1 - (7 / 8) ** 128))):
         want = everything - routed + routed * busy / 8 + batch * weights.embed.shape[1] * 4
-        assert profile.weight_bytes(weights, batch, config) == pytest.approx(want, rel=1e-12)
-    assert profile.weight_bytes(weights, 1, config) < profile.weight_bytes(weights, 64, config)
+        assert roofline.weight_bytes(weights, batch, config) == pytest.approx(want, rel=1e-12)
+    assert roofline.weight_bytes(weights, 1, config) < roofline.weight_bytes(weights, 64, config)
 
 
 @pytest.mark.parametrize("family", [nsa, quest])
@@ -115,10 +115,10 @@ def test_metadata_read_grows_with_context(family):
 
 
 def test_format_profile_names_every_category():
-    p = profile.StepProfile(dict.fromkeys(profile.CATEGORIES, 1e-3), 9e-3, 3e-3, {"weights": 2**20},
+    p = profile.StepProfile(dict.fromkeys(kernel_categories.CATEGORIES, 1e-3), 9e-3, 3e-3, {"weights": 2**20},
                             {"hbm": 4e12, "host link": 5e10}, [])
     table = profile.format_profile([dict(mode="hisparse", context=64, batch=2, **p.as_dict())])
-    assert all(c in table for c in profile.CATEGORIES) and "| 3.00 |" in table
+    assert all(c in table for c in kernel_categories.CATEGORIES) and "| 3.00 |" in table
 
 
 def _two_stream_trace(tmp_path):
@@ -142,13 +142,13 @@ def _two_stream_trace(tmp_path):
 
 
 def test_io_overlap_counts_the_copy_beside_other_streams(tmp_path):
-    kernels = profile.device_kernels(str(_two_stream_trace(tmp_path)), module="m")
+    kernels = device_trace.device_kernels(str(_two_stream_trace(tmp_path)), module="m")
     assert [k.stream for k in kernels] == ["7", "9", "7", "7"], "a fetch kernel without a module annotation is kept"
-    overlap = profile.io_overlap(kernels, {}, steps=1)
+    overlap = device_trace.io_overlap(kernels, {}, steps=1)
     assert overlap["io_seconds"] == pytest.approx(130e-6)  # 120 us on stream 9 + 10 us on stream 7
     assert overlap["hidden_seconds"] == pytest.approx(70e-6)
     assert overlap["hidden_fraction"] == pytest.approx(70 / 130)
-    assert profile.io_overlap([k for k in kernels if "gemm" in k.kernel], {}, steps=1) is None
+    assert device_trace.io_overlap([k for k in kernels if "gemm" in k.kernel], {}, steps=1) is None
 
 
 def test_prefetch_timeline_script(tmp_path, capsys):

@@ -33,6 +33,7 @@ import jax
 from ... import _ffi, traces
 from ...models.weights import weight_bytes
 from .. import profile as profile_lib
+from .. import roofline
 from ..progress import Progress
 from . import report as report_lib
 from .plan import ContextPlan, Plan, RunPlan, build_plan
@@ -102,7 +103,7 @@ def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> 
             progress.advance(f"compiled {name(r)} without the record copy (no-IO)")
             (timings[("no-IO",) + r.key[1:]],) = time_in_turns([quiet], args.reps, rounds("no-IO"))
 
-    bandwidths = profile_lib.measure_bandwidths(c.config.record_bytes) if args.profile else None
+    bandwidths = roofline.measure_bandwidths(c.config.record_bytes) if args.profile else None
     if plan_.in_turns:
         runs = {r: start(r) for r in c.runs}
         measured = time_in_turns(list(runs.values()), args.reps, rounds(f"context {c.context}, in turns"))
