@@ -54,7 +54,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.records, args.rows = [131072], [2, 80]
-    implementations = ["reference", "ffi"] if hs._ffi.has_ffi() else ["reference"]
+    platform = "cuda" if jax.default_backend() == "gpu" else jax.default_backend()  # XLA's name for the backend
+    implementations = ["reference", "ffi"] if platform in hs.ffi_platforms() else ["reference"]
     device = jax.devices()[0]
     print(f"jax {jax.__version__} on {device.device_kind} ({jax.default_backend()}); k = {TOP_K}; "
           f"{args.reps} timings of {args.calls} calls each; implementations {implementations}\n")
