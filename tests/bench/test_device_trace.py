@@ -1,60 +1,15 @@
-"""The step profile: HLO instructions mapped to model scopes, kernels to categories, the roofline's
-bytes. (Kernel times come from a GPU trace; on CPU the parsing and arithmetic are tested.)"""
+"""The device kernels of a profiler trace (hisparse_jax.bench.device_trace): read from a Perfetto
+trace, summed per category and step, the record copy's overlap; and the timeline script on it.
+(Kernel times come from a GPU trace; on CPU the parsing and arithmetic are tested.)"""
 
 from __future__ import annotations
 
 import gzip
 import json
 
-import jax
-import jax.numpy as jnp
 import pytest
 
-from hisparse_jax import decode
-from hisparse_jax.bench import device_trace, kernel_categories, profile, roofline
-from hisparse_jax.models import dsa, nsa, quest
-
-
-def _compiled_step_hlo():
-    config = dsa.Config.tiny(num_layers=2, top_k=8, hot_slots=10)
-    weights = dsa.init_weights(config)
-    state = dsa.init_state(config, 2, "device")
-    traced = decode.trace_generate("dsa", config, weights, state, jnp.zeros((2,), jnp.int32), 2)
-    return traced.lower().compile().as_text()
-
-
-def test_instructions_carry_their_model_scope():
-    instructions = kernel_categories.hlo_instructions(_compiled_step_hlo())
-    scopes = " ".join(i.scope for i in instructions.values())
-    for scope in ("decode_step", "indexer", "attention", "attend", "mlp"):
-        assert f"/{scope}" in scopes, scope
-    assert any(i.opcode == "fusion" and i.fused_ops for i in instructions.values())
-
-
-@pytest.mark.parametrize(
-    "kernel, instruction, category",
-    [
-        ("ResolveKernel<4096>", None, "resolve"),
-        ("FetchKernel", None, "IO"),
-        ("void hisparse::TopkKernel", kernel_categories.Instruction("custom-call", "x/indexer", "hisparse_topk", ()), "top-k"),
-        ("loop_fusion_3", kernel_categories.Instruction("fusion", "jit(f)/decode_step/indexer/max", "", ("reduce",)), "indexer"),
-        ("void hisparse::IndexScoresKernel<1>", None, "indexer"),
-        ("gemm_fusion_dot_3", kernel_categories.Instruction("fusion", "jit(f)/decode_step/indexer/dot_general", "", ("dot",)),
-         "weights/FFN"),
-        ("gemm_fusion_dot_4", kernel_categories.Instruction("fusion", "jit(f)/decode_step/attention/attend/dot_general", "",
-                                                  ("dot",)), "attention"),
-        ("sm90_xmma_gemm_bf16", kernel_categories.Instruction("custom-call", "jit(f)/decode_step/mlp/dot", "__cublas$gemm", ()),
-         "weights/FFN"),
-        ("input_reduce_fusion", kernel_categories.Instruction("fusion", "jit(f)/decode_step/attention/reduce", "", ("reduce",)),
-         "attention"),
-        ("loop_dynamic_slice_fusion", kernel_categories.Instruction("fusion", "jit(f)/while/body", "",
-                                                          ("parameter", "dynamic-slice")), "copies"),
-        ("memcpy32_post", None, "copies"),
-        ("loop_select_fusion", kernel_categories.Instruction("fusion", "jit(f)/decode_step/sample", "", ("select",)), "other"),
-    ],
-)
-def test_kernels_fall_in_their_category(kernel, instruction, category):
-    assert kernel_categories.classify(kernel, instruction) == category
+from hisparse_jax.bench import device_trace, kernel_categories
 
 
 def test_device_kernels_read_a_perfetto_trace(tmp_path):
@@ -82,43 +37,6 @@ def test_device_kernels_read_a_perfetto_trace(tmp_path):
     assert device_trace.summarize(captured, instructions, steps=1)[0]["attention"] == pytest.approx(1e-6)
     assert seconds["attention"] == pytest.approx(20e-6) and seconds["IO"] == pytest.approx(5e-6)
     assert top[0] == ("attention", "loop_fusion_3", pytest.approx(20e-6))
-
-
-def test_step_bytes_of_a_dsa_step():
-    config = dsa.Config.tiny(index_dtype="fp8")
-    weights = dsa.init_weights(config)
-    moved = roofline.step_bytes(dsa, config, weights, batch=3, context=100, misses_per_step=10)
-    embed = weights.embed
-    assert moved["weights"] == sum(x.nbytes for x in jax.tree.leaves(weights)) - embed.nbytes + 3 * embed.shape[1] * 4
-    assert moved["metadata"] == 3 * config.groups * 100 * (config.index_dim + 4)
-    assert moved["attended KV"] == config.num_layers * 3 * (config.top_k + 1) * config.record_bytes
-    assert moved["miss IO"] == 10 * config.record_bytes
-
-
-def test_a_step_reads_only_the_experts_it_is_expected_to_use():
-    # 8 local experts, 2 per token: batch 1 routes 2 pairs (1.875 experts expected busy of 8),
-    # batch 64 routes 128 pairs (all but ~1e-7 of an expert busy).
-    config = dsa.Config.tiny(experts=8, experts_per_token=2, expert_d_ff=16, shared_experts=1, expert_groups=2)
-    weights = dsa.init_weights(config)
-    routed = sum(x.nbytes for layer in weights.layers for x in jax.tree.leaves(layer.moe.routed))
-    everything = sum(x.nbytes for x in jax.tree.leaves(weights)) - weights.embed.nbytes
-    for batch, busy in ((1, 8 * (1 - (7 / 8) ** 2)), (64, 8 * (1 - (7 / 8) ** 128))):
-        want = everything - routed + routed * busy / 8 + batch * weights.embed.shape[1] * 4
-        assert roofline.weight_bytes(weights, batch, config) == pytest.approx(want, rel=1e-12)
-    assert roofline.weight_bytes(weights, 1, config) < roofline.weight_bytes(weights, 64, config)
-
-
-@pytest.mark.parametrize("family", [nsa, quest])
-def test_metadata_read_grows_with_context(family):
-    config = family.Config.tiny()
-    assert 0 < family.metadata_bytes_read(config, 64) < family.metadata_bytes_read(config, 128)
-
-
-def test_format_profile_names_every_category():
-    p = profile.StepProfile(dict.fromkeys(kernel_categories.CATEGORIES, 1e-3), 9e-3, 3e-3, {"weights": 2**20},
-                            {"hbm": 4e12, "host link": 5e10}, [])
-    table = profile.format_profile([dict(mode="hisparse", context=64, batch=2, **p.as_dict())])
-    assert all(c in table for c in kernel_categories.CATEGORIES) and "| 3.00 |" in table
 
 
 def _two_stream_trace(tmp_path):

@@ -22,7 +22,6 @@ from hisparse_jax.bench.decode.plan import build_plan
 from hisparse_jax.bench.decode.runner import DecodeTiming, tokens_needed
 from hisparse_jax.bench.decode.working_memory import program_memory
 from hisparse_jax.models import get_family
-from cli_errors import one_line_error  # pytest puts a test's folder on sys.path
 
 CPU = jax.default_backend() == "cpu"
 PLATFORM = _ffi.platform_of(jax.default_backend())
@@ -63,8 +62,8 @@ FAST = ["--steps", "2", "--reps", "3", "--max-batch", "3", "--device-budget-mib"
         (["--modes", "device", "--prefetch"], ["--prefetch", "add hisparse to --modes"]),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv, needles):
-    err = one_line_error(capsys, ["decode", *argv, "--out", str(tmp_path / "out")])
+def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv, needles, one_line_error):
+    err = one_line_error(["decode", *argv, "--out", str(tmp_path / "out")])
     for needle in needles:
         assert needle in err, (needle, err)
     assert not (tmp_path / "out").exists()
@@ -72,8 +71,8 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv
 
 @pytest.mark.skipif(not CPU, reason="XLA:CPU cannot run bf16 dots; GPUs can")
 @pytest.mark.parametrize("argv", [["--preset", "realistic"], ["--set", "dtype=bfloat16"]])
-def test_bfloat16_is_refused_on_cpu_with_the_fix(capsys, argv):
-    err = one_line_error(capsys, ["decode", *argv])
+def test_bfloat16_is_refused_on_cpu_with_the_fix(capsys, argv, one_line_error):
+    err = one_line_error(["decode", *argv])
     assert "bfloat16" in err and "XLA:CPU" in err and "--set dtype=float32" in err and "GPU" in err
 
 
@@ -94,8 +93,8 @@ def _batch1_bytes(context: int, mode: str, steps: int, reps: int) -> tuple[int, 
 
 
 @pytest.mark.parametrize("contexts", [["100000"], ["64", "100000"]])
-def test_a_context_that_does_not_fit_is_an_error_naming_its_bytes(capsys, contexts):
-    err = one_line_error(capsys, ["decode", "--contexts", *contexts, "--steps", "2", "--reps", "3"], status=1)
+def test_a_context_that_does_not_fit_is_an_error_naming_its_bytes(capsys, contexts, one_line_error):
+    err = one_line_error(["decode", "--contexts", *contexts, "--steps", "2", "--reps", "3"], status=1)
     for mode, name in (("device", "full-KV"), ("hisparse", "hisparse")):
         device, _ = _batch1_bytes(100000, mode, 2, 3)
         assert f"{name} @ 100000: {report.fmt_bytes(device)}" in err, err
@@ -103,10 +102,10 @@ def test_a_context_that_does_not_fit_is_an_error_naming_its_bytes(capsys, contex
     assert f"device budget of {plan.CPU_DEFAULTS['device_budget_mib']:.2f} MiB" in err
 
 
-def test_nothing_fits_names_the_budget_that_fits(capsys):
+def test_nothing_fits_names_the_budget_that_fits(capsys, one_line_error):
     argv = ["decode", "--contexts", "64", "--steps", "2", "--reps", "3", "--device-budget-mib", "0.01",
             "--host-budget-gib", "0.00001"]
-    err = one_line_error(capsys, argv, status=1)
+    err = one_line_error(argv, status=1)
     device, host = _batch1_bytes(64, "device", 2, 3)
     assert f"full-KV @ 64: {report.fmt_bytes(device)}" in err
     assert "host budget of 10.49 KiB" in err
@@ -125,9 +124,9 @@ def test_nothing_fits_names_the_budget_that_fits(capsys):
     assert all(r.batch >= 1 for c in plan.contexts for r in c.runs)
 
 
-def test_refuses_to_time_the_reference_without_the_extension(capsys, monkeypatch):
+def test_refuses_to_time_the_reference_without_the_extension(capsys, monkeypatch, one_line_error):
     monkeypatch.setattr(_ffi, "_ext", None)
-    err = one_line_error(capsys, ["decode", "--contexts", "64"])
+    err = one_line_error(["decode", "--contexts", "64"])
     assert "without its compiled extension" in err and "pure-JAX reference" in err
     assert "pip install --no-build-isolation ." in err and "--allow-reference" in err
 
@@ -136,8 +135,8 @@ _IMPLEMENTATION_FIELD = "implementation" in {f.name for f in dataclasses.fields(
 
 
 @pytest.mark.skipif(not _IMPLEMENTATION_FIELD, reason="the model Config has no implementation field")
-def test_a_requested_reference_needs_allow_reference(capsys, tmp_path):
-    err = one_line_error(capsys, ["decode", "--contexts", "64", "--set", "implementation=reference"])
+def test_a_requested_reference_needs_allow_reference(capsys, tmp_path, one_line_error):
+    err = one_line_error(["decode", "--contexts", "64", "--set", "implementation=reference"])
     assert "--allow-reference" in err
     rc = cli.main(["decode", "--contexts", "64", "--set", "implementation=reference", "--allow-reference",
                    "--out", str(tmp_path), *FAST])
