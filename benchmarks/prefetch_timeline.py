@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     lo = begin + step * (args.steps // 2)
     hi = lo + step
     shown = [k for k in kernels if lo <= k.start < hi]
-    category = {id(k): kernel_categories.classify(k.kernel, device_trace.instruction_of(k, instructions)) for k in shown}
+    category = {id(k): kernel_categories.classify(k.kernel, device_trace.instruction_of(k, instructions))
+                for k in shown}
     busy = collections.defaultdict(lambda: collections.Counter())
     for k in shown:
         busy[k.stream][category[id(k)]] += k.seconds
