@@ -25,7 +25,7 @@ batch 1 XLA:CPU copies DSA's index-key buffers that larger batches update in pla
 `working_memory` fits an affine model to two compiled batches (`fit_batches` picks two that
 bracket the batches a capacity search can answer) only for the search to start from; the search
 checks its answer against compiled programs (hisparse_jax.bench.decode.capacity).
-tests/bench/test_working_memory.py states the residuals.
+tests/bench/decode/test_working_memory.py states the residuals.
 
 Memory kinds: on a GPU, memory_analysis reports the pinned_host pool apart (its `host_*` fields)
 and the figures here are device bytes. XLA:CPU reports every buffer as device memory (its
@@ -69,7 +69,7 @@ FIT_BATCHES = (2, 4)
 #   too large; autotuning picks by timing, so the runner's own compile is not reproducible to the
 #   byte either. Autotuning cost 4-7 s a compile there, these 2-4.5 s.
 # - CPU: LLVM at -O0. XLA:CPU assigns buffers on the optimized HLO before LLVM compiles the kernels,
-#   so the LLVM level changes the machine code only (tests/bench/test_working_memory.py compares
+#   so the LLVM level changes the machine code only (tests/bench/decode/test_working_memory.py compares
 #   these figures with the default compile of the real call, byte for byte); it halves the compile.
 _COMPILER_OPTIONS = {
     "gpu": {"xla_gpu_autotune_level": 0},
@@ -200,7 +200,7 @@ def abstract_state(family: ModuleType, config, batch: int, mode: str):
     A NamedSharding over a one-device mesh: a ShapeDtypeStruct carries its memory kind into the
     trace only through a NamedSharding (a SingleDeviceSharding's pinned_host kind reaches the trace
     as device memory). The compiled program equals the one for real arrays on a
-    SingleDeviceSharding up to sharding annotations (tests/bench/test_working_memory.py compares
+    SingleDeviceSharding up to sharding annotations (tests/bench/decode/test_working_memory.py compares
     their memory analyses)."""
     mesh = Mesh(np.array(jax.local_devices()[:1]), ("one",))
     state = jax.eval_shape(lambda: family.init_state(config, batch, mode))

@@ -1,4 +1,4 @@
-"""The byte account behind `hisparse-bench decode` (the CLI itself: test_cli.py)."""
+"""The byte account behind `hisparse-bench decode` (the command itself: test_command.py)."""
 
 from __future__ import annotations
 
