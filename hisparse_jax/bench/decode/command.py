@@ -37,7 +37,8 @@ from .. import roofline
 from ..progress import Progress
 from . import report as report_lib
 from .plan import ContextPlan, Plan, RunPlan, build_plan
-from .report import MODE_NAMES, fmt_bytes, format_table, write_plots
+from .plots import write_plots
+from .report import MODE_NAMES, fmt_bytes, format_table
 from .runner import (DecodeRun, RecordedSelection, profile_run, start_run, time_in_turns, tokens_needed,
                      without_io)
 

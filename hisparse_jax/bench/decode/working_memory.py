@@ -189,6 +189,8 @@ def trace_ids_bytes(family: ModuleType, config, batch: int, steps: int) -> int:
 
 
 def selections_shape(family, config, batch: int, steps: int) -> tuple[int, ...]:
+    """The shape of one call's trace ids, [steps, selecting layers, *streams, k] (what the runner
+    puts on device and the program takes as `selections`)."""
     layers, streams, _ = family.selecting_layout(config, batch)
     return (int(steps), layers, *streams, config.top_k)
 
