@@ -158,6 +158,8 @@ def bitwise_arguments(sub) -> None:
 
 
 def _integer(minimum: int, what: str):
+    """An argparse type: an integer >= minimum, else a message naming `what` (policies' counts)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -172,6 +174,7 @@ def _integer(minimum: int, what: str):
 
 
 def _ratio(text: str) -> float:
+    """An argparse type: a finite B/k ratio >= 1."""
     try:
         value = float(text)
     except ValueError:
