@@ -175,6 +175,57 @@ def _selection(base, step, layer):
     return (base + layer * 977 + step * 131) % R
 
 
+def _program(pool, sealed, implementation: str):
+    """The jitted decode-shaped program: steps x layers of RESOLVE in nested scans, cache donated;
+    the ids come in as an argument ("sliced") or from device math in the loop body (None)."""
+    import jax
+    import jax.numpy as jnp
+
+    import hisparse_jax as hs
+
+    def decode_like(cache, sels, base):
+        def step(cache, xs):
+            s, sel_step = xs
+
+            def layer(cache, ys):
+                l, sel = ys
+                if sel is None:  # "computed": the ids come from device math in the loop body
+                    sel = _selection(base, s, l)
+                res, cache = hs.resolve(cache, pool, sel, sealed, l, implementation=implementation)
+                records = jnp.take_along_axis(cache.hot[l], res.slots[..., None, None], axis=1)
+                return cache, (records.astype(jnp.float32).sum(), res.misses.sum())
+
+            return jax.lax.scan(layer, cache, (jnp.arange(L, dtype=jnp.int32), sel_step))
+
+        return jax.lax.scan(step, cache, (jnp.arange(STEPS, dtype=jnp.int32), sels))
+
+    if implementation == "reference":  # a different module name: the dumps hold the FFI program only
+        def decode_like_reference(cache, sels, base):
+            return decode_like(cache, sels, base)
+        return jax.jit(decode_like_reference, donate_argnums=0)
+    return jax.jit(decode_like, donate_argnums=0)
+
+
+def _environment() -> dict:
+    """The child's backend, versions and the debug options XLA will compile with."""
+    import jax
+
+    import hisparse_jax as hs
+
+    out = dict(backend=jax.default_backend(), jax=jax.__version__, device=str(jax.devices()[0]),
+               device_kind=jax.devices()[0].device_kind, ffi=list(hs.ffi_platforms()))
+    try:
+        import jaxlib
+        out["jaxlib"] = jaxlib.__version__
+    except Exception:  # noqa: BLE001  (informational only)
+        pass
+    try:
+        out["effective_debug_options"] = _effective_debug_options()
+    except Exception as err:  # noqa: BLE001  (a private API: report, do not fail)
+        out["effective_debug_options"] = f"unavailable: {type(err).__name__}: {err}"
+    return out
+
+
 def _child(variant: str, reference: bool) -> None:
     import jax
     import jax.numpy as jnp
@@ -199,46 +250,13 @@ def _child(variant: str, reference: bool) -> None:
     sealed = jnp.full((BATCH,), R, jnp.int32)
     sliced = np.stack([np.stack([_selection(base_np, s, l) for l in range(L)]) for s in range(STEPS)])
 
-    def program(pool, variant, implementation):
-        def decode_like(cache, sels, base):
-            def step(cache, xs):
-                s, sel_step = xs
-
-                def layer(cache, ys):
-                    l, sel = ys
-                    if sel is None:  # "computed": the ids come from device math in the loop body
-                        sel = _selection(base, s, l)
-                    res, cache = hs.resolve(cache, pool, sel, sealed, l, implementation=implementation)
-                    records = jnp.take_along_axis(cache.hot[l], res.slots[..., None, None], axis=1)
-                    return cache, (records.astype(jnp.float32).sum(), res.misses.sum())
-
-                return jax.lax.scan(layer, cache, (jnp.arange(L, dtype=jnp.int32), sel_step))
-
-            return jax.lax.scan(step, cache, (jnp.arange(STEPS, dtype=jnp.int32), sels))
-
-        if implementation == "reference":  # a different module name: the dumps hold the FFI program only
-            def decode_like_reference(cache, sels, base):
-                return decode_like(cache, sels, base)
-            return jax.jit(decode_like_reference, donate_argnums=0)
-        return jax.jit(decode_like, donate_argnums=0)
-
     sels = jnp.asarray(sliced) if variant == "sliced" else None
-    out = dict(backend=jax.default_backend(), jax=jax.__version__, device=str(jax.devices()[0]),
-               device_kind=jax.devices()[0].device_kind, ffi=list(hs.ffi_platforms()))
-    try:
-        import jaxlib
-        out["jaxlib"] = jaxlib.__version__
-    except Exception:  # noqa: BLE001  (informational only)
-        pass
-    try:
-        out["effective_debug_options"] = _effective_debug_options()
-    except Exception as err:  # noqa: BLE001  (a private API: report, do not fail)
-        out["effective_debug_options"] = f"unavailable: {type(err).__name__}: {err}"
+    out = _environment()
 
     phase("compile")
     t0 = time.perf_counter()
     cache = hs.init_hot_cache(cfg)
-    compiled = program(pool, variant, "ffi").lower(cache, sels, base).compile()
+    compiled = _program(pool, sealed, "ffi").lower(cache, sels, base).compile()
     out["compile_s"] = round(time.perf_counter() - t0, 3)
     for run in ("run1", "run2"):
         phase(run)
@@ -252,7 +270,7 @@ def _child(variant: str, reference: bool) -> None:
 
     if reference:  # pure JAX on a device copy of the pool: the expected misses
         dev_pool = jax.device_put(pool, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
-        ref = program(dev_pool, "sliced", "reference")
+        ref = _program(dev_pool, sealed, "reference")
         cache = hs.init_hot_cache(cfg)
         for run in ("run1", "run2"):
             cache, (_, misses) = ref(cache, jnp.asarray(sliced), base)
@@ -341,13 +359,11 @@ def _hlo(dump: str) -> dict:
     path = _latest(f"{dump}/*.{MODULE}.*after_optimizations.txt")
     if path is None:
         return dict(file=None)
-    text = open(path, errors="replace").read()
-    # Computations start at column 0 with "[ENTRY ][%]name (params) -> shape {".
-    blocks = [b for b in re.split(r"\n(?=\S)", text) if b.split("\n", 1)[0].rstrip().endswith("{")]
-    name = lambda b: b.split("(", 1)[0].split()[-1].lstrip("%")  # noqa: E731
-    homes = [name(b) for b in blocks if 'custom_call_target="hisparse_resolve"' in b]
-    callers = [ln.strip() for ln in text.splitlines()  # the fusion, while or call that runs it
-               if any(re.search(rf"[=,{{]\s*%?{re.escape(h)}(?![\w.\-])", ln) for h in homes)]
+    from hisparse_jax import hlo  # here, not at the top: the parent process imports no jax
+
+    module = hlo.parse(open(path, errors="replace").read())
+    homes = [name for name, insts in module.computations.items() if any(i.target == "hisparse_resolve" for i in insts)]
+    callers = [i.line.strip() for home in homes for i in module.callers_of(home)]  # the fusion, while or call
 
     def wrapper(line):
         op = re.search(r"\b(fusion|while|call|conditional|async-start)\(", line)
@@ -355,10 +371,10 @@ def _hlo(dump: str) -> dict:
         return " ".join([op.group(1) if op else "?"] + [t for tup in tags for t in tup if t])
 
     return dict(file=os.path.basename(path),
-                resolve_calls=text.count('custom_call_target="hisparse_resolve"'),
+                resolve_calls=module.count_target("hisparse_resolve"),
                 resolve_in_computation=homes, wrapped_by=[wrapper(c) for c in callers][:4],
                 called_by=[c[:240] for c in callers][:4],
-                command_buffer_computations=sum("command_buffer" in name(b) for b in blocks))
+                command_buffer_computations=sum("command_buffer" in name for name in module.computations))
 
 
 def _debug_options(dump: str) -> list[str]:

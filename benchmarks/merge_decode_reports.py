@@ -13,7 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from hisparse_jax.bench.cli import format_table, write_plots
+from hisparse_jax.bench.decode.plots import write_plots
+from hisparse_jax.bench.decode.report import format_table
 
 
 def merge(reports: list[dict]) -> dict:

@@ -15,7 +15,7 @@ import collections
 import os
 import sys
 
-from hisparse_jax.bench import profile
+from hisparse_jax.bench import device_trace, kernel_categories
 
 COLORS = {"weights/FFN": "tab:blue", "attention": "tab:orange", "indexer": "tab:green", "top-k": "tab:olive",
           "resolve": "tab:purple", "IO": "tab:red", "copies": "tab:gray", "other": "tab:cyan"}
@@ -30,8 +30,8 @@ def main(argv=None) -> int:
     hlo_path = os.path.join(args.trace_dir, "program.hlo.txt")
     if not os.path.exists(hlo_path):
         sys.exit(f"prefetch_timeline: {hlo_path} not found; pass a run folder of --profile-dir")
-    instructions = profile.hlo_instructions(open(hlo_path).read())
-    kernels = profile.device_kernels(args.trace_dir)
+    instructions = kernel_categories.hlo_instructions(open(hlo_path).read())
+    kernels = device_trace.device_kernels(args.trace_dir)
     if not kernels:
         sys.exit(f"prefetch_timeline: no device kernels in the trace under {args.trace_dir}")
     begin = min(k.start for k in kernels)
@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     lo = begin + step * (args.steps // 2)
     hi = lo + step
     shown = [k for k in kernels if lo <= k.start < hi]
-    category = {id(k): profile.classify(k.kernel, profile._instruction_of(k, instructions)) for k in shown}
+    category = {id(k): kernel_categories.classify(k.kernel, device_trace.instruction_of(k, instructions))
+                for k in shown}
     busy = collections.defaultdict(lambda: collections.Counter())
     for k in shown:
         busy[k.stream][category[id(k)]] += k.seconds
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
     for stream, by in sorted(busy.items()):
         parts = ", ".join(f"{c} {s * 1e3:.3f}" for c, s in by.most_common())
         print(f"  stream {stream}: {sum(by.values()) * 1e3:.3f} ms busy ({parts})")
-    overlap = profile.io_overlap(shown, instructions, 1)
+    overlap = device_trace.io_overlap(shown, instructions, 1)
     if overlap:
         print(f"  record copy {overlap['io_seconds'] * 1e3:.3f} ms, {overlap['hidden_seconds'] * 1e3:.3f} ms beside "
               f"other kernels: {overlap['hidden_fraction']:.0%} hidden")

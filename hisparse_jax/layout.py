@@ -2,7 +2,7 @@
 
 Every array field of a state pytree (HotCache, RecordStore, a model family's State) declares its
 layout on the dataclass field itself, with `field(category, batch_axis, memory)`. The byte
-account (hisparse_jax.bench.capacity), the synthetic fill (hisparse_jax.bench.synthetic) and the
+account (hisparse_jax.bench.decode.capacity), the synthetic fill (hisparse_jax.bench.decode.synthetic) and the
 sharding specs (hisparse_jax.sharding) all read it from there, so a new state array is counted,
 filled and sharded by saying once what it is.
 

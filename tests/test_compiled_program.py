@@ -15,116 +15,13 @@ from jax import lax
 
 import hisparse_jax as hs
 from hisparse_jax import targets
+from hisparse_jax.hlo import Module as Hlo  # the optimized HLO module text, split into computations
 from helpers import IMPLEMENTATIONS, config, empty_state, random_records, to_pinned_host
 
 needs_ffi = pytest.mark.skipif("ffi" not in IMPLEMENTATIONS, reason="no FFI handler for this backend")
 
 CFG = config(L=3, streams=(2,), R=16, B=5, k=4, width=2)  # pool f32[3,2,16,1,2], unique among operands
 T = 7  # decode steps
-
-
-# --------------------------------------------------------------------------- HLO text helpers
-
-
-class Hlo:
-    """The optimized HLO module text, split into computations."""
-
-    def __init__(self, text: str):
-        self.text = text
-        self.header = text.splitlines()[0]
-        self.computations: dict[str, list[str]] = {}
-        self.entry = None
-        name = None
-        for line in text.splitlines():
-            head = re.match(r"^(ENTRY )?%(\S+) \(", line)
-            if head:
-                name = head.group(2)
-                self.computations[name] = []
-                if head.group(1):
-                    self.entry = name
-            elif line.startswith("}"):
-                name = None
-            elif name is not None:
-                self.computations[name].append(line)
-
-    def custom_calls(self, computation: str, target: str) -> int:
-        return sum(f'custom_call_target="{target}"' in line for line in self.computations[computation])
-
-    def whiles(self, computation: str) -> list[tuple[str, int]]:
-        """(body computation, known trip count) of every while in `computation`."""
-        out = []
-        for line in self.computations[computation]:
-            if re.search(r"\bwhile\(", line):
-                body = re.search(r"body=%([\w.\-]+)", line).group(1)
-                trips = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)
-                assert trips, f"while without a known trip count: {line[:200]}"
-                out.append((body, int(trips.group(1))))
-        return out
-
-    def callees(self, computation: str) -> list[str]:
-        """Computations run once per execution of `computation` (calls, fusions, conditionals)."""
-        out = []
-        for line in self.computations[computation]:
-            if re.search(r"\bwhile\(", line):
-                continue
-            out += re.findall(r"(?:calls|to_apply|branch_computations)=\{?%([\w.\-]+)", line)
-        return out
-
-    def executions(self, target: str, computation: str | None = None) -> int:
-        """How many times the program runs `target`: trip counts multiplied through the loops."""
-        computation = computation or self.entry
-        n = self.custom_calls(computation, target)
-        n += sum(trips * self.executions(target, body) for body, trips in self.whiles(computation))
-        n += sum(self.executions(target, callee) for callee in self.callees(computation))
-        return n
-
-    def loop_nest_of(self, target: str) -> list[int]:
-        """Trip counts of the loops around the (single) call site of `target`, outermost first."""
-
-        def search(computation, trips):
-            if self.custom_calls(computation, target):
-                return trips
-            for body, n in self.whiles(computation):
-                found = search(body, trips + [n])
-                if found is not None:
-                    return found
-            for callee in self.callees(computation):
-                found = search(callee, trips)
-                if found is not None:
-                    return found
-            return None
-
-        return search(self.entry, [])
-
-    def entry_layout(self) -> tuple[list[str], str]:
-        """Parameter layouts and result layout of entry_computation_layout."""
-        layout = re.search(r"entry_computation_layout=\{\((.*)\)->(.*)\}", self.header)
-        params = re.findall(r"\w+\[[\d,]*\]\{[^}]*\}", layout.group(1))
-        return params, layout.group(2)
-
-    def aliased_parameters(self) -> set[int]:
-        alias = re.search(r"input_output_alias=\{(.*?)\}, entry", self.header)
-        return {int(p) for p in re.findall(r"\{[\d,]*\}: \((\d+),", alias.group(1))} if alias else set()
-
-    def instructions(self):
-        """(name, result type, opcode, operand names) of every instruction."""
-        pattern = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\(.*?\)|\S+) ([\w\-]+)\(([^)]*)\)")
-        for lines in self.computations.values():
-            for line in lines:
-                m = pattern.match(line)
-                if m:
-                    yield m.group(1), m.group(2), m.group(3), re.findall(r"%([\w.\-]+)", m.group(4))
-
-    def ops_producing(self, shape: str) -> set[str]:
-        """Opcodes of every instruction whose (array) result has exactly `shape`."""
-        return {op for _, typ, op, _ in self.instructions() if typ.split("{")[0] == shape}
-
-    def ops_consuming(self, shape: str) -> set[str]:
-        """Opcodes of every instruction that takes an operand of exactly `shape`."""
-        typed = {name: typ.split("{")[0] for name, typ, _, _ in self.instructions()}
-        return {
-            op for _, _, op, operands in self.instructions() if any(typed.get(o) == shape for o in operands)
-        }
 
 
 POOL_SHAPE = f"f32[{','.join(map(str, CFG.pool_shape))}]"

@@ -9,7 +9,6 @@ stdout, policies.json and PNG plots in --out.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -21,67 +20,12 @@ from typing import Callable
 import numpy as np
 
 from .. import cache_policies, recorded, traces
-from .plan import BenchError
+from .errors import BenchError
 from .progress import Progress
 
 # The synthetic trace's shape when not given (a few seconds to replay on one core).
 SYNTHETIC_DEFAULTS = dict(records=32768, streams=2, layers=4, steps=200, k=2048)
 SYNTHETIC_ONLY = ("records", "streams", "layers", "steps", "k")
-
-
-def _integer(minimum: int, what: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
-        return value
-
-    parse.__name__ = what
-    return parse
-
-
-def _ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a B/k ratio >= 1, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 1):
-        raise argparse.ArgumentTypeError(f"expected a B/k ratio >= 1, got {text}")
-    return value
-
-
-def add_parser(sub) -> None:
-    """Registers the `policies` subcommand on hisparse-bench's subparsers."""
-    p = sub.add_parser("policies", help="eviction policies replayed on a selection trace",
-                       description=__doc__.split("\n\n")[1])
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--trace-file", default=None, metavar="PATH",
-                        help="a recorded selection trace (hisparse_jax.recorded.save_trace)")
-    source.add_argument("--synthetic", nargs="+", default=None, choices=list(traces.CALIBRATIONS),
-                        metavar="CALIBRATION",
-                        help=f"calibrated synthetic traces, one replay each: {', '.join(traces.CALIBRATIONS)} "
-                             "(docs/traces.md)")
-    count = _integer(1, "a positive integer")
-    d = SYNTHETIC_DEFAULTS
-    p.add_argument("--records", type=count, default=None,
-                   help=f"synthetic: records sealed at the first step; each step seals one more (default: {d['records']})")
-    p.add_argument("--streams", type=count, default=None, help=f"synthetic: streams (default: {d['streams']})")
-    p.add_argument("--layers", type=count, default=None, help=f"synthetic: selecting layers (default: {d['layers']})")
-    p.add_argument("--steps", type=count, default=None, help=f"synthetic: decode steps (default: {d['steps']})")
-    p.add_argument("--k", type=count, default=None, help=f"synthetic: records selected per step (default: {d['k']})")
-    p.add_argument("--seed", type=_integer(0, "an integer >= 0"), default=0,
-                   help="the synthetic trace's seed and the random policy's (default: 0)")
-    p.add_argument("--ratios", type=_ratio, nargs="+", default=list(cache_policies.DEFAULT_RATIOS),
-                   help="B/k values, B = round(ratio * k) (default: 1 1.5 2 3 4)")
-    p.add_argument("--policies", nargs="+", default=list(cache_policies.POLICIES), choices=cache_policies.POLICIES,
-                   metavar="POLICY", help=f"some of {', '.join(cache_policies.POLICIES)} (default: all)")
-    p.add_argument("--warm", type=_integer(0, "a number of steps >= 0"), default=None,
-                   help="misses count from this step on (default: a quarter of the trace's steps)")
-    p.add_argument("--out", default="results/policies", help="folder for policies.json and plots (default: %(default)s)")
-    p.add_argument("--no-plots", action="store_true")
 
 
 # --------------------------------------------------------------------------- the traces replayed

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from hisparse_jax.bench import cli, deployments, plan
-from hisparse_jax.bench.plan import BenchError, build_plan
+from hisparse_jax.bench import cli, deployments
+from hisparse_jax.bench.decode import plan, report
+from hisparse_jax.bench.decode.plan import build_plan
+from hisparse_jax.bench.errors import BenchError
 from hisparse_jax.models import get_family
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))  # the model tests' cached decode runs
@@ -66,7 +68,7 @@ def test_unknown_deployment_is_an_error():
     (["--deployment", "glm5-h200", "--num-layers", "100"], "--num-layers: deployment glm5-h200: a slice has 1 to 78"),
 ])
 def test_deployment_argument_errors(argv, message):
-    args = cli._parser().parse_args(["decode", *argv])
+    args = cli.parser().parse_args(["decode", *argv])
     with pytest.raises(BenchError, match=message):
         build_plan(args)
 
@@ -200,4 +202,4 @@ def test_explain_plans_the_tiny_variant_of_each_slice(name, capsys):
     # HiSparse alone: planning the full-KV mode too doubles the compilations and adds no path of the slice.
     runs = next(line for line in out.splitlines() if line.startswith("context 64: runs "))
     assert runs == "context 64: runs " + "; ".join(
-        f"capacity {cli.MODE_NAMES['hisparse']} batch 2 ({trace})" for trace in plan.DEPLOYMENT_DEFAULTS["trace"])
+        f"capacity {report.MODE_NAMES['hisparse']} batch 2 ({trace})" for trace in plan.DEPLOYMENT_DEFAULTS["trace"])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from model_helpers import CASES, assert_bitwise_equal
 
-from hisparse_jax.bench.capacity import account
+from hisparse_jax.bench.decode.capacity import account
 from hisparse_jax.models import dsa
 
 CASE = CASES["dsa"]

@@ -11,7 +11,7 @@ import pytest
 from model_helpers import CASES, STEPS
 
 from hisparse_jax import decode
-from hisparse_jax.bench.capacity import account
+from hisparse_jax.bench.decode.capacity import account
 from hisparse_jax.models import nsa
 from hisparse_jax.topk import select_topk
 

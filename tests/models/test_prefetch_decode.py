@@ -13,9 +13,9 @@ import jax
 import numpy as np
 import pytest
 from model_helpers import CASES, STEPS, assert_bitwise_equal
-from test_decode_program import _assert_no_big_copies, _hlo_shape, _materialized, _traced, _IN_PLACE, ffi_calls
+from test_decode_program import IN_PLACE, assert_no_big_copies, ffi_calls, traced
 
-from hisparse_jax import targets
+from hisparse_jax import hlo, targets
 
 SHARED = [2, 4]
 
@@ -56,17 +56,17 @@ def test_prefetch_program(ffi_backend):
         pytest.skip(f"no RESOLVE FFI handler on {jax.default_backend()}: resolve runs the JAX reference")
     case = CASES["dsa"]
     config = _dsa(2, prefetch=True)
-    calls = ffi_calls(_traced(case, config).jaxpr.jaxpr)
+    calls = ffi_calls(traced(case, config).jaxpr.jaxpr)
     layers = config.num_layers
     for target in (targets.RESOLVE_PREFETCH, targets.PREFETCH_JOIN):
         sites = [c for c in calls if c[0] == target]
         assert len(sites) == layers and all(trips == STEPS for _, trips, _ in sites), f"{target}: {sites}"
     assert not [c for c in calls if c[0] == targets.RESOLVE], "a plain RESOLVE next to the prefetch"
 
-    hlo = _assert_no_big_copies(case, config, "hisparse")
+    program = assert_no_big_copies(case, config, "hisparse")
     cache = config.cache_config(len(case.lengths))
-    hot = _hlo_shape(cache.hot_shape, cache.dtype)
-    bad = [f"{name} = {shape} {opcode}" for name, shape, opcode, root in _materialized(hlo)
-           if shape.split("{")[0] == hot and opcode not in _IN_PLACE]
+    hot = hlo.shape_text(cache.hot_shape, cache.dtype)
+    bad = [f"{name} = {shape} {opcode}" for name, shape, opcode, root in program.materialized()
+           if hlo.array_type(shape) == hot and opcode not in IN_PLACE]
     assert not bad, "the hot buffer is copied (a copy between a resolve and its join would read it early):\n" + \
         "\n".join(bad)

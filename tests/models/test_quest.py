@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from model_helpers import CASES, STEPS
 
-from hisparse_jax.bench.capacity import account
+from hisparse_jax.bench.decode.capacity import account
 from hisparse_jax.models import gqa, layers, paging, quest
 
 CASE = CASES["quest"]

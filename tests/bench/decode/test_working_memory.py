@@ -1,5 +1,5 @@
-"""The decode's working memory (hisparse_jax.bench.working_memory) against the compiled program,
-and the capacity search that counts it (hisparse_jax.bench.capacity)."""
+"""The decode's working memory (hisparse_jax.bench.decode.working_memory) against the compiled program,
+and the capacity search that counts it (hisparse_jax.bench.decode.capacity)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from hisparse_jax import decode, traces
-from hisparse_jax.bench import cli, runner
-from hisparse_jax.bench import working_memory as wm
-from hisparse_jax.bench.capacity import _largest_fitting, account, capacity
-from hisparse_jax.bench.plan import build_plan
+from hisparse_jax.bench import cli
+from hisparse_jax.bench.decode import runner
+from hisparse_jax.bench.decode import working_memory as wm
+from hisparse_jax.bench.decode.capacity import largest_fitting, account, capacity
+from hisparse_jax.bench.decode.plan import build_plan
 from hisparse_jax.models import get_family
 
 STEPS, CONTEXT = 3, 40
@@ -34,7 +35,7 @@ def _real_call_analysis(family, config, mode: str, batch: int, trace: bool):
     state, first = runner.initial_state(family, config, weights, mode, batch, CONTEXT, fill="synthetic")
     selection = {}
     if trace:
-        ids = np.zeros(wm._selections_shape(family, config, batch, STEPS), np.int32)  # runner.trace_ids' shape
+        ids = np.zeros(wm.selections_shape(family, config, batch, STEPS), np.int32)  # runner.trace_ids' shape
         selection = dict(selections=jax.block_until_ready(jnp.asarray(ids)), skip_indexer=False)
     traced = decode.trace_generate(family, config, weights, state, first, STEPS, **selection)
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(weights))
@@ -114,7 +115,7 @@ def test_capacity_refuses_the_working_memory_of_another_program():
 
 
 @pytest.mark.parametrize("upper", [0, 1, 2, 7, 64, 1000])
-def test_the_search_finds_the_largest_fitting_batch_from_any_guess(upper):
+def test_the_search_finds_thelargest_fitting_batch_from_any_guess(upper):
     batches = set(range(upper + 1))
     for answer in sorted({0, 1, upper // 3, upper - 1, upper} & batches):
         for guess in sorted({0, 1, answer - 1, answer, answer + 1, upper // 2, upper} & batches):
@@ -124,7 +125,7 @@ def test_the_search_finds_the_largest_fitting_batch_from_any_guess(upper):
                 checked.append(b)
                 return b <= answer
 
-            assert _largest_fitting(fits, guess, upper) == answer
+            assert largest_fitting(fits, guess, upper) == answer
             # Bounded: an exact guess costs 2 checks (guess and guess + 1; 1 at the bound), a wrong
             # one a logarithmic number.
             if guess == answer:
@@ -164,7 +165,7 @@ def test_the_plan_sizes_every_run_with_its_working_memory():
     """build_plan's capacities count the decode as it runs: its steps, its trace ids, no indexer."""
     argv = ["decode", "--contexts", "24", "--modes", "device", "--steps", "2", "--reps", "1", "--max-batch", "16",
             "--selection", "trace-no-indexer", "--device-budget-mib", "0.3", "--no-equal-batch"]
-    plan = build_plan(cli._parser().parse_args(argv))
+    plan = build_plan(cli.parser().parse_args(argv))
     (c,) = plan.contexts
     cap = c.caps["device"]
     assert (cap.working.steps, cap.working.trace, cap.working.skip_indexer) == (2, True, True)

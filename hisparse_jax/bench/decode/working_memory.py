@@ -2,7 +2,7 @@
 
 `hisparse-bench decode` times `hisparse_jax.decode.generate`: one jitted lax.scan over `steps`
 decode steps, the state donated (its outputs alias its inputs). Beyond the state (the byte
-account, hisparse_jax.bench.capacity) and the weights (outside the device budget), a call needs:
+account, hisparse_jax.bench.decode.capacity) and the weights (outside the device budget), a call needs:
 
 - temp: XLA's temporary buffers (activations, the indexer's [b, T] float32 scores, top-k
   scratch, copies XLA inserts), `memory_analysis().temp_size_in_bytes`: one allocation per call;
@@ -10,7 +10,7 @@ account, hisparse_jax.bench.capacity) and the weights (outside the device budget
   [steps, L, *streams] int32, the output tuple's index tables), output minus alias bytes;
 - arguments: the call's other inputs (first tokens [b] int32, the PRNG key, the forced flag);
 - trace ids: with a selection trace, the ids of the call's steps, [steps, selecting layers,
-  *streams, k] int32, put on device before the call (hisparse_jax.bench.runner).
+  *streams, k] int32, put on device before the call (hisparse_jax.bench.decode.runner).
 
 Not counted: the previous call's tokens ([steps, b] int32) the runner keeps until the call
 returns, and the no-IO and profiled calls (other programs at the same batch).
@@ -24,8 +24,8 @@ Working memory is not affine in the batch in general (buffer assignment packs an
 batch 1 XLA:CPU copies DSA's index-key buffers that larger batches update in place), so
 `working_memory` fits an affine model to two compiled batches (`fit_batches` picks two that
 bracket the batches a capacity search can answer) only for the search to start from; the search
-checks its answer against compiled programs (hisparse_jax.bench.capacity).
-tests/bench/test_working_memory.py states the residuals.
+checks its answer against compiled programs (hisparse_jax.bench.decode.capacity).
+tests/bench/decode/test_working_memory.py states the residuals.
 
 Memory kinds: on a GPU, memory_analysis reports the pinned_host pool apart (its `host_*` fields)
 and the figures here are device bytes. XLA:CPU reports every buffer as device memory (its
@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .. import decode, layout
+from ... import decode, layout
 
 # Two batches the affine model is fitted to when no search bound is known. Not batch 1: small
 # dims of size 1 change what XLA does (on CPU, DSA's index keys are copied at batch 1, updated in
@@ -69,7 +69,7 @@ FIT_BATCHES = (2, 4)
 #   too large; autotuning picks by timing, so the runner's own compile is not reproducible to the
 #   byte either. Autotuning cost 4-7 s a compile there, these 2-4.5 s.
 # - CPU: LLVM at -O0. XLA:CPU assigns buffers on the optimized HLO before LLVM compiles the kernels,
-#   so the LLVM level changes the machine code only (tests/bench/test_working_memory.py compares
+#   so the LLVM level changes the machine code only (tests/bench/decode/test_working_memory.py compares
 #   these figures with the default compile of the real call, byte for byte); it halves the compile.
 _COMPILER_OPTIONS = {
     "gpu": {"xla_gpu_autotune_level": 0},
@@ -185,10 +185,12 @@ def working_memory(family: ModuleType, config, mode: str, steps: int, *, trace: 
 
 def trace_ids_bytes(family: ModuleType, config, batch: int, steps: int) -> int:
     """Bytes of one call's trace ids, [steps, layers, *streams, k] int32 (family.selecting_layout)."""
-    return 4 * int(np.prod(_selections_shape(family, config, batch, steps)))
+    return 4 * int(np.prod(selections_shape(family, config, batch, steps)))
 
 
-def _selections_shape(family, config, batch: int, steps: int) -> tuple[int, ...]:
+def selections_shape(family, config, batch: int, steps: int) -> tuple[int, ...]:
+    """The shape of one call's trace ids, [steps, selecting layers, *streams, k] (what the runner
+    puts on device and the program takes as `selections`)."""
     layers, streams, _ = family.selecting_layout(config, batch)
     return (int(steps), layers, *streams, config.top_k)
 
@@ -200,7 +202,7 @@ def abstract_state(family: ModuleType, config, batch: int, mode: str):
     A NamedSharding over a one-device mesh: a ShapeDtypeStruct carries its memory kind into the
     trace only through a NamedSharding (a SingleDeviceSharding's pinned_host kind reaches the trace
     as device memory). The compiled program equals the one for real arrays on a
-    SingleDeviceSharding up to sharding annotations (tests/bench/test_working_memory.py compares
+    SingleDeviceSharding up to sharding annotations (tests/bench/decode/test_working_memory.py compares
     their memory analyses)."""
     mesh = Mesh(np.array(jax.local_devices()[:1]), ("one",))
     state = jax.eval_shape(lambda: family.init_state(config, batch, mode))
@@ -239,7 +241,7 @@ def _compiled_memory(family, config, mode, batch, steps, trace, skip_indexer, ba
         key=jax.eval_shape(lambda: jax.random.key(0)),
         forced_on=jax.ShapeDtypeStruct((), jnp.bool_) if trace else None,
     )
-    selections = (jax.ShapeDtypeStruct(_selections_shape(family, config, batch, steps), jnp.int32)
+    selections = (jax.ShapeDtypeStruct(selections_shape(family, config, batch, steps), jnp.int32)
                   if trace else None)
     traced = decode._generate_jit.trace(
         family=family, config=config, steps=steps, sampling="greedy", return_logits=False,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hisparse_jax import decode, layout, traces
-from hisparse_jax.bench import synthetic
+from hisparse_jax.bench.decode import synthetic
 from hisparse_jax.models import get_family
 
 FAMILIES = ["dsa", "quest", "nsa"]

@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import layout
-from ..kv_store import RecordStore
-from ..pool import write_records_inplace
+from ... import layout
+from ...kv_store import RecordStore
+from ...pool import write_records_inplace
 
 MiB = 2**20
 
@@ -104,7 +104,7 @@ def _plan(leaf: layout.Leaf, context: int, seed: int) -> tuple:
     if not jnp.issubdtype(leaf.value.dtype, jnp.floating):
         raise ValueError(
             f"synthetic_state: no fill rule for the integer array {leaf.path}; teach "
-            "hisparse_jax.bench.synthetic what it holds"
+            "hisparse_jax.bench.decode.synthetic what it holds"
         )
     return ("hash", _salt(leaf.path, seed))
 

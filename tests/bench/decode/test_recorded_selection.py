@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 import hisparse_jax as hs
-from hisparse_jax.bench import cli, plan
-from hisparse_jax.bench.runner import RecordedSelection, tokens_needed, trace_ids
-from hisparse_jax.bench.working_memory import trace_ids_bytes
+from hisparse_jax.bench import cli
+from hisparse_jax.bench.decode import plan
+from hisparse_jax.bench.decode.runner import RecordedSelection, tokens_needed, trace_ids
+from hisparse_jax.bench.decode.working_memory import trace_ids_bytes
 from hisparse_jax.models import get_family
 from hisparse_jax.recorded import RecordedTrace, save_trace
 
@@ -147,8 +148,8 @@ def test_the_mapping_onto_layers_streams_and_kv_heads():
 def test_recorded_ids_are_in_the_byte_account_as_the_synthetic_trace_ids(tmp_path):
     path = _write(tmp_path, _dsa_trace())
     base = ["decode", "--contexts", "40", *FAST]
-    recorded = plan.build_plan(cli._parser().parse_args([*base, "--selection", "recorded", "--trace-file", path]))
-    synthetic = plan.build_plan(cli._parser().parse_args([*base, "--selection", "trace"]))
+    recorded = plan.build_plan(cli.parser().parse_args([*base, "--selection", "recorded", "--trace-file", path]))
+    synthetic = plan.build_plan(cli.parser().parse_args([*base, "--selection", "trace"]))
     dsa, config = get_family("dsa"), recorded.contexts[0].config
     for mode in ("device", "hisparse"):
         ids = recorded.contexts[0].caps[mode].trace_ids_per_request

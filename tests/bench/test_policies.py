@@ -13,7 +13,6 @@ import pytest
 from hisparse_jax import cache_policies
 from hisparse_jax.bench import cli
 from hisparse_jax.recorded import RecordedTrace, save_trace
-from cli_errors import one_line_error as _error  # pytest puts a test's folder on sys.path
 
 TINY = ["--records", "48", "--k", "8", "--steps", "12", "--layers", "2", "--streams", "2"]
 
@@ -130,13 +129,13 @@ def test_without_matplotlib_the_json_is_still_written(tmp_path, capsys, monkeypa
         (["--trace-file", "TRACE", "--warm", "10"], ["argument --warm: 10 is not below the trace's 10 steps"]),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv, needles):
+def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv, needles, one_line_error):
     trace, other = tmp_path / "trace.npz", tmp_path / "notes.txt"
     _recorded(trace)
     other.write_text("not a trace\n")
     argv = [{"TRACE": str(trace), "NOT_A_TRACE": str(other), "missing.npz": str(tmp_path / "missing.npz")}.get(a, a)
             for a in argv]
-    err = _error(capsys, ["policies", *argv, "--out", str(tmp_path / "out")])
+    err = one_line_error(["policies", *argv, "--out", str(tmp_path / "out")])
     for needle in needles:
         assert needle in err, (needle, err)
     assert not (tmp_path / "out").exists()

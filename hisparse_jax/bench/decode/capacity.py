@@ -5,7 +5,7 @@ nothing is allocated) through the layout every state field declares (hisparse_ja
 every array is counted, by the memory it lives in and the category it declares; an array's bytes
 per request are its bytes over its batch axis, and arrays without one are counted once.
 
-With the decode's working memory (hisparse_jax.bench.working_memory), a batch's device bytes are
+With the decode's working memory (hisparse_jax.bench.decode.working_memory), a batch's device bytes are
 its state's plus what the compiled decode needs besides (temporaries, unaliased outputs, small
 inputs, trace ids), and the answer is checked against compiled programs, not the estimate.
 """
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import jax
 import numpy as np
 
-from .. import layout
+from ... import layout
 
 if TYPE_CHECKING:  # working_memory imports the decode and the models; the account needs neither
     from .working_memory import WorkingMemory
@@ -128,7 +128,7 @@ def capacity(
 
     With `working`, the state-only answer bounds the search (working memory is never negative);
     the affine estimate picks where it starts, and compiled programs decide: the answer b fits
-    when compiled and b + 1 does not (or is beyond the state-only bound). See `_largest_fitting`
+    when compiled and b + 1 does not (or is beyond the state-only bound). See `largest_fitting`
     for how many compiles that takes."""
     if working is not None and (working.family is not family or working.config != config
                                 or working.mode != mode):
@@ -154,7 +154,7 @@ def capacity(
         per = dev_per + working.per_request + working.trace_ids_per_request
         room = device_budget - dev_fixed - working.fixed
         guess = max_batch if per <= 0 else min(max_batch, max(0, room // per))
-        found = _largest_fitting(fits, guess, max_batch)
+        found = largest_fitting(fits, guess, max_batch)
         if found < max_batch:
             limited_by = "device"
         max_batch = found
@@ -174,7 +174,7 @@ def capacity(
     )
 
 
-def _largest_fitting(fits: Callable[[int], bool], guess: int, upper: int) -> int:
+def largest_fitting(fits: Callable[[int], bool], guess: int, upper: int) -> int:
     """The largest batch in [0, upper] that fits (batch 0 always does, and is never checked):
     from `guess`, steps of 1, 2, 4, ... up while batches fit (down while they do not), then
     bisection of the last step. A guess d batches off costs about 2 log2(d) + 2 checks, and at

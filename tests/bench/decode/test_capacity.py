@@ -1,11 +1,11 @@
-"""The byte account behind `hisparse-bench decode` (the CLI itself: test_cli.py)."""
+"""The byte account behind `hisparse-bench decode` (the command itself: test_command.py)."""
 
 from __future__ import annotations
 
 import jax
 import pytest
 
-from hisparse_jax.bench import capacity as cap_lib
+from hisparse_jax.bench.decode import capacity as cap_lib
 from hisparse_jax.models import get_family
 
 FAMILIES = ["dsa", "quest", "nsa"]

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 import hisparse_jax as hs
-from hisparse_jax.bench import cli, plan, report
-from hisparse_jax.bench.capacity import account, capacity
-from hisparse_jax.bench.plan import build_plan
-from hisparse_jax.bench.runner import DecodeTiming, tokens_needed
-from hisparse_jax.bench.working_memory import program_memory
+from hisparse_jax.bench import cli
+from hisparse_jax.bench.decode import plan, report
+from hisparse_jax.bench.decode.capacity import account, capacity
+from hisparse_jax.bench.decode.plan import build_plan
+from hisparse_jax.bench.decode.runner import DecodeTiming, tokens_needed
+from hisparse_jax.bench.decode.working_memory import program_memory
 from hisparse_jax.models import get_family
-from cli_errors import one_line_error as _error  # pytest puts a test's folder on sys.path
 
 CPU = jax.default_backend() == "cpu"
 PLATFORM = hs.platform_of(jax.default_backend())
@@ -62,8 +62,8 @@ FAST = ["--steps", "2", "--reps", "3", "--max-batch", "3", "--device-budget-mib"
         (["--modes", "device", "--prefetch"], ["--prefetch", "add hisparse to --modes"]),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv, needles):
-    err = _error(capsys, ["decode", *argv, "--out", str(tmp_path / "out")])
+def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv, needles, one_line_error):
+    err = one_line_error(["decode", *argv, "--out", str(tmp_path / "out")])
     for needle in needles:
         assert needle in err, (needle, err)
     assert not (tmp_path / "out").exists()
@@ -71,8 +71,8 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv
 
 @pytest.mark.skipif(not CPU, reason="XLA:CPU cannot run bf16 dots; GPUs can")
 @pytest.mark.parametrize("argv", [["--preset", "realistic"], ["--set", "dtype=bfloat16"]])
-def test_bfloat16_is_refused_on_cpu_with_the_fix(capsys, argv):
-    err = _error(capsys, ["decode", *argv])
+def test_bfloat16_is_refused_on_cpu_with_the_fix(capsys, argv, one_line_error):
+    err = one_line_error(["decode", *argv])
     assert "bfloat16" in err and "XLA:CPU" in err and "--set dtype=float32" in err and "GPU" in err
 
 
@@ -93,8 +93,8 @@ def _batch1_bytes(context: int, mode: str, steps: int, reps: int) -> tuple[int, 
 
 
 @pytest.mark.parametrize("contexts", [["100000"], ["64", "100000"]])
-def test_a_context_that_does_not_fit_is_an_error_naming_its_bytes(capsys, contexts):
-    err = _error(capsys, ["decode", "--contexts", *contexts, "--steps", "2", "--reps", "3"], status=1)
+def test_a_context_that_does_not_fit_is_an_error_naming_its_bytes(capsys, contexts, one_line_error):
+    err = one_line_error(["decode", "--contexts", *contexts, "--steps", "2", "--reps", "3"], status=1)
     for mode, name in (("device", "full-KV"), ("hisparse", "hisparse")):
         device, _ = _batch1_bytes(100000, mode, 2, 3)
         assert f"{name} @ 100000: {report.fmt_bytes(device)}" in err, err
@@ -102,10 +102,10 @@ def test_a_context_that_does_not_fit_is_an_error_naming_its_bytes(capsys, contex
     assert f"device budget of {plan.CPU_DEFAULTS['device_budget_mib']:.2f} MiB" in err
 
 
-def test_nothing_fits_names_the_budget_that_fits(capsys):
+def test_nothing_fits_names_the_budget_that_fits(capsys, one_line_error):
     argv = ["decode", "--contexts", "64", "--steps", "2", "--reps", "3", "--device-budget-mib", "0.01",
             "--host-budget-gib", "0.00001"]
-    err = _error(capsys, argv, status=1)
+    err = one_line_error(argv, status=1)
     device, host = _batch1_bytes(64, "device", 2, 3)
     assert f"full-KV @ 64: {report.fmt_bytes(device)}" in err
     assert "host budget of 10.49 KiB" in err
@@ -118,15 +118,15 @@ def test_nothing_fits_names_the_budget_that_fits(capsys):
     working = program_memory(dsa, config, "device", 1, 2, trace=False).total
     assert device + working <= device_fix * 2**20 < (device + working) * 1.01
     # The named budgets do fit: planning with them succeeds, every run at batch >= 1.
-    args = cli._parser().parse_args(argv[:-4] + ["--device-budget-mib", str(device_fix), "--host-budget-gib",
+    args = cli.parser().parse_args(argv[:-4] + ["--device-budget-mib", str(device_fix), "--host-budget-gib",
                                                  str(host_fix)])
     plan = build_plan(args)
     assert all(r.batch >= 1 for c in plan.contexts for r in c.runs)
 
 
-def test_refuses_to_time_the_reference_without_the_extension(capsys, monkeypatch):
+def test_refuses_to_time_the_reference_without_the_extension(capsys, monkeypatch, one_line_error):
     monkeypatch.setattr(plan, "extension_error", lambda: ImportError("no module named _hisparse_ffi"))
-    err = _error(capsys, ["decode", "--contexts", "64"])
+    err = one_line_error(["decode", "--contexts", "64"])
     assert "without its compiled extension" in err and "pure-JAX reference" in err
     assert "pip install --no-build-isolation ." in err and "--allow-reference" in err
 
@@ -135,8 +135,8 @@ _IMPLEMENTATION_FIELD = "implementation" in {f.name for f in dataclasses.fields(
 
 
 @pytest.mark.skipif(not _IMPLEMENTATION_FIELD, reason="the model Config has no implementation field")
-def test_a_requested_reference_needs_allow_reference(capsys, tmp_path):
-    err = _error(capsys, ["decode", "--contexts", "64", "--set", "implementation=reference"])
+def test_a_requested_reference_needs_allow_reference(capsys, tmp_path, one_line_error):
+    err = one_line_error(["decode", "--contexts", "64", "--set", "implementation=reference"])
     assert "--allow-reference" in err
     rc = cli.main(["decode", "--contexts", "64", "--set", "implementation=reference", "--allow-reference",
                    "--out", str(tmp_path), *FAST])
@@ -146,12 +146,12 @@ def test_a_requested_reference_needs_allow_reference(capsys, tmp_path):
 
 
 def test_the_schedule_is_in_turns_unless_asked_or_too_big():
-    args = cli._parser().parse_args(["decode", "--contexts", "64", *FAST])
+    args = cli.parser().parse_args(["decode", "--contexts", "64", *FAST])
     plan = build_plan(args)
     assert plan.in_turns and "in turns" in plan.timing_note
     assert [(r.kind, r.mode) for r in plan.contexts[0].runs] == [
         ("capacity", "device"), ("capacity", "hisparse"), ("equal batch", "hisparse")]
-    plan = build_plan(cli._parser().parse_args(["decode", "--contexts", "64", "--one-at-a-time", *FAST]))
+    plan = build_plan(cli.parser().parse_args(["decode", "--contexts", "64", "--one-at-a-time", *FAST]))
     assert not plan.in_turns and "--one-at-a-time" in plan.timing_note
 
 

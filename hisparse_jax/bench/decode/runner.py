@@ -2,7 +2,7 @@
 
 The state holds `context` tokens per stream, from the family's own dense
 prefill of random prompts ("prefill") or from a synthetic fill
-("synthetic", hisparse_jax.bench.synthetic: no O(T^2) prefill, for long
+("synthetic", hisparse_jax.bench.decode.synthetic: no O(T^2) prefill, for long
 contexts). A TraceConfig makes the selection follow the calibrated synthetic
 trace (hisparse_jax.traces, docs/traces.md) instead of the indexer on random
 weights: the ids of every step a run will decode are generated once, before
@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import decode, recorded, traces
-from . import profile
+from ... import decode, recorded, traces
+from .. import profile
 from .synthetic import synthetic_state, without_fetch
 
 FILLS = ("prefill", "synthetic")
@@ -140,7 +140,7 @@ class RecordedSelection:
     deeper one skips some), stream i of the batch trace stream i mod streams, the same ids for
     every trailing stream index (Quest's and NSA's KV heads all select what the trace's stream
     selected), and step t of the run the trace's step t. The ids are used as recorded: the
-    benchmark's context may be longer than the trace's (hisparse_jax.bench.plan checks that every
+    benchmark's context may be longer than the trace's (hisparse_jax.bench.decode.plan checks that every
     id is sealed when it is selected); the locality is the trace's, at its own context.
     """
 
@@ -209,7 +209,7 @@ def _selection_arguments(run: DecodeRun) -> dict:
     return dict(selections=jax.block_until_ready(ids), skip_indexer=run.skip_indexer)
 
 
-def _warm_up(run: DecodeRun, first_tokens) -> DecodeRun:
+def warm_up(run: DecodeRun, first_tokens) -> DecodeRun:
     """The untimed first call: compiles this state's decode and fills its hot caches."""
     out, _, misses, run.state = decode.generate(run.family, run.config, run.weights, run.state,
                                                 first_tokens, run.steps, **_selection_arguments(run))
@@ -230,7 +230,7 @@ def start_run(family: ModuleType, config, weights, mode: str, batch: int, contex
     state, first = initial_state(family, config, weights, mode, batch, context, fill=fill, seed=seed)
     ids = None if trace is None else trace_ids(family, config, trace, state.lengths, trace_steps, seed)
     run = DecodeRun(family, config, weights, context, steps, state, first, ids, 0, skip_indexer)
-    return _warm_up(run, first)
+    return warm_up(run, first)
 
 
 def without_io(run: DecodeRun) -> DecodeRun:
@@ -239,7 +239,7 @@ def without_io(run: DecodeRun) -> DecodeRun:
     quiet = DecodeRun(run.family, run.config, run.weights, run.context, run.steps, without_fetch(run.state),
                       run.last_tokens, run.trace_ids, run.trace_step, run.skip_indexer)
     run.state = None
-    return _warm_up(quiet, jnp.asarray(run.last_tokens[-1]))
+    return warm_up(quiet, jnp.asarray(run.last_tokens[-1]))
 
 
 def profile_run(run: DecodeRun, bandwidths: dict[str, float], trace_dir: str | None = None) -> dict:

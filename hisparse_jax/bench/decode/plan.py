@@ -8,7 +8,7 @@ are added), a bfloat16 config on XLA:CPU (which cannot run its dots), the pure-J
 RESOLVE unless allowed, a recorded trace (--trace-file) whose k, page size, steps or sealed
 records do not fit the runs, a run whose batch 1 does not fit the budgets (with the bytes it needs
 and the budget that fits). Sizing compiles the decode of every context and mode for its memory
-analysis (hisparse_jax.bench.working_memory); the checks of arguments and of the state bytes
+analysis (hisparse_jax.bench.decode.working_memory); the checks of arguments and of the state bytes
 come before any compilation.
 """
 
@@ -24,12 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _ffi, recorded, traces
-from .._ffi import extension_error
-from ..models import get_family
+from ... import _ffi, recorded, traces
+from ..._ffi import extension_error
+from ...models import get_family
 from .capacity import Capacity, capacity
 from .working_memory import fit_batches, program_memory, working_memory
-from .deployments import get_deployment
+from ..deployments import get_deployment
+from ..errors import BenchError
 from .report import MODE_NAMES, fmt_bytes
 from .runner import RecordedSelection, tokens_needed
 
@@ -43,15 +44,6 @@ CPU_DEFAULTS = dict(family="dsa", preset="tiny", contexts=[512, 1024], device_bu
 # at least 10 timed calls, a batch cap far above any capacity.
 DEPLOYMENT_DEFAULTS = dict(contexts=[32768, 131072, 262144], host_budget_gib=88.0, max_batch=512,
                            fill="synthetic", selection="trace", trace=list(traces.CALIBRATIONS), steps=16, reps=12)
-
-
-class BenchError(Exception):
-    """A refusal: printed as one line `hisparse-bench: error: ...`, exit status `status`
-    (2: a bad argument; 1: the arguments are valid but nothing can be measured)."""
-
-    def __init__(self, message: str, status: int = 2):
-        super().__init__(" ".join(message.split()))  # one line, whatever the source wrote
-        self.status = status
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,7 +274,7 @@ def _implementation(args, config, platform: str) -> str:
                          "pass --allow-reference too to confirm")
     if extension_error() is not None:
         cause = f" ({extension_error()})"
-        why = (f"hisparse_jax was imported from {Path(__file__).parents[1]} without its compiled "
+        why = (f"hisparse_jax was imported from {Path(__file__).parents[2]} without its compiled "
                f"extension{cause}, so RESOLVE would run as the pure-JAX reference: install the package "
                "(`./dev build`, or `pip install --no-build-isolation .`) and run hisparse-bench from "
                "outside the source tree")

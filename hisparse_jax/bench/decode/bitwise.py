@@ -1,0 +1,101 @@
+"""`hisparse-bench bitwise`: HiSparse vs full-KV decode at a realistic shape, bit for bit.
+
+Prefills a batch of ragged random prompts (request i holds context - 97 i tokens) in each mode
+with the same seeded weights, decodes --steps greedy tokens, and checks that the tokens and
+logits of "hisparse" (the pool in pinned host memory, RESOLVE fetching misses) and "device" (all
+KV in HBM) are bitwise equal; then times --reps more calls of each mode with the decode runner
+(hisparse_jax.bench.decode.runner) and prints the median step of each, the HiSparse miss rate
+and where its pool lives. Exit status 1 when the modes differ.
+
+  hisparse-bench bitwise --context 32768 --batch 4 --steps 16 --reps 2
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ... import decode
+from ...models import get_family
+from ..errors import BenchError
+from .runner import DecodeRun, time_in_turns, tokens_needed, warm_up
+
+MODES = ("hisparse", "device")
+RAGGED = 97  # request i's prompt is this many tokens shorter than request i - 1's
+
+
+def bitwise_config(family, preset: str, context: int, steps: int, reps: int, num_layers: int):
+    """The preset at `num_layers`, with room for the prompt and every call: the compared one, the
+    runner's untimed one and `reps` timed ones."""
+    needed = tokens_needed(context, steps, reps + 1) + 1
+    try:
+        page = family.Config.preset(preset, num_layers=num_layers).page_size
+        return family.Config.preset(preset, num_layers=num_layers, max_context=-(-needed // page) * page)
+    except ValueError as err:
+        raise BenchError(f"--preset {preset} --num-layers {num_layers}: {err}") from None
+
+
+def ragged_prompts(config, batch: int, context: int, seed: int = 0):
+    """(prompts [batch, context] int32, lengths [batch]: context - 97 i) of seeded random tokens."""
+    if context - RAGGED * (batch - 1) < 1:
+        raise BenchError(f"--context {context}: request {batch - 1} of --batch {batch} would hold "
+                         f"{context - RAGGED * (batch - 1)} tokens (each request {RAGGED} fewer than the last)")
+    rng = np.random.default_rng(seed)
+    prompts = jnp.asarray(rng.integers(0, config.vocab, (batch, context)), jnp.int32)
+    return prompts, jnp.asarray([context - RAGGED * i for i in range(batch)], jnp.int32)
+
+
+def decode_mode(family, config, weights, prompts, lengths, mode: str, steps: int, reps: int) -> dict:
+    """One mode: the compared call's tokens, logits and misses (numpy), then the runner's timing of
+    `reps` more calls from where it stopped (median seconds per step) and the pool's memory kind."""
+    state = family.init_state(config, prompts.shape[0], mode)
+    state, logits = decode.prefill(family, config, weights, state, prompts, lengths)
+    first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    tokens, step_logits, misses, state = decode.generate(
+        family, config, weights, state, first, steps, return_logits=True
+    )
+    jax.block_until_ready(tokens)
+    out = dict(tokens=np.asarray(tokens), logits=np.asarray(step_logits), misses=np.asarray(misses))
+    run = warm_up(DecodeRun(family, config, weights, int(prompts.shape[1]), steps, state, tokens), tokens[-1])
+    (timing,) = time_in_turns([run], reps)
+    out["step_s"] = timing.step_seconds
+    out["pool_memory_kind"] = run.state.store.host_pool.sharding.memory_kind if mode == "hisparse" else None
+    return out
+
+
+def compare(args) -> dict:
+    """The summary of both modes at the command line's shape."""
+    family = get_family(args.family)
+    config = bitwise_config(family, args.preset, args.context, args.steps, args.reps, args.num_layers)
+    weights = family.init_weights(config, 0)
+    prompts, lengths = ragged_prompts(config, args.batch, args.context)
+    results = {m: decode_mode(family, config, weights, prompts, lengths, m, args.steps, args.reps) for m in MODES}
+    h, d = results["hisparse"], results["device"]
+    selected = h["misses"][1:].size * config.top_k  # misses: [steps, layers, *streams]
+    return dict(
+        device=str(jax.devices()[0].device_kind), jax=jax.__version__, family=args.family, preset=args.preset,
+        context=args.context, batch=args.batch, steps=args.steps, layers=config.num_layers, top_k=config.top_k,
+        hot_slots=config.hot_slots,
+        tokens_equal=bool(np.array_equal(h["tokens"], d["tokens"])),
+        logits_equal=bool(np.array_equal(h["logits"], d["logits"])),
+        hisparse_step_ms=h["step_s"] * 1e3, device_step_ms=d["step_s"] * 1e3,
+        hisparse_miss_rate_after_first_step=float(h["misses"][1:].sum() / selected) if selected else 0.0,
+        pool_memory_kind=h["pool_memory_kind"],
+    )
+
+
+def run(args) -> int:
+    """hisparse-bench bitwise: prints the summary (JSON), writes it to --json; 1 if the modes differ."""
+    summary = compare(args)
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+    if not (summary["tokens_equal"] and summary["logits_equal"]):
+        print("hisparse-bench: error: hisparse and device decodes differ", file=sys.stderr)
+        return 1
+    return 0

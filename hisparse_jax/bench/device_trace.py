@@ -1,0 +1,137 @@
+"""The device kernels of a profiler trace: what ran, for how long, on which stream, and for which
+HLO instruction; their device time per step by category (hisparse_jax.bench.kernel_categories)
+and how much of RESOLVE's record copy ran beside other kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import gzip
+import json
+import os
+import re
+import re
+from typing import Iterable
+
+from .kernel_categories import CATEGORIES, Instruction, classify
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTime:
+    """One kernel launch of the trace: its name, HLO instruction, duration, and (for overlap)
+    its start in seconds and the device stream it ran on."""
+
+    kernel: str
+    hlo_op: str
+    seconds: float
+    start: float = 0.0
+    stream: str = ""
+
+
+def device_kernels(trace_dir: str, module: str | None = None) -> list[KernelTime]:
+    """Every kernel the device ran in the trace under `trace_dir` (the newest run), only those of
+    the HLO module named `module` when given (the profiled program, not small jits around it)."""
+    files = sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz")))
+    if not files:
+        return []
+    with gzip.open(files[-1]) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and re.search(r"/device:(GPU|TPU)", str(e.get("args", {}).get("name", "")))}
+    out = []
+    for e in events:
+        if e.get("ph") != "X" or e.get("pid") not in devices:
+            continue
+        args = e.get("args", {})
+        # A kernel the prefetch launched on its own stream may carry no module annotation; the
+        # trace covers the profiled call alone, so a fetch kernel in it is that call's.
+        if module is not None and args.get("hlo_module") != module and (
+                args.get("hlo_module") or "fetchkernel" not in str(e.get("name", "")).lower()):
+            continue
+        out.append(KernelTime(str(e.get("name", "")), str(args.get("hlo_op", "")), float(e.get("dur", 0.0)) * 1e-6,
+                              float(e.get("ts", 0.0)) * 1e-6, str(e.get("tid", ""))))
+    return out
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Disjoint sorted intervals covering the same time as `intervals`."""
+    out: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The intervals two disjoint sorted interval lists have in common."""
+    i = j = 0
+    common = []
+    while i < len(a) and j < len(b):
+        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if end > start:
+            common.append((start, end))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return common
+
+
+def io_overlap(kernels: Iterable[KernelTime], instructions: dict[str, Instruction], steps: int) -> dict | None:
+    """How much of RESOLVE's record copy ran while other kernels ran, from the device timestamps.
+
+    Copy time: the union of the fetch kernels' intervals (category "IO": the split plan's and the
+    prefetch's copy; a fused resolve copies inside its resolve kernel and is not seen here).
+    Hidden: the part of it during which a kernel of another category ran on another stream.
+    Returns {"io_seconds", "hidden_seconds" (per step), "hidden_fraction"}, or None without a
+    fetch kernel in the trace.
+    """
+    io, busy = [], []
+    for k in kernels:
+        span = (k.start, k.start + k.seconds)
+        if classify(k.kernel, instruction_of(k, instructions)) == "IO":
+            io.append((span, k.stream))
+        else:
+            busy.append((span, k.stream))
+    if not io:
+        return None
+    copy = _union([span for span, _ in io])
+    # A copy hides only beside kernels of other streams: work on its own stream runs before or
+    # after it, never beside it (the anchor's copy on the compute stream hides nothing).
+    hidden_spans = []
+    for stream in {stream for _, stream in io}:
+        mine = _union([span for span, s in io if s == stream])
+        others = _union([span for span, s in busy if s != stream])
+        hidden_spans += _intersection(mine, others)
+    total, hidden = _length(copy), _length(_union(hidden_spans))
+    return dict(io_seconds=total / steps, hidden_seconds=hidden / steps,
+                hidden_fraction=hidden / total if total > 0 else 0.0)
+
+
+def instruction_of(kernel: KernelTime, instructions: dict[str, Instruction]) -> Instruction | None:
+    """The HLO instruction a kernel ran for: the trace's hlo_op, or, inside a command buffer (a
+    captured CUDA graph, whose kernels all carry the command buffer's name), the instruction the
+    kernel is named after (XLA names a fusion's kernel after it, '.' written '_')."""
+    found = instructions.get(kernel.hlo_op)
+    if found is not None and found.opcode != "command-buffer" and not kernel.hlo_op.startswith("command_buffer"):
+        return found
+    return instructions.get(kernel.kernel) or instructions.get(kernel.kernel.replace("_", "."))
+
+
+def summarize(kernels: Iterable[KernelTime], instructions: dict[str, Instruction], steps: int):
+    """(category -> seconds per step, top kernels) of the kernels of `steps` decode steps."""
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+    per_kernel: dict[tuple[str, str], float] = {}
+    for k in kernels:
+        category = classify(k.kernel, instruction_of(k, instructions))
+        seconds[category] += k.seconds / steps
+        per_kernel[(category, k.kernel)] = per_kernel.get((category, k.kernel), 0.0) + k.seconds / steps
+    top = sorted(((c, n, s) for (c, n), s in per_kernel.items()), key=lambda t: -t[2])[:12]
+    return seconds, top

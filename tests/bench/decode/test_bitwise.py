@@ -1,0 +1,43 @@
+"""`hisparse-bench bitwise` (hisparse_jax.bench.decode.bitwise) on a tiny CPU shape: HiSparse and
+full-KV decode the same tokens and logits, bit for bit, and the summary says so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hisparse_jax.bench import cli
+from hisparse_jax.bench.decode import bitwise
+from hisparse_jax.bench.errors import BenchError
+from hisparse_jax.models import get_family
+
+TINY = ["--preset", "tiny", "--context", "200", "--batch", "2", "--steps", "4", "--reps", "2", "--num-layers", "2"]
+
+
+def test_tiny_shape_is_bitwise_equal(tmp_path, capsys):
+    path = tmp_path / "bitwise.json"
+    assert cli.main(["bitwise", *TINY, "--json", str(path)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(path.read_text())
+    assert printed["tokens_equal"] and printed["logits_equal"]
+    assert printed["pool_memory_kind"] == "pinned_host"
+    assert (printed["context"], printed["batch"], printed["steps"], printed["layers"]) == (200, 2, 4, 2)
+    assert 0.0 <= printed["hisparse_miss_rate_after_first_step"] <= 1.0
+    assert printed["hisparse_step_ms"] > 0 and printed["device_step_ms"] > 0
+
+
+def test_prompts_are_ragged_and_room_is_left_for_every_call():
+    family = get_family("dsa")
+    config = bitwise.bitwise_config(family, "tiny", 200, 4, 2, 2)
+    assert config.max_context > 200 + 4 * 4  # compared call, untimed call, 2 timed calls
+    prompts, lengths = bitwise.ragged_prompts(config, 3, 200)
+    assert prompts.shape == (3, 200) and lengths.tolist() == [200, 103, 6]
+    with pytest.raises(BenchError, match="would hold"):
+        bitwise.ragged_prompts(config, 4, 200)
+
+
+def test_a_preset_that_cannot_be_built_is_a_one_line_error(one_line_error):
+    # Quest keeps its first two layers dense: two layers leave no sparse one.
+    err = one_line_error(["bitwise", "--family", "quest", *TINY])
+    assert err.startswith("hisparse-bench: error: --preset tiny --num-layers 2")
