@@ -6,7 +6,7 @@ resident and returns their slots; outputs stay bit-identical to keeping the
 whole KV on device.
 """
 
-from . import _ffi, decode, models, sharding
+from . import _ffi, decode, models, selection, sharding
 from ._ffi import built_with_cuda, ffi_platforms
 from .cache import HotCache, alloc_host_pool, init_hot_cache, pinned_host_sharding, reset_streams
 from .config import CacheConfig
@@ -21,6 +21,7 @@ from .topk import select_topk
 __all__ = [
     "decode",
     "models",
+    "selection",
     "sharding",
     "CacheConfig",
     "HotCache",

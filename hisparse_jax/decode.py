@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .models import get_family, paging
-from .traces import ForcedSelection
+from .models.paging import ForcedSelection
 
 _STATIC = ("family", "config", "steps", "sampling", "return_logits", "skip_indexer", "record_selection")
 
@@ -136,12 +136,12 @@ def generate(
       sampling: "greedy" (argmax, lowest id on ties) or "sample" (categorical,
         key fold_in(key(seed), step)).
       selections: [steps, layers, *S, k] int32 ids to attend instead of the model's own
-        top-k (a selection trace, hisparse_jax.traces.selections; shapes from
+        top-k (a selection trace, hisparse_jax.selection.synthetic.selections; shapes from
         family.selecting_layout), or None. The model still computes its indexer and top-k.
       skip_indexer: with selections, do not compute the indexer at all (a diagnostic).
       record_selection: also return the ids every selecting layer attended to at every step
         (the model's own top-k, or the forced `selections`): a fifth output [steps, layers,
-        *S, k] int32, ascending per stream with -1 padding (hisparse_jax.recorded stores them).
+        *S, k] int32, ascending per stream with -1 padding (hisparse_jax.selection.recorded stores them).
         Needs a "hisparse" or "device" state and an unsharded family.
       teacher_tokens: [steps, b] int32 or None. Teacher forcing: the token fed to step i + 1 is
         teacher_tokens[i], not the one sampled (the model reads a given continuation, e.g. the

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import jax
 
-from .. import _ffi, traces
+from .. import _ffi
+from ..selection import synthetic as traces
 from ..models import known_families
 from ..models.weights import weight_bytes
 from . import report as report_lib

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import cache_policies, recorded, traces
+from ..selection import policies as cache_policies, recorded, synthetic as traces
 from .plan import BenchError
 from .progress import Progress
 

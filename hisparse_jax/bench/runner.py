@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import decode, recorded, traces
+from .. import decode
+from ..selection import recorded, synthetic as traces
 from . import profile
 from .synthetic import synthetic_state, without_fetch
 

@@ -37,13 +37,13 @@ Shapes: b = batch, T = prompt length, V = vocab, L = sparse layers.
     `-> (state, logits [b, V] float32, misses int32 [L, *streams])`. Appends one token per
     stream to the tail, selects sealed records with the family's indexer and
     `paging.select` (every sealed record, in place, in "dense" mode), attends to them plus the
-    tail, and seals the open page once it is full. `forced` (a traces.ForcedSelection) replaces
+    tail, and seals the open page once it is full. `forced` (a paging.ForcedSelection) replaces
     the selected ids by a trace's at run time. Every mode runs the same ops on the same shapes;
     only the selection (dense) or the placement of records (hisparse/device) differs, so
     "hisparse" and "device" agree bit for bit.
 
 `selecting_layout(config, batch) -> (layers, stream_shape, num_records)`
-    The shape of the selections a trace feeds this family (hisparse_jax.traces.selections:
+    The shape of the selections a trace feeds this family (hisparse_jax.selection.synthetic.selections:
     [steps, layers, *stream_shape, top_k]).
 
 `metadata_bytes_read(config, context) -> int`

@@ -44,7 +44,7 @@ from .._ffi import IMPLEMENTATIONS
 from ..config import CacheConfig
 from ..indexer import index_scores, quantize_keys_fp8
 from ..kv_store import RecordStore
-from ..traces import ForcedSelection
+from .paging import ForcedSelection
 from . import layers, moe, paging
 from .config import ModelConfig, require
 from .weights import init_normal, ones, split_layers

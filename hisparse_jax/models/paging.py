@@ -18,8 +18,26 @@ import jax.numpy as jnp
 from .. import kv_store
 from ..kv_store import RecordStore
 from ..topk import select_topk
-from ..traces import ForcedSelection
 from .layers import Part
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ForcedSelection:
+    """One decode step's selections, fed to a model in place of its own top-k.
+
+    Attributes:
+      ids: [layers, *S, k] int32, ascending per stream, -1 padding (what select_topk returns)
+        for each selecting layer of the family.
+      enabled: bool scalar, a runtime value: True replaces the model's ids by `ids`. Being an
+        input of the program, it keeps XLA from removing the indexer and top-k it overrides.
+      skip_indexer: static; True does not compute the indexer at all (a diagnostic that shows,
+        by difference, what the indexer costs).
+    """
+
+    ids: jax.Array
+    enabled: jax.Array
+    skip_indexer: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 def tail_valid(positions: jax.Array, page_size: int) -> jax.Array:

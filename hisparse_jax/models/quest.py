@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from .. import kv_store, layout
 from ..kv_store import RecordStore
-from ..traces import ForcedSelection
+from .paging import ForcedSelection
 from . import gqa, layers, moe, paging
 from .config import require
 from .weights import init_normal, ones, split_layers

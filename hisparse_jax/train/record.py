@@ -3,7 +3,7 @@
 Each stream reads one document: a dense prefill of its first `prefill` tokens, then `steps`
 decode steps teacher-forced with the document's next tokens (generate's teacher_tokens), every
 step's top-k ids of every layer recorded (record_selection). The trace file
-(hisparse_jax.recorded) carries the model, the documents and the decode's own next-token loss.
+(hisparse_jax.selection.recorded) carries the model, the documents and the decode's own next-token loss.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import decode
 from ..models import dsa
-from ..recorded import RecordedTrace
+from ..selection.recorded import RecordedTrace
 from .checkpoint import load_model
 from .corpus import Corpus
 

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hisparse_jax import decode, layout, traces
+from hisparse_jax import decode, layout
+from hisparse_jax.selection import synthetic as traces
 from hisparse_jax.bench import synthetic
 from hisparse_jax.models import get_family
 

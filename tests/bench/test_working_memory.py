@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hisparse_jax import decode, traces
+from hisparse_jax import decode
+from hisparse_jax.selection import synthetic as traces
 from hisparse_jax.bench import cli, runner
 from hisparse_jax.bench import working_memory as wm
 from hisparse_jax.bench.capacity import _largest_fitting, account, capacity

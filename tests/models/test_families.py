@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from model_helpers import STEPS, assert_bitwise_equal
 
-from hisparse_jax import decode, traces
+from hisparse_jax import decode
+from hisparse_jax.selection import synthetic as traces
 from hisparse_jax.models import get_family, known_families
 
 

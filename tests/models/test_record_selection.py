@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from model_helpers import make_prompts, weights_for
 
-from hisparse_jax import decode, traces
+from hisparse_jax import decode
+from hisparse_jax.selection import synthetic as traces
 from hisparse_jax.models import get_family
 
 STEPS = 6

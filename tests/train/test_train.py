@@ -16,7 +16,7 @@ import pytest
 
 from hisparse_jax import decode
 from hisparse_jax.models import dsa
-from hisparse_jax.recorded import load_trace
+from hisparse_jax.selection.recorded import load_trace
 from hisparse_jax.train import __main__ as train_cli
 from hisparse_jax.train import fit as fit_lib
 from hisparse_jax.train.checkpoint import load_model, save_model
