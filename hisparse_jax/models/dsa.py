@@ -45,7 +45,7 @@ from ..config import CacheConfig
 from ..indexer import index_scores, quantize_keys_fp8
 from ..kv_store import RecordStore
 from .paging import ForcedSelection
-from . import layers, moe, paging
+from . import layers, mla, moe, paging
 from .config import ModelConfig, require
 from .weights import init_normal, ones, split_layers
 
@@ -273,45 +273,6 @@ def metadata_bytes_read(config: Config, context: int) -> int:
     return config.groups * context * key
 
 
-# --------------------------------------------------------------------------- MLA
-
-
-def _query(config: Config, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
-    """h [..., D] at positions (broadcast to h.shape[:-1]) -> absorbed q [..., H, dc + dr] float32."""
-    if config.q_lora_rank:
-        latent = layers.rms_norm(jnp.einsum("...d,dr->...r", h, w.w_q_a), w.q_norm, config.norm_eps)
-        q = jnp.einsum("...r,rhe->...he", latent, w.w_q_b)
-    else:
-        q = jnp.einsum("...d,dhe->...he", h, w.w_q)
-    q_nope, q_rope = q[..., : config.qk_nope_dim], q[..., config.qk_nope_dim :]
-    q_rope = layers.rope(q_rope, positions[..., None], config.rope_theta)
-    q_latent = jnp.einsum("...hn,hnc->...hc", q_nope, w.w_uk, preferred_element_type=jnp.float32)
-    return jnp.concatenate([q_latent, q_rope.astype(jnp.float32)], axis=-1)
-
-
-def _kv_record(config: Config, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
-    """h [..., D] -> record [..., dc + dr] in config.dtype: [rms-normed latent c, rope key]."""
-    kv = jnp.einsum("...d,dw->...w", h, w.w_kv)
-    latent = layers.rms_norm(kv[..., : config.kv_lora_rank], w.kv_norm, config.norm_eps)
-    k_rope = layers.rope(kv[..., config.kv_lora_rank :], positions, config.rope_theta)
-    return jnp.concatenate([latent, k_rope], axis=-1).astype(config.dtype)
-
-
-def _attention_out(config: Config, w: LayerWeights, latent: jax.Array) -> jax.Array:
-    """Attention read-out in latent space latent [..., H, dc] float32 -> [..., D]."""
-    heads = jnp.einsum("...hc,hcv->...hv", latent.astype(config.dtype), w.w_uv)
-    return jnp.einsum("...hv,hvd->...d", heads, w.w_o)
-
-
-def _scale(config: Config) -> float:
-    return 1.0 / math.sqrt(config.qk_nope_dim + config.qk_rope_dim)
-
-
-def _split_record(config: Config):
-    """Record tokens [..., dc + dr] -> (keys: the whole record, values: the latent c)."""
-    return lambda records: (records, records[..., : config.kv_lora_rank])
-
-
 # --------------------------------------------------------------------------- lightning indexer
 
 
@@ -367,12 +328,12 @@ def _decode_layer(config: Config, w: LayerWeights, store, located, pos, x, tail,
     """One layer of one decode step, its records located: (x, tail, store, misses [b])."""
     h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
     with jax.named_scope("mla_project"):
-        q = _query(config, w, h, pos)  # [b, H, dc + dr] f32
-        tail = paging.tail_write(tail, _kv_record(config, w, h, pos), pos)
+        q = mla.query(config, w, h, pos)  # [b, H, dc + dr] f32
+        tail = paging.tail_write(tail, mla.kv_record(config, w, h, pos), pos)
     with jax.named_scope("attention"):
-        parts, misses, store = paging.selected_parts(store, layer, located, tail, pos, _split_record(config))
-        latent = layers.attend(q, parts, _scale(config))  # [b, H, dc]
-        x = x + _attention_out(config, w, latent)
+        parts, misses, store = paging.selected_parts(store, layer, located, tail, pos, mla.split_record(config))
+        latent = layers.attend(q, parts, mla.scale(config))  # [b, H, dc]
+        x = x + mla.attention_out(config, w, latent)
     with jax.named_scope("mlp"):
         x = x + moe.feed_forward(config, w, x)
     return x, tail, store, misses
@@ -431,15 +392,15 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
 def _prefill_layer(config: Config, w: LayerWeights, positions, chunk, x):
     """One layer over the whole prompt: x [b, T, D] -> (x, records [b, T, W])."""
     h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
-    record = _kv_record(config, w, h, positions)
+    record = mla.kv_record(config, w, h, positions)
 
     def q_fn(q_pos):
         h_chunk = jax.lax.dynamic_slice_in_dim(h, q_pos[0], chunk, axis=1)
-        return _query(config, w, h_chunk, q_pos[None, :])
+        return mla.query(config, w, h_chunk, q_pos[None, :])
 
     with jax.named_scope("attention"):
-        latent = layers.causal_attention(q_fn, record, record[..., : config.kv_lora_rank], _scale(config), chunk)
-        x = x + _attention_out(config, w, latent)
+        latent = layers.causal_attention(q_fn, record, record[..., : config.kv_lora_rank], mla.scale(config), chunk)
+        x = x + mla.attention_out(config, w, latent)
     with jax.named_scope("mlp"):
         x = x + moe.feed_forward(config, w, x)
     return x, record
