@@ -63,7 +63,9 @@ def _stack_recorded(chosen: list) -> jax.Array:
     return jnp.stack(chosen)
 
 
-_generate_jit = jax.jit(_generate_program, static_argnames=_STATIC, donate_argnames=("state",))
+# The jitted decode program behind `generate` and `trace_generate` (public so that program tests
+# and benchmarks can trace it and read its compilation cache; call `generate` to run it).
+generate_program = jax.jit(_generate_program, static_argnames=_STATIC, donate_argnames=("state",))
 
 
 def _prefill_program(family, config, weights, state, prompts, lengths):
@@ -160,7 +162,7 @@ def generate(
         raise ValueError(f"generate: sampling must be one of {SAMPLING}, got {sampling!r}")
     _check_batch("first_tokens", first_tokens, state.lengths.shape[0])
     _check_context(config, state.lengths, int(steps))
-    return _generate_jit(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
+    return generate_program(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
                                       return_logits, selections, skip_indexer, record_selection, teacher_tokens))
 
 
@@ -205,7 +207,7 @@ def trace_generate(family, config, weights, state, first_tokens, steps, *, sampl
     """The traced (not run) program of `generate`: `.jaxpr`, `.lower().as_text()`,
     `.lower().compile().as_text()` for program tests and benchmarks."""
     family = get_family(family)
-    return _generate_jit.trace(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
+    return generate_program.trace(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
                                             return_logits, selections, skip_indexer, record_selection,
                                             teacher_tokens))
 

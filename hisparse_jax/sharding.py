@@ -201,7 +201,7 @@ def _is_host(x) -> bool:
     return jax.typeof(x).memory_space == jax.memory.Space.Host
 
 
-def _host_values(x) -> np.ndarray:
+def host_values(x) -> np.ndarray:
     """x as NumPy; pinned_host arrays are read through a device copy (on GPU a direct
     np.asarray keeps a zero-copy view on x)."""
     if _is_host(x):
@@ -223,7 +223,7 @@ def init_sharded_state(family, config, batch: int, mode: str, mesh: Mesh, axis: 
     shardings = state_shardings(family, config, mode, mesh, axis)
 
     def build(leaf, sharding):
-        row, d = _host_values(leaf.value), leaf.layout.batch_axis
+        row, d = host_values(leaf.value), leaf.layout.batch_axis
         shape = (*row.shape[:d], batch, *row.shape[d + 1 :])
 
         def shard(index):

@@ -73,7 +73,7 @@ def same_bits(a, b) -> bool:
 
 
 def host_values(x) -> np.ndarray:
-    return hsh._host_values(x)
+    return hsh.host_values(x)
 
 
 def hlo_report(text: str, pool_shape: str) -> dict:

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 from model_helpers import CASES, STEPS, assert_bitwise_equal
-from test_decode_program import _assert_no_big_copies, _hlo_shape, _materialized, _traced, _IN_PLACE, ffi_calls
+from program_helpers import IN_PLACE, assert_no_big_copies, ffi_calls, hlo_shape, materialized, traced
 
 from hisparse_jax import _targets
 
@@ -56,17 +56,17 @@ def test_prefetch_program(ffi_backend):
         pytest.skip(f"no RESOLVE FFI handler on {jax.default_backend()}: resolve runs the JAX reference")
     case = CASES["dsa"]
     config = _dsa(2, prefetch=True)
-    calls = ffi_calls(_traced(case, config).jaxpr.jaxpr)
+    calls = ffi_calls(traced(case, config).jaxpr.jaxpr)
     layers = config.num_layers
     for target in (_targets.RESOLVE_PREFETCH, _targets.PREFETCH_JOIN):
         sites = [c for c in calls if c[0] == target]
         assert len(sites) == layers and all(trips == STEPS for _, trips, _ in sites), f"{target}: {sites}"
     assert not [c for c in calls if c[0] == _targets.RESOLVE], "a plain RESOLVE next to the prefetch"
 
-    hlo = _assert_no_big_copies(case, config, "hisparse")
+    hlo = assert_no_big_copies(case, config, "hisparse")
     cache = config.cache_config(len(case.lengths))
-    hot = _hlo_shape(cache.hot_shape, cache.dtype)
-    bad = [f"{name} = {shape} {opcode}" for name, shape, opcode, root in _materialized(hlo)
-           if shape.split("{")[0] == hot and opcode not in _IN_PLACE]
+    hot = hlo_shape(cache.hot_shape, cache.dtype)
+    bad = [f"{name} = {shape} {opcode}" for name, shape, opcode, root in materialized(hlo)
+           if shape.split("{")[0] == hot and opcode not in IN_PLACE]
     assert not bad, "the hot buffer is copied (a copy between a resolve and its join would read it early):\n" + \
         "\n".join(bad)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hisparse_jax.selection import synthetic
-from hisparse_jax.selection.recorded import RecordedTrace, _varint_decode, _varint_encode, load_trace, save_trace
+from hisparse_jax.selection.recorded import RecordedTrace, varint_decode, varint_encode, load_trace, save_trace
 
 
 def random_trace(rng, steps, layers, streams, k, first_sealed) -> RecordedTrace:
@@ -46,7 +46,7 @@ def test_a_synthetic_trace_round_trips_and_is_compact(tmp_path):
 
 def test_varints_round_trip_up_to_35_bits():
     values = np.array([0, 1, 127, 128, 16383, 16384, 2**28 - 1, 2**28, 2**35 - 1], np.int64)
-    assert np.array_equal(_varint_decode(_varint_encode(values)), values)
+    assert np.array_equal(varint_decode(varint_encode(values)), values)
 
 
 @pytest.mark.parametrize("ids, sealed, message", [
