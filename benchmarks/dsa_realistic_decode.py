@@ -27,16 +27,16 @@ def run_mode(config, weights, prompts, lengths, mode, steps, reps):
     state = dsa.init_state(config, batch, mode)
     state, logits = decode.prefill(dsa, config, weights, state, prompts, lengths)
     first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    tokens, step_logits, misses, state = decode.generate(
-        dsa, config, weights, state, first, steps, return_logits=True
-    )
+    out = decode.generate(dsa, config, weights, state, first, steps, return_logits=True)
+    tokens, step_logits, misses, state = out.tokens, out.logits, out.misses, out.state
     jax.block_until_ready(tokens)
     out = dict(tokens=np.asarray(tokens), logits=np.asarray(step_logits), misses=np.asarray(misses))
     times = []
     nxt = tokens[-1]
     for _ in range(reps):  # same compiled program: continue decoding from where it stopped
         t0 = time.perf_counter()
-        more, _, _, state = decode.generate(dsa, config, weights, state, nxt, steps, return_logits=True)
+        out = decode.generate(dsa, config, weights, state, nxt, steps, return_logits=True)
+        more, state = out.tokens, out.state
         jax.block_until_ready(more)
         times.append((time.perf_counter() - t0) / steps)
         nxt = more[-1]

@@ -43,6 +43,7 @@ from . import layout
 from .cache import HotCache, alloc_host_pool, init_hot_cache
 from .config import CacheConfig
 from .models import get_family
+from .models.paging import StepOutput
 from .resolve import ResolveResult, resolve
 
 DEFAULT_AXIS = "data"
@@ -319,15 +320,20 @@ def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.Module
         )
         return fn(weights, state, prompts, lengths)
 
-    def decode_step(config, weights, state, tokens, forced=None):
+    def decode_step(config, weights, state, tokens, forced=None, record_selection=False):
         _check_divisible("decode_step", tokens.shape[0], mesh, axis)
         _check_single_device_features("decode_step", state, forced)
+        if record_selection:
+            _no_selecting_layout(config, tokens.shape[0])  # refuses, with its reason
         specs = state_specs(base, config, state.store.mode, axis)
-        fn = jax.shard_map(
-            lambda weights, state, tokens: base.decode_step(config, weights, state, tokens), mesh=mesh,
-            in_specs=(P(), specs, stream), out_specs=(specs, stream, _misses_spec(axis)),
-        )
-        return fn(weights, state, tokens)
+
+        def local_step(weights, state, tokens):
+            out = base.decode_step(config, weights, state, tokens)
+            return out.state, out.logits, out.misses
+
+        fn = jax.shard_map(local_step, mesh=mesh, in_specs=(P(), specs, stream),
+                           out_specs=(specs, stream, _misses_spec(axis)))
+        return StepOutput(*fn(weights, state, tokens))
 
     module.Config = base.Config
     module.init_weights = base.init_weights

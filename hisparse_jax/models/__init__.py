@@ -33,18 +33,20 @@ Shapes: b = batch, T = prompt length, V = vocab, L = sparse layers.
     the store with `write_sealed`, the open page to the tail; logits are those of each prompt's
     last token.
 
-`decode_step(config, weights, state, tokens [b] int32, forced=None)`
-    `-> (state, logits [b, V] float32, misses int32 [L, *streams])`. Appends one token per
-    stream to the tail, selects sealed records with the family's indexer and
-    `paging.select` (every sealed record, in place, in "dense" mode), attends to them plus the
-    tail, and seals the open page once it is full. `forced` (a paging.ForcedSelection) replaces
-    the selected ids by a trace's at run time. Every mode runs the same ops on the same shapes;
+`decode_step(config, weights, state, tokens [b] int32, forced=None, record_selection=False)`
+    `-> paging.StepOutput(state, logits [b, V] float32, misses int32 [L, *streams], selected)`.
+    Appends one token per stream to the tail, selects sealed records with the family's indexer
+    and `paging.select` (every sealed record, in place, in "dense" mode), attends to them plus
+    the tail, and seals the open page once it is full. `forced` (a paging.ForcedSelection)
+    replaces the selected ids by a trace's at run time; with `record_selection` (static) the
+    step also returns the ids every selecting layer attended to (`paging.stack_selected`).
+    Every mode runs the same ops on the same shapes;
     only the selection (dense) or the placement of records (hisparse/device) differs, so
     "hisparse" and "device" agree bit for bit.
 
 `selecting_layout(config, batch) -> (layers, stream_shape, num_records)`
-    The shape of the selections a trace feeds this family (hisparse_jax.selection.synthetic.selections:
-    [steps, layers, *stream_shape, top_k]).
+    The shape of the selections a trace feeds this family
+    (hisparse_jax.selection.synthetic.selections: [steps, layers, *stream_shape, top_k]).
 
 `metadata_bytes_read(config, context) -> int`
     Device bytes one decode step reads per request besides weights and the attended records

@@ -340,15 +340,16 @@ def _decode_layer(config: Config, w: LayerWeights, store, located, pos, x, tail,
 
 
 def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Array,
-                forced: ForcedSelection | None = None):
+                forced: ForcedSelection | None = None, record_selection: bool = False) -> paging.StepOutput:
     """One token per stream.
 
     Args:
       tokens: [b] int32, the token at position state.lengths.
       forced: a trace's ids [G, b, k] for this step (benchmarks), or None.
+      record_selection: also return the ids each indexer group selected ([G, b, k]).
     Returns:
-      (state, logits [b, V] float32, misses [L, b] int32: records RESOLVE fetched per layer,
-      zeros outside "hisparse").
+      StepOutput(state, logits [b, V] float32, misses [L, b] int32: records RESOLVE fetched per
+      layer, zeros outside "hisparse", selected).
     """
     c, pos = config, state.lengths
     store, tails = state.store, list(state.tail)
@@ -356,7 +357,7 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
     b = pos.shape[0]
     with jax.named_scope("embed"):
         x = layers.embed(weights.embed, tokens)
-    misses = []
+    misses, chosen = [], []
     for g in range(c.groups):
         iw = weights.indexers[g]
         with jax.named_scope("indexer"):
@@ -367,6 +368,7 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
                 scales[g] = scales[g].at[jnp.arange(b), pos].set(scale)
             scores = lambda: record_scores(c, iw, h, keys[g], scales[g], store.sealed, pos)
             selection = paging.select(c, store, scores, forced, g)
+            chosen.append(selection)
         group = range(g * c.index_share, (g + 1) * c.index_share)
         located = []
         with jax.named_scope("attention"):
@@ -383,7 +385,7 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
         store = paging.seal_full_pages(store, tails, pos + 1, misses)
     state = State(store=store, tail=tuple(tails), index_keys=tuple(keys), lengths=pos + 1,
                   index_scale=None if state.index_scale is None else tuple(scales))
-    return state, logits, misses
+    return paging.StepOutput(state, logits, misses, paging.stack_selected(chosen) if record_selection else None)
 
 
 # --------------------------------------------------------------------------- prefill

@@ -300,7 +300,7 @@ def _decode_layer(config: Config, w: LayerWeights, store: RecordStore, forced, p
     Args:
       pos: [b] int32 position of this step's token.
       buffers: (tail, window ring, compressed) of this layer.
-    Returns (x, buffers, store, misses [b, kvh]).
+    Returns (x, buffers, store, misses [b, kvh], the selected ids [b, kvh, k] or None).
     """
     tail, ring, cmp = buffers
     pos_s = gqa.per_stream(pos, config.n_kv_heads)
@@ -326,36 +326,38 @@ def _decode_layer(config: Config, w: LayerWeights, store: RecordStore, forced, p
     x = x + gqa.attention_out(heads, w.w_o, config.dtype)
     with jax.named_scope("mlp"):
         x = x + moe.feed_forward(config, w, x)
-    return x, (tail, ring, cmp), store, misses
+    return x, (tail, ring, cmp), store, misses, selection
 
 
 def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Array,
-                forced: ForcedSelection | None = None):
+                forced: ForcedSelection | None = None, record_selection: bool = False) -> paging.StepOutput:
     """One token per stream.
 
     Args:
       tokens: [b] int32, the token at position state.lengths.
       forced: a trace's ids [L, b, kvh, k] for this step (benchmarks), or None.
+      record_selection: also return the ids each layer selected ([L, b, kvh, k]).
     Returns:
-      (state, logits [b, V] float32, misses [L, b, kvh] int32: blocks RESOLVE fetched per layer
-      and KV head, zeros outside "hisparse").
+      StepOutput(state, logits [b, V] float32, misses [L, b, kvh] int32: blocks RESOLVE fetched
+      per layer and KV head, zeros outside "hisparse", selected).
     """
     pos, store = state.lengths, state.store
     tails, windows, compressed = list(state.tail), list(state.window), list(state.compressed)
     with jax.named_scope("embed"):
         x = layers.embed(weights.embed, tokens)
-    misses = []
+    misses, chosen = [], []
     for layer, w in enumerate(weights.layers):
         buffers = (tails[layer], windows[layer], compressed[layer])
-        x, buffers, store, m = _decode_layer(config, w, store, forced, pos, x, buffers, layer)
+        x, buffers, store, m, selection = _decode_layer(config, w, store, forced, pos, x, buffers, layer)
         tails[layer], windows[layer], compressed[layer] = buffers
         misses.append(m)
+        chosen.append(selection)
     logits = layers.lm_head(weights, x, config.norm_eps)
     misses = jnp.stack(misses)
     with jax.named_scope("seal"):
         store = paging.seal_full_pages(store, tails, gqa.per_stream(pos + 1, config.n_kv_heads), misses)
     state = State(store, tuple(tails), tuple(windows), tuple(compressed), pos + 1)
-    return state, logits, misses
+    return paging.StepOutput(state, logits, misses, paging.stack_selected(chosen) if record_selection else None)
 
 
 # --------------------------------------------------------------------------- prefill

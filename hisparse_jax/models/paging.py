@@ -7,10 +7,8 @@ stream, k = top_k. Stream-shaped arguments ([*S]) must already be broadcast to t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import threading
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -127,30 +125,34 @@ def select(config, store: RecordStore, scores: Callable[[], jax.Array], forced: 
         ids = select_topk(scores(), store.sealed, config.top_k, implementation=config.implementation)
         if forced is not None:
             ids = jnp.where(forced.enabled, forced.ids[selector], ids)
-    recorders = getattr(_recording, "open", None)
-    if recorders:
-        recorders[-1].append(ids)
     return ids
 
 
-# Open `recording` blocks of this thread, innermost last: `select` hands the innermost its ids
-# while a step is traced (per thread: two threads tracing steps keep their selections apart).
-_recording = threading.local()
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class StepOutput:
+    """What one decode step of a family returns.
+
+    Attributes:
+      state: the new State (one token longer per stream).
+      logits: [b, V] float32 of the next token.
+      misses: [L, *streams] int32 records RESOLVE fetched per layer (zeros outside "hisparse").
+      selected: with record_selection, [layers, *S, k] int32: the ids every selecting layer
+        attended to (the model's top-k, or the forced ids); else None.
+    """
+
+    state: object
+    logits: jax.Array
+    misses: jax.Array
+    selected: jax.Array | None = None
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[list]:
-    """Collects, in call order, the ids every `select` returns while the block traces a decode
-    step: the selections the step attends to (a trace's ids where one is forced), one entry per
-    selecting layer; None for a "dense" store, which selects nothing."""
-    selections: list = []
-    if not hasattr(_recording, "open"):
-        _recording.open = []
-    _recording.open.append(selections)
-    try:
-        yield selections
-    finally:
-        _recording.open.pop()
+def stack_selected(chosen: Sequence[jax.Array | None]) -> jax.Array:
+    """The ids `select` returned for every selecting layer of one step, [layers, *S, k]."""
+    if not chosen or any(ids is None for ids in chosen):
+        raise ValueError('generate: record_selection needs a "hisparse" or "device" state; a "dense" state '
+                         "attends to every record and selects none")
+    return jnp.stack(chosen)
 
 
 def locate(store: RecordStore, layer: int, selection: jax.Array | None):

@@ -235,15 +235,16 @@ def _put_page(meta: jax.Array, new: jax.Array, index: jax.Array, write: jax.Arra
 
 
 def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Array,
-                forced: ForcedSelection | None = None):
+                forced: ForcedSelection | None = None, record_selection: bool = False) -> paging.StepOutput:
     """One token per stream.
 
     Args:
       tokens: [b] int32, the token at position state.lengths.
       forced: a trace's ids [L_sparse, b, kvh, k] for this step (benchmarks), or None.
+      record_selection: also return the ids each sparse layer selected ([L_sparse, b, kvh, k]).
     Returns:
-      (state, logits [b, V] float32, misses [L_sparse, b, kvh] int32: pages RESOLVE fetched per
-      sparse layer and KV head, zeros outside "hisparse").
+      StepOutput(state, logits [b, V] float32, misses [L_sparse, b, kvh] int32: pages RESOLVE
+      fetched per sparse layer and KV head, zeros outside "hisparse", selected).
     """
     c, Ld, pos = config, config.dense_layers, state.lengths
     store, dense_store, tails = state.store, state.dense_store, list(state.tail)
@@ -251,7 +252,7 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
         x = layers.embed(weights.embed, tokens)
     page_max, page_min = list(state.page_max), list(state.page_min)
     sealing = gqa.per_stream(pos + 1, c.n_kv_heads) % c.page_size == 0
-    misses = []
+    misses, chosen = [], []
     for layer, w in enumerate(weights.layers):
         if layer < Ld:
             with jax.named_scope("dense_layer"):
@@ -268,7 +269,8 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
             page_max[s] = _put_page(page_max[s], top, store.sealed, sealing)
             page_min[s] = _put_page(page_min[s], bottom, store.sealed, sealing)
             scores = lambda: page_scores(q, page_max[s], page_min[s])
-            return paging.select(c, store, scores, forced, s)
+            chosen.append(paging.select(c, store, scores, forced, s))
+            return chosen[-1]
 
         with jax.named_scope("sparse_layer"):
             x, tails[layer], store, m = _decode_layer(c, w, store, select, pos, x, tails[layer], s)
@@ -281,7 +283,7 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
         if Ld:
             dense_store = paging.seal_full_pages(dense_store, tails[:Ld], new_lengths, misses)
     state = State(store, dense_store, tuple(tails), tuple(page_max), tuple(page_min), pos + 1)
-    return state, logits, misses
+    return paging.StepOutput(state, logits, misses, paging.stack_selected(chosen) if record_selection else None)
 
 
 # --------------------------------------------------------------------------- prefill

@@ -56,8 +56,9 @@ def record_trace(model_path: str | Path, corpus: Corpus, *, documents: int, pref
     state, _ = decode.prefill(dsa, config, weights, state, jnp.asarray(text[:, :prefill]),
                               jnp.full((documents,), prefill, jnp.int32))
     teacher = jnp.asarray(text[:, prefill + 1 :].T)  # [steps, streams]: fed after each step
-    _, logits, _, state, ids = decode.generate(dsa, config, weights, state, jnp.asarray(text[:, prefill]), steps,
-                                               return_logits=True, record_selection=True, teacher_tokens=teacher)
+    out = decode.generate(dsa, config, weights, state, jnp.asarray(text[:, prefill]), steps,
+                          return_logits=True, record_selection=True, teacher_tokens=teacher)
+    logits, ids = out.logits, out.selections
     decode_loss = next_token_loss(jax.device_get(logits), jax.device_get(teacher))
     digest = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()[:16]
     source = dict(

@@ -110,17 +110,17 @@ def test_second_generate_reuses_the_program_and_donates(case):
     state = case.module.init_state(config, len(case.lengths), "hisparse")
     state, logits = decode.prefill(case.family, config, w, state, jnp.asarray(tokens), jnp.asarray(lengths))
     first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    out, _, _, state = decode.generate(case.family, config, w, state, first, STEPS, return_logits=True)
-    donated, programs = state, decode.generate_program._cache_size()
-    with _count_events(decode._generate_program.__name__) as counts:
-        out, _, _, state = decode.generate(case.family, config, w, state, out[-1], STEPS, return_logits=True)
-        jax.block_until_ready(out)
+    out = decode.generate(case.family, config, w, state, first, STEPS, return_logits=True)
+    donated, programs = out.state, decode.generate_program._cache_size()
+    with _count_events(decode.generate_program.__name__) as counts:
+        out = decode.generate(case.family, config, w, out.state, out.tokens[-1], STEPS, return_logits=True)
+        jax.block_until_ready(out.tokens)
     assert counts[dispatch.JAXPR_TRACE_EVENT] == 0, "generate was traced again"
     assert counts[dispatch.BACKEND_COMPILE_EVENT] == 0, "generate was compiled again"
     assert decode.generate_program._cache_size() == programs
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(donated)), "the state was not donated"
-    assert state.store.host_pool.sharding.memory_kind == "pinned_host"
-    np.testing.assert_array_equal(np.asarray(state.lengths), lengths + 2 * STEPS)
+    assert out.state.store.host_pool.sharding.memory_kind == "pinned_host"
+    np.testing.assert_array_equal(np.asarray(out.state.lengths), lengths + 2 * STEPS)
 
 
 # --------------------------------------------------------------------------- in-place reads

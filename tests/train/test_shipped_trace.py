@@ -55,7 +55,7 @@ def test_the_shipped_weights_predict_python():
     state = dsa.init_state(config, 1, "device")
     state, _ = decode.prefill(dsa, config, weights, state, jnp.asarray(text[:, :prompt]), jnp.asarray([prompt]))
     teacher = jnp.asarray(text[:, prompt + 1 : prompt + 1 + steps].T)
-    _, logits, _, _ = decode.generate(dsa, config, weights, state, jnp.asarray(text[:, prompt]), steps,
-                                      return_logits=True, teacher_tokens=teacher)
+    logits = decode.generate(dsa, config, weights, state, jnp.asarray(text[:, prompt]), steps,
+                             return_logits=True, teacher_tokens=teacher).logits
     loss = next_token_loss(logits, teacher)
     assert loss < 2.0, loss
