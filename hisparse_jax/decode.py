@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from types import ModuleType
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .models import get_family
+from .models import Family, get_family
 from .models.paging import ForcedSelection, StepOutput
 
 @dataclasses.dataclass(frozen=True)
@@ -110,11 +109,11 @@ def _is_concrete(x) -> bool:
     return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_fully_addressable
 
 
-def _check_family_config(family: ModuleType, config) -> None:
+def _check_family_config(family: Family, config) -> None:
     if not isinstance(config, family.Config):
         raise TypeError(
             f"config is a {type(config).__module__}.{type(config).__name__}, expected "
-            f"{family.__name__}.Config"
+            f"{family.name}'s Config ({family.Config.__module__}.{family.Config.__name__})"
         )
 
 

@@ -31,8 +31,8 @@ select per KV head, but their KV-head stream dim stays whole on each device.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import types
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +42,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from . import layout
 from .cache import HotCache, alloc_host_pool, init_hot_cache
 from .config import CacheConfig
-from .models import get_family
+from .models import Family, get_family
 from .models.paging import StepOutput
 from .resolve import ResolveResult, resolve
 
@@ -172,7 +172,7 @@ def _one_stream_state(family, config, mode: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _template(family: types.ModuleType, config, mode: str):
+def _template(family: Family, config, mode: str):
     """The shapes of the family's one-stream state (jax.eval_shape: nothing is allocated)."""
     return jax.eval_shape(lambda: family.init_state(config, 1, mode, sharding=_local_sharding()))
 
@@ -285,7 +285,7 @@ def _no_selecting_layout(config, batch):
 
 
 @functools.lru_cache(maxsize=None)
-def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.ModuleType:
+def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> Family:
     """A model family whose streams are split over `axis` of `mesh`.
 
     Same protocol as the family (hisparse_jax.models): `prefill` and `decode_step`
@@ -299,10 +299,6 @@ def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.Module
     """
     base = get_family(family)
     _axis_size(mesh, axis)
-    module = types.ModuleType(
-        f"{base.__name__}[sharded over {axis!r}]",
-        f"{base.__name__} with its streams split over mesh axis {axis!r} (hisparse_jax.sharding).",
-    )
     stream = P(axis)
 
     def init_state(config, batch: int, mode: str, sharding=None):
@@ -335,14 +331,5 @@ def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.Module
                            out_specs=(specs, stream, _misses_spec(axis)))
         return StepOutput(*fn(weights, state, tokens))
 
-    module.Config = base.Config
-    module.init_weights = base.init_weights
-    module.init_state = init_state
-    module.prefill = prefill
-    module.decode_step = decode_step
-    module.selecting_layout = _no_selecting_layout
-    module.metadata_bytes_read = base.metadata_bytes_read
-    module.base = base
-    module.mesh = mesh
-    module.axis = axis
-    return module
+    return dataclasses.replace(base, name=f"{base.name}[sharded over {axis!r}]", init_state=init_state,
+                               prefill=prefill, decode_step=decode_step, selecting_layout=_no_selecting_layout)

@@ -44,6 +44,7 @@ from .._ffi import IMPLEMENTATIONS
 from ..config import CacheConfig
 from ..indexer import index_scores, quantize_keys_fp8
 from ..kv_store import RecordStore
+from .family import Family
 from .paging import ForcedSelection
 from . import layers, mla, moe, paging
 from .config import ModelConfig, require
@@ -439,3 +440,8 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
     state = State(store=store, tail=tuple(tails), index_keys=tuple(keys), lengths=lengths,
                   index_scale=None if state.index_scale is None else tuple(scales))
     return state, logits
+
+
+FAMILY = Family(name="dsa", Config=Config, init_weights=init_weights, init_state=init_state, prefill=prefill,
+                decode_step=decode_step, selecting_layout=selecting_layout,
+                metadata_bytes_read=metadata_bytes_read, selection_weights=SELECTION_WEIGHTS)

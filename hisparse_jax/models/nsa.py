@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from .. import kv_store, layout
 from ..kv_store import RecordStore
 from ..topk import select_topk
+from .family import Family
 from .paging import ForcedSelection
 from . import gqa, layers, moe, paging
 from .config import require
@@ -463,3 +464,8 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
     windows = tuple(_prompt_window(c, r, lengths) for r in records)
     logits = layers.lm_head(weights, layers.last_token(x, lengths), c.norm_eps)
     return State(store, tuple(tails), windows, tuple(compressed), lengths), logits
+
+
+FAMILY = Family(name="nsa", Config=Config, init_weights=init_weights, init_state=init_state, prefill=prefill,
+                decode_step=decode_step, selecting_layout=selecting_layout,
+                metadata_bytes_read=metadata_bytes_read, selection_weights=SELECTION_WEIGHTS)

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from .. import kv_store, layout
 from ..kv_store import RecordStore
+from .family import Family
 from .paging import ForcedSelection
 from . import gqa, layers, moe, paging
 from .config import require
@@ -337,3 +338,8 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
             page_min.append(put(state.page_min[s], bottom))
     logits = layers.lm_head(weights, layers.last_token(x, lengths), c.norm_eps)
     return State(store, dense_store, tuple(tails), tuple(page_max), tuple(page_min), lengths), logits
+
+
+FAMILY = Family(name="quest", Config=Config, init_weights=init_weights, init_state=init_state, prefill=prefill,
+                decode_step=decode_step, selecting_layout=selecting_layout,
+                metadata_bytes_read=metadata_bytes_read)
