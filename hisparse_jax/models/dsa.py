@@ -44,6 +44,7 @@ from .._ffi import IMPLEMENTATIONS
 from ..config import CacheConfig
 from ..indexer import index_scores, quantize_keys_fp8
 from ..kv_store import RecordStore
+from . import shapes
 from .family import Family
 from .paging import ForcedSelection
 from . import layers, mla, moe, paging
@@ -91,18 +92,7 @@ class Config(ModelConfig):
     index_rope_dim: int = 0
     indexer_implementation: str = "auto"
 
-    PRESETS = {
-        "tiny": dict(
-            vocab=256, d_model=64, num_layers=4, n_heads=4, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
-            kv_lora_rank=32, d_ff=128, index_heads=4, index_dim=16, top_k=16, hot_slots=32, max_context=256,
-            prefill_chunk=64, dtype="float32",
-        ),
-        "realistic": dict(
-            vocab=32000, d_model=2048, num_layers=4, n_heads=16, qk_nope_dim=128, qk_rope_dim=64,
-            v_head_dim=128, kv_lora_rank=512, d_ff=5632, index_heads=64, index_dim=128, top_k=2048,
-            hot_slots=4096, max_context=32768, prefill_chunk=256, dtype="bfloat16",
-        ),
-    }
+    PRESETS = shapes.FAMILY_PRESETS["dsa"]  # named shapes live in models/shapes.py
     POSITIVE = ("n_heads", "qk_nope_dim", "qk_rope_dim", "v_head_dim", "kv_lora_rank", "index_heads",
                 "index_dim", "index_share")
     RECORD_FIELD = "kv_lora_rank"

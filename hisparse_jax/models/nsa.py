@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from .. import kv_store, layout
 from ..kv_store import RecordStore
 from ..topk import select_topk
+from . import shapes
 from .family import Family
 from .paging import ForcedSelection
 from . import gqa, layers, moe, paging
@@ -69,19 +70,7 @@ class Config(gqa.GQAConfig):
     page_size: int = 64
     window: int = 512
 
-    PRESETS = {
-        "tiny": dict(
-            vocab=256, d_model=64, num_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128, cmp_block=8,
-            cmp_stride=4, page_size=16, top_k=3, hot_slots=6, window=32, max_context=256, prefill_chunk=64,
-            dtype="float32",
-        ),
-        # NSA paper attention: 64 query heads in 4 GQA groups, l = 32, d = 16, l' = 64, n = 16, w = 512.
-        "realistic": dict(
-            vocab=32000, d_model=4096, num_layers=4, n_heads=64, n_kv_heads=4, head_dim=128, d_ff=11008,
-            cmp_block=32, cmp_stride=16, page_size=64, top_k=15, hot_slots=32, window=512, max_context=32768,
-            prefill_chunk=128, dtype="bfloat16",
-        ),
-    }
+    PRESETS = shapes.FAMILY_PRESETS["nsa"]  # named shapes live in models/shapes.py
     POSITIVE = gqa.GQAConfig.POSITIVE + ("cmp_block", "cmp_stride", "window")
 
     def check(self) -> None:

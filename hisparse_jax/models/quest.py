@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from .. import kv_store, layout
 from ..kv_store import RecordStore
+from . import shapes
 from .family import Family
 from .paging import ForcedSelection
 from . import gqa, layers, moe, paging
@@ -59,17 +60,7 @@ class Config(gqa.GQAConfig):
     dense_layers: int = 2
     page_size: int = 16
 
-    PRESETS = {
-        "tiny": dict(
-            vocab=256, d_model=64, num_layers=4, dense_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
-            top_k=4, hot_slots=8, max_context=256, prefill_chunk=64, dtype="float32",
-        ),
-        # Llama-3-8B attention and MLP shapes; 2 dense + 4 sparse layers; a 4096-token budget.
-        "realistic": dict(
-            vocab=32000, d_model=4096, num_layers=6, dense_layers=2, n_heads=32, n_kv_heads=8, head_dim=128,
-            d_ff=14336, top_k=256, hot_slots=512, max_context=32768, prefill_chunk=256, dtype="bfloat16",
-        ),
-    }
+    PRESETS = shapes.FAMILY_PRESETS["quest"]  # named shapes live in models/shapes.py
 
     def check(self) -> None:
         super().check()
