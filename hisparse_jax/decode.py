@@ -159,8 +159,7 @@ def generate(
     """Decodes `steps` tokens per stream in one jitted scan.
 
     Args:
-      family: a family name ("dsa", ...) or module following the protocol of
-        hisparse_jax.models.
+      family: a family name ("dsa", ...), a models.Family, or a family module (its FAMILY).
       state: the family's State; DONATED (use the returned one).
       first_tokens: [b] int32, fed at step 0 (typically argmax of prefill logits).
       sampling: "greedy" (argmax, lowest id on ties) or "sample" (categorical,
