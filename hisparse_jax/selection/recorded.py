@@ -119,6 +119,7 @@ def varint_encode(values: np.ndarray) -> bytes:
 
 
 def varint_decode(data: bytes) -> np.ndarray:
+    """LEB128 bytes (varint_encode) -> the non-negative ints they hold, int64."""
     b = np.frombuffer(data, np.uint8)
     if b.size == 0:
         return np.zeros(0, np.int64)
