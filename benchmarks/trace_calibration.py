@@ -1,9 +1,9 @@
 """Locality of the calibrated selection trace: step overlap and miss rates under four eviction policies.
 
-Reproduces the generator figures of docs/traces.md. For each named calibration and context n it
-generates the ids one selecting layer of one stream picks at each step (hisparse_jax.traces, top-k
+Reproduces the generator figures of docs/synthetic.md. For each named calibration and context n it
+generates the ids one selecting layer of one stream picks at each step (hisparse_jax.selection.synthetic, top-k
 of the trace scores among n sealed records) and replays them through a cache of B records with
-the simulator of hisparse_jax.cache_policies (docs/policies.md has each rule):
+the simulator of hisparse_jax.selection.policies (docs/policies.md has each rule):
 
 - "lru": RESOLVE's own order (docs/contract.md, rule 4): untouched records, then the records just
   fetched (miss order), then the hits (old order); victims from the least recently used end;
@@ -29,23 +29,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hisparse_jax import cache_policies, traces
+from hisparse_jax.selection import policies, synthetic
 
 POLICIES = ("lru", "fifo", "random", "optimal")
 LIBRARY_NAMES = {"optimal": "belady"}  # this script's table says "optimal"
 
 
-def trace_ids(config: traces.TraceConfig, n: int, k: int, steps: int, seed: int,
+def trace_ids(config: synthetic.TraceConfig, n: int, k: int, steps: int, seed: int,
               layers: int = 1) -> list[np.ndarray]:
     """The ids the trace selects at each step: `steps` arrays [layers, k] of distinct int32 ids in
     [0, n) (layers = 1: arrays [k])."""
-    state = traces.init_trace(config, layers, (1,), n, seed=seed)
+    state = synthetic.init_trace(config, layers, (1,), n, seed=seed)
     sealed = np.full((1,), n, np.int32)
 
     @jax.jit
     def step(state):
-        state = traces.advance(state)
-        top = [jax.lax.top_k(traces.scores(state, l, sealed)[0], k)[1] for l in range(layers)]
+        state = synthetic.advance(state)
+        top = [jax.lax.top_k(synthetic.scores(state, l, sealed)[0], k)[1] for l in range(layers)]
         return state, top[0] if layers == 1 else jnp.stack(top)
 
     out = []
@@ -60,13 +60,13 @@ def miss_rate(selections: list[np.ndarray], capacity: int, warm: int, policy: st
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     ids = np.stack(selections)[:, None, :]  # [steps, one stream, k]
-    misses = cache_policies.simulate(ids, capacity, LIBRARY_NAMES.get(policy, policy), seed=seed)
+    misses = policies.simulate(ids, capacity, LIBRARY_NAMES.get(policy, policy), seed=seed)
     return misses[warm:].sum() / np.count_nonzero(ids[warm:] >= 0)
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--calibrations", nargs="+", default=list(traces.CALIBRATIONS), choices=list(traces.CALIBRATIONS))
+    p.add_argument("--calibrations", nargs="+", default=list(synthetic.CALIBRATIONS), choices=list(synthetic.CALIBRATIONS))
     p.add_argument("--contexts", type=int, nargs="+", default=[32768, 65536, 131072], help="sealed records n")
     p.add_argument("--k", type=int, default=2048)
     p.add_argument("--steps", type=int, default=140, help="steps generated, warm-up included")
@@ -80,11 +80,11 @@ def main(argv=None) -> None:
           "random B=2k | optimal B=2k |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.calibrations:
-        config = traces.TraceConfig.calibration(name)
+        config = synthetic.TraceConfig.calibration(name)
         for n in args.contexts:
             for seed in args.seeds:
                 sel = trace_ids(config, n, k, args.steps, seed)
-                overlap = cache_policies.step_overlap(np.stack(sel[args.warm:])[:, None, None, :])[0]
+                overlap = policies.step_overlap(np.stack(sel[args.warm:])[:, None, None, :])[0]
                 rates = [miss_rate(sel, c * k, args.warm, "lru") for c in (1, 2, 4)]
                 rates += [miss_rate(sel, 2 * k, args.warm, policy) for policy in ("fifo", "random", "optimal")]
                 print(f"| {name} | {n} | {n / k:g} | {seed} | {overlap:.3f} | "
@@ -93,11 +93,11 @@ def main(argv=None) -> None:
     print("| calibration | n | seed | adjacent-layer overlap (same step) |")
     print("|---|---|---|---|")
     for name in args.calibrations:
-        config = traces.TraceConfig.calibration(name)
+        config = synthetic.TraceConfig.calibration(name)
         for n in args.contexts:
             for seed in args.seeds:
                 sel = trace_ids(config, n, k, args.warm + 20, seed, layers=2)[args.warm:]
-                overlap = cache_policies.layer_overlap(np.stack(sel)[:, :, None, :])[0]
+                overlap = policies.layer_overlap(np.stack(sel)[:, :, None, :])[0]
                 print(f"| {name} | {n} | {seed} | {overlap:.3f} |", flush=True)
 
 

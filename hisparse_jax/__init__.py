@@ -6,7 +6,7 @@ resident and returns their slots; outputs stay bit-identical to keeping the
 whole KV on device.
 """
 
-from . import decode, fp8, models, sharding, targets
+from . import decode, fp8, models, selection, sharding, targets
 from ._dispatch import IMPLEMENTATIONS, require_ffi
 from ._ffi import built_with_cuda, extension_error as ffi_extension_error, ffi_platforms, ffi_registrations
 from ._ffi import has_ffi, platform_of
@@ -23,6 +23,7 @@ __all__ = [
     "decode",
     "fp8",
     "models",
+    "selection",
     "sharding",
     "targets",
     "IMPLEMENTATIONS",

@@ -9,15 +9,53 @@ config and static options reuse the compiled program.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from types import ModuleType
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .models import get_family, paging
-from .traces import ForcedSelection
+from .models import Family, get_family
+from .models.paging import ForcedSelection, StepOutput
+
+@dataclasses.dataclass(frozen=True)
+class ForcedTrace:
+    """Selections a decode attends to instead of the model's own top-k (a selection trace).
+
+    Attributes:
+      ids: [steps, layers, *S, k] int32, ascending per stream with -1 padding
+        (hisparse_jax.selection.synthetic.selections, or a recorded trace's ids mapped onto the
+        run; shapes from family.selecting_layout). The model still computes its indexer and top-k
+        and a runtime select replaces their ids, so a step costs what a real step costs.
+      skip_indexer: do not compute the indexer at all (a diagnostic that shows its cost by
+        difference).
+    """
+
+    ids: jax.Array | None
+    skip_indexer: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """What `generate` returns.
+
+    Attributes:
+      tokens: [steps, b] int32; tokens[i] is produced by step i and fed to step i + 1 (unless
+        teacher_tokens).
+      logits: [steps, b, V] float32 with return_logits, else None.
+      misses: [steps, *family shape] int32 records RESOLVE fetched (zeros outside "hisparse").
+      state: the new state (its host pool still pinned_host); the one passed in was donated.
+      selections: with record_selection, [steps, layers, *S, k] int32 ids every selecting layer
+        attended to (ascending per stream, -1 padding); else None.
+    """
+
+    tokens: jax.Array
+    logits: jax.Array | None
+    misses: jax.Array
+    state: object
+    selections: jax.Array | None = None
+
 
 _STATIC = ("family", "config", "steps", "sampling", "return_logits", "skip_indexer", "record_selection")
 
@@ -39,13 +77,12 @@ def _generate_program(family, config, steps, sampling, return_logits, skip_index
         state, tokens = carry
         i, ids, teacher = xs
         forced = None if ids is None else ForcedSelection(ids, forced_on, skip_indexer)
-        with jax.named_scope("decode_step"), paging.recording() as chosen:
-            state, logits, misses = family.decode_step(config, weights, state, tokens, forced)
-        recorded = _stack_recorded(chosen) if record_selection else None
+        with jax.named_scope("decode_step"):
+            out = family.decode_step(config, weights, state, tokens, forced, record_selection)
         with jax.named_scope("sample"):
-            nxt = next_tokens(logits, sampling, jax.random.fold_in(key, i))
+            nxt = next_tokens(out.logits, sampling, jax.random.fold_in(key, i))
         fed = nxt if teacher is None else teacher
-        return (state, fed), (nxt, logits if return_logits else None, misses, recorded)
+        return (out.state, fed), (nxt, out.logits if return_logits else None, out.misses, out.selected)
 
     carry = (state, first_tokens)
     xs = (jnp.arange(steps, dtype=jnp.int32), selections, teacher_tokens)
@@ -55,15 +92,9 @@ def _generate_program(family, config, steps, sampling, return_logits, skip_index
     return tokens, logits, misses, state
 
 
-def _stack_recorded(chosen: list) -> jax.Array:
-    """The ids of every selecting layer of one step, [layers, *S, k]."""
-    if not chosen or any(ids is None for ids in chosen):
-        raise ValueError('generate: record_selection needs a "hisparse" or "device" state; a "dense" state '
-                         "attends to every record and selects none")
-    return jnp.stack(chosen)
-
-
-_generate_jit = jax.jit(_generate_program, static_argnames=_STATIC, donate_argnames=("state",))
+# The jitted decode program behind `generate` and `trace_generate` (public so that program tests
+# and benchmarks can trace it and read its compilation cache; call `generate` to run it).
+generate_program = jax.jit(_generate_program, static_argnames=_STATIC, donate_argnames=("state",))
 
 
 def _prefill_program(family, config, weights, state, prompts, lengths):
@@ -78,11 +109,11 @@ def _is_concrete(x) -> bool:
     return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_fully_addressable
 
 
-def _check_family_config(family: ModuleType, config) -> None:
+def _check_family_config(family: Family, config) -> None:
     if not isinstance(config, family.Config):
         raise TypeError(
             f"config is a {type(config).__module__}.{type(config).__name__}, expected "
-            f"{family.__name__}.Config"
+            f"{family.name}'s Config ({family.Config.__module__}.{family.Config.__name__})"
         )
 
 
@@ -121,36 +152,29 @@ def generate(
     sampling: str = "greedy",
     seed: int = 0,
     return_logits: bool = False,
-    selections: jax.Array | None = None,
-    skip_indexer: bool = False,
+    forced: ForcedTrace | None = None,
     record_selection: bool = False,
     teacher_tokens: jax.Array | None = None,
-):
+) -> Generated:
     """Decodes `steps` tokens per stream in one jitted scan.
 
     Args:
-      family: a family name ("dsa", ...) or module following the protocol of
-        hisparse_jax.models.
+      family: a family name ("dsa", ...), a models.Family, or a family module (its FAMILY).
       state: the family's State; DONATED (use the returned one).
       first_tokens: [b] int32, fed at step 0 (typically argmax of prefill logits).
       sampling: "greedy" (argmax, lowest id on ties) or "sample" (categorical,
         key fold_in(key(seed), step)).
-      selections: [steps, layers, *S, k] int32 ids to attend instead of the model's own
-        top-k (a selection trace, hisparse_jax.traces.selections; shapes from
-        family.selecting_layout), or None. The model still computes its indexer and top-k.
-      skip_indexer: with selections, do not compute the indexer at all (a diagnostic).
+      return_logits: also return every step's logits (an output of the program: without it the
+        program does not keep them).
+      forced: a ForcedTrace, ids to attend instead of the model's own top-k, or None.
       record_selection: also return the ids every selecting layer attended to at every step
-        (the model's own top-k, or the forced `selections`): a fifth output [steps, layers,
-        *S, k] int32, ascending per stream with -1 padding (hisparse_jax.recorded stores them).
+        (the model's own top-k, or the forced ids), for hisparse_jax.selection.recorded.
         Needs a "hisparse" or "device" state and an unsharded family.
       teacher_tokens: [steps, b] int32 or None. Teacher forcing: the token fed to step i + 1 is
         teacher_tokens[i], not the one sampled (the model reads a given continuation, e.g. the
         rest of a document); the returned tokens stay the model's own samples.
     Returns:
-      tokens [steps, b] int32 (tokens[i] is produced by step i and fed to step
-      i + 1 unless teacher_tokens), logits [steps, b, V] float32 or None, misses [steps,
-      *family shape] int32, the new state (its host pool still pinned_host), and with
-      record_selection the selections [steps, layers, *S, k] int32.
+      Generated(tokens, logits, misses, state, selections).
     """
     family = get_family(family)
     _check_family_config(family, config)
@@ -160,12 +184,13 @@ def generate(
         raise ValueError(f"generate: sampling must be one of {SAMPLING}, got {sampling!r}")
     _check_batch("first_tokens", first_tokens, state.lengths.shape[0])
     _check_context(config, state.lengths, int(steps))
-    return _generate_jit(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
-                                      return_logits, selections, skip_indexer, record_selection, teacher_tokens))
+    out = generate_program(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
+                                        return_logits, forced, record_selection, teacher_tokens))
+    return Generated(*out)
 
 
 def _arguments(family, config, weights, state, first_tokens, steps, sampling, seed, return_logits,
-               selections, skip_indexer, record_selection=False, teacher_tokens=None) -> dict:
+               forced, record_selection=False, teacher_tokens=None) -> dict:
     batch = state.lengths.shape[0]
     if record_selection:
         family.selecting_layout(config, batch)  # a sharded family refuses here, with its reason
@@ -178,6 +203,10 @@ def _arguments(family, config, weights, state, first_tokens, steps, sampling, se
             raise ValueError(f"generate: teacher_tokens must be integer [steps, batch] = {list(want)}, got "
                              f"{jnp.result_type(teacher_tokens)} {list(jnp.shape(teacher_tokens))}")
         teacher_tokens = jax.device_put(jnp.asarray(teacher_tokens, jnp.int32), state.lengths.sharding)
+    if forced is not None and not isinstance(forced, ForcedTrace):
+        raise TypeError(f"generate: forced must be a decode.ForcedTrace, got {type(forced).__name__}")
+    selections = None if forced is None else forced.ids
+    skip_indexer = forced is not None and forced.skip_indexer
     if selections is not None:
         layers, streams, _ = family.selecting_layout(config, state.lengths.shape[0])
         want = (int(steps), layers, *streams, config.top_k)
@@ -200,14 +229,13 @@ def _arguments(family, config, weights, state, first_tokens, steps, sampling, se
 
 
 def trace_generate(family, config, weights, state, first_tokens, steps, *, sampling="greedy", seed=0,
-                   return_logits=False, selections=None, skip_indexer=False, record_selection=False,
+                   return_logits=False, forced=None, record_selection=False,
                    teacher_tokens=None) -> jax.stages.Traced:
     """The traced (not run) program of `generate`: `.jaxpr`, `.lower().as_text()`,
     `.lower().compile().as_text()` for program tests and benchmarks."""
     family = get_family(family)
-    return _generate_jit.trace(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
-                                            return_logits, selections, skip_indexer, record_selection,
-                                            teacher_tokens))
+    return generate_program.trace(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
+                                            return_logits, forced, record_selection, teacher_tokens))
 
 
 def prefill(family, config, weights, state, prompts: jax.Array, lengths: jax.Array):
@@ -246,8 +274,9 @@ def _step_jit(family, config, weights, state, tokens):
     return family.decode_step(config, weights, state, tokens, None)
 
 
-def decode_step(family, config, weights, state, tokens: jax.Array):
-    """One jitted family.decode_step with the state donated (eager stepping, tests)."""
+def decode_step(family, config, weights, state, tokens: jax.Array) -> StepOutput:
+    """One jitted family.decode_step with the state donated (eager stepping, tests): its
+    StepOutput (state, logits, misses)."""
     family = get_family(family)
     _check_family_config(family, config)
     return _step_jit(family=family, config=config, weights=weights, state=state,

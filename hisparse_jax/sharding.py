@@ -31,8 +31,8 @@ select per KV head, but their KV-head stream dim stays whole on each device.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import types
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +42,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from . import layout
 from .cache import HotCache, alloc_host_pool, init_hot_cache
 from .config import CacheConfig
-from .models import get_family
+from .models import Family, get_family
+from .models.paging import StepOutput
 from .resolve import ResolveResult, resolve
 
 DEFAULT_AXIS = "data"
@@ -171,7 +172,7 @@ def _one_stream_state(family, config, mode: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _template(family: types.ModuleType, config, mode: str):
+def _template(family: Family, config, mode: str):
     """The shapes of the family's one-stream state (jax.eval_shape: nothing is allocated)."""
     return jax.eval_shape(lambda: family.init_state(config, 1, mode, sharding=_local_sharding()))
 
@@ -201,7 +202,7 @@ def _is_host(x) -> bool:
     return jax.typeof(x).memory_space == jax.memory.Space.Host
 
 
-def _host_values(x) -> np.ndarray:
+def host_values(x) -> np.ndarray:
     """x as NumPy; pinned_host arrays are read through a device copy (on GPU a direct
     np.asarray keeps a zero-copy view on x)."""
     if _is_host(x):
@@ -223,7 +224,7 @@ def init_sharded_state(family, config, batch: int, mode: str, mesh: Mesh, axis: 
     shardings = state_shardings(family, config, mode, mesh, axis)
 
     def build(leaf, sharding):
-        row, d = _host_values(leaf.value), leaf.layout.batch_axis
+        row, d = host_values(leaf.value), leaf.layout.batch_axis
         shape = (*row.shape[:d], batch, *row.shape[d + 1 :])
 
         def shard(index):
@@ -284,7 +285,7 @@ def _no_selecting_layout(config, batch):
 
 
 @functools.lru_cache(maxsize=None)
-def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.ModuleType:
+def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> Family:
     """A model family whose streams are split over `axis` of `mesh`.
 
     Same protocol as the family (hisparse_jax.models): `prefill` and `decode_step`
@@ -298,10 +299,6 @@ def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.Module
     """
     base = get_family(family)
     _axis_size(mesh, axis)
-    module = types.ModuleType(
-        f"{base.__name__}[sharded over {axis!r}]",
-        f"{base.__name__} with its streams split over mesh axis {axis!r} (hisparse_jax.sharding).",
-    )
     stream = P(axis)
 
     def init_state(config, batch: int, mode: str, sharding=None):
@@ -319,24 +316,20 @@ def sharded_family(family, mesh: Mesh, axis: str = DEFAULT_AXIS) -> types.Module
         )
         return fn(weights, state, prompts, lengths)
 
-    def decode_step(config, weights, state, tokens, forced=None):
+    def decode_step(config, weights, state, tokens, forced=None, record_selection=False):
         _check_divisible("decode_step", tokens.shape[0], mesh, axis)
         _check_single_device_features("decode_step", state, forced)
+        if record_selection:
+            _no_selecting_layout(config, tokens.shape[0])  # refuses, with its reason
         specs = state_specs(base, config, state.store.mode, axis)
-        fn = jax.shard_map(
-            lambda weights, state, tokens: base.decode_step(config, weights, state, tokens), mesh=mesh,
-            in_specs=(P(), specs, stream), out_specs=(specs, stream, _misses_spec(axis)),
-        )
-        return fn(weights, state, tokens)
 
-    module.Config = base.Config
-    module.init_weights = base.init_weights
-    module.init_state = init_state
-    module.prefill = prefill
-    module.decode_step = decode_step
-    module.selecting_layout = _no_selecting_layout
-    module.metadata_bytes_read = base.metadata_bytes_read
-    module.base = base
-    module.mesh = mesh
-    module.axis = axis
-    return module
+        def local_step(weights, state, tokens):
+            out = base.decode_step(config, weights, state, tokens)
+            return out.state, out.logits, out.misses
+
+        fn = jax.shard_map(local_step, mesh=mesh, in_specs=(P(), specs, stream),
+                           out_specs=(specs, stream, _misses_spec(axis)))
+        return StepOutput(*fn(weights, state, tokens))
+
+    return dataclasses.replace(base, name=f"{base.name}[sharded over {axis!r}]", init_state=init_state,
+                               prefill=prefill, decode_step=decode_step, selecting_layout=_no_selecting_layout)

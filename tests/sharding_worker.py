@@ -73,7 +73,7 @@ def same_bits(a, b) -> bool:
 
 
 def host_values(x) -> np.ndarray:
-    return hsh._host_values(x)
+    return hsh.host_values(x)
 
 
 def hlo_report(text: str, pool_shape: str) -> dict:
@@ -225,10 +225,9 @@ def prompts():
 def run(family, state, weights, p, lengths, sampling="greedy"):
     state, prefill_logits = decode.prefill(family, DSA, weights, state, jnp.asarray(p), jnp.asarray(lengths))
     first = jnp.argmax(prefill_logits, axis=-1).astype(jnp.int32)
-    tokens, logits, misses, state = decode.generate(family, DSA, weights, state, first, DECODE_STEPS,
-                                                    sampling=sampling, return_logits=True)
-    return {"prefill_logits": np.asarray(prefill_logits), "tokens": np.asarray(tokens),
-            "logits": np.asarray(logits), "misses": np.asarray(misses)}, state
+    out = decode.generate(family, DSA, weights, state, first, DECODE_STEPS, sampling=sampling, return_logits=True)
+    return {"prefill_logits": np.asarray(prefill_logits), "tokens": np.asarray(out.tokens),
+            "logits": np.asarray(out.logits), "misses": np.asarray(out.misses)}, out.state
 
 
 def state_arrays(state) -> list[np.ndarray]:
@@ -327,10 +326,9 @@ def _():
         state0 = hsh.init_sharded_state("dsa", config, len(lengths), "hisparse", mesh)
         state, logits = decode.prefill(family, config, weights, state0, jnp.asarray(p), jnp.asarray(lengths))
         first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        tokens, logits, misses, state = decode.generate(family, config, weights, state, first, DECODE_STEPS,
-                                                        return_logits=True)
-        outs[prefetch] = ([np.asarray(tokens), np.asarray(logits), np.asarray(misses)], state_arrays(state),
-                          state.store.prefetch)
+        out = decode.generate(family, config, weights, state, first, DECODE_STEPS, return_logits=True)
+        outs[prefetch] = ([np.asarray(out.tokens), np.asarray(out.logits), np.asarray(out.misses)],
+                          state_arrays(out.state), out.state.store.prefetch)
     equal = [same_bits(a, b) for a, b in zip(outs[True][0], outs[False][0])]
     state_equal = all(same_bits(a, b) for a, b in zip(outs[True][1], outs[False][1]))
     ok = all(equal) and state_equal and outs[True][2] and int(outs[False][0][2].sum()) > 0

@@ -30,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from ..models import shapes
+
 GB = 1e9
 
 
@@ -196,11 +198,6 @@ QWEN3_30B_A3B = ModelCard(
     expert_d_ff=768, d_model=2048, vocab=151936,
 )
 
-# What the DeepSeek-V3-style DSA deployments share: MLA records, the fp8 indexer's keys, k and B,
-# and 256 fp8 routed experts (8 per token, one shared) over 8 GPUs: 32 on each.
-_MLA_DSA_EP8 = dict(kv_lora_rank=512, qk_rope_dim=64, index_dim=128, index_dtype="fp8", top_k=2048,
-                    hot_slots=4096, dtype="bfloat16", prefill_chunk=256, experts=32, experts_per_token=8,
-                    expert_d_ff=2048, shared_experts=1, expert_groups=8, expert_dtype="fp8", routed_scaling=2.5)
 _MLA_DSA_NOTES = ("the slice's layers are MoE layers; the model's 3 dense-MLP layers are not in it",)
 
 DEPLOYMENTS = {
@@ -210,8 +207,7 @@ DEPLOYMENTS = {
             name="glm5-h200", family="dsa", card=GLM_5, gpus=8, expert_parallel=8, gpu="NVIDIA H200",
             hbm_bytes=H200_HBM, slice_layers=8,
             title="GLM-5.1-FP8 + DSA on 8 NVIDIA H200, data-parallel attention, experts over 8 GPUs (EP8)",
-            fields=dict(_MLA_DSA_EP8, d_model=6144, n_heads=64, qk_nope_dim=192, v_head_dim=256, q_lora_rank=2048,
-                        index_heads=32),
+            fields=shapes.DEPLOYMENT_SLICES["glm5-h200"],
             published="HiSparse paper: 624 -> 1919 tok/s at 32K (3.1x), 232 -> 680 at 160K (2.9x); "
                       "~240 GB of KV over 8 GPUs at 32K",
             notes=(*_MLA_DSA_NOTES,
@@ -224,8 +220,7 @@ DEPLOYMENTS = {
             name="dsv32-h200", family="dsa", card=DEEPSEEK_V32, gpus=8, expert_parallel=8, gpu="NVIDIA H200",
             hbm_bytes=H200_HBM, slice_layers=8,
             title="DeepSeek-V3.2 (fp8) on 8 NVIDIA H200, data-parallel attention, experts over 8 GPUs (EP8)",
-            fields=dict(_MLA_DSA_EP8, d_model=7168, n_heads=128, qk_nope_dim=128, v_head_dim=128, q_lora_rank=1536,
-                        index_heads=64),
+            fields=shapes.DEPLOYMENT_SLICES["dsv32-h200"],
             published="no HiSparse figure published for this deployment; the paper's GLM-5.1 deployment "
                       "is the closest",
             notes=(*_MLA_DSA_NOTES,
@@ -236,11 +231,7 @@ DEPLOYMENTS = {
             name="qwen3-quest-h200", family="quest", card=QWEN3_30B_A3B, gpus=1, expert_parallel=1,
             gpu="NVIDIA H200", hbm_bytes=H200_HBM, slice_layers=4,
             title="Qwen3-30B-A3B (bf16) + Quest on one NVIDIA H200 (the paper's Qwen3 + Quest ran on a GH200)",
-            fields=dict(
-                d_model=2048, n_heads=32, n_kv_heads=4, head_dim=128, dense_layers=0,
-                page_size=16, top_k=128, hot_slots=256, experts=128, experts_per_token=8, expert_d_ff=768,
-                shared_experts=0, expert_groups=1, routed_scaling=1.0, dtype="bfloat16", prefill_chunk=256,
-            ),
+            fields=shapes.DEPLOYMENT_SLICES["qwen3-quest-h200"],
             published="HiSparse paper (Qwen3 + Quest on a GH200): 511 -> 1824 tok/s at 32K (3.6x), "
                       "111 -> 520 at 200K (4.7x); the Qwen3 variant is assumed (30B-A3B)",
             notes=("a 2048-token budget: top_k 128 pages of 16 tokens, B = 256 pages (assumed)",

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import cache_policies, recorded, traces
+from ..selection import policies as cache_policies, recorded, synthetic as traces
 from .errors import BenchError
 from .progress import Progress
 

@@ -51,16 +51,16 @@ class StepProfile:
 
 
 def profile_decode(family, config, weights, state, first_tokens, steps: int, *, context: int,
-                   selections=None, skip_indexer: bool = False, bandwidths: dict[str, float] | None = None,
+                   forced=None, bandwidths: dict[str, float] | None = None,
                    trace_dir: str | None = None):
     """(StepProfile, tokens [steps, b], state after the call) of one profiled `decode.generate`
-    call (the state is donated; `selections` and `skip_indexer` as in generate).
+    call (the state is donated; `forced`, a decode.ForcedTrace, as in generate).
 
     Call it after a warm-up call with the same shapes (so nothing compiles while profiling).
     `bandwidths` ("hbm", "host link" in bytes/s) default to fresh measurements (`measure_bandwidths`).
     """
     batch = int(state.lengths.shape[0])
-    options = dict(selections=selections, skip_indexer=skip_indexer)
+    options = dict(forced=forced)
     traced = decode.trace_generate(family, config, weights, state, first_tokens, steps, **options)
     hlo_text = traced.lower().compile().as_text()
     program = hlo.parse(hlo_text)
@@ -72,7 +72,8 @@ def profile_decode(family, config, weights, state, first_tokens, steps: int, *, 
     jax.block_until_ready((state, first_tokens))
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
         t0 = time.perf_counter()
-        out, _, misses, state = decode.generate(family, config, weights, state, first_tokens, steps, **options)
+        generated = decode.generate(family, config, weights, state, first_tokens, steps, **options)
+        out, misses, state = generated.tokens, generated.misses, generated.state
         jax.block_until_ready(out)
         wall = (time.perf_counter() - t0) / steps
     kernels = device_kernels(trace_dir, program.name)

@@ -1,7 +1,8 @@
 """Model families that decode through a HiSparse RecordStore.
 
-A family is a module (looked up by name with `get_family`) exposing one protocol,
-so `hisparse_jax.decode` and the benchmarks drive every family the same way.
+A family is a value, a `Family` (models/family.py) of the functions below: each family module
+defines its `FAMILY`, `get_family` looks it up by name, and `hisparse_jax.decode`, `sharding`
+and the benchmarks drive every family the same way. A user-defined family is a `Family(...)`.
 Shapes: b = batch, T = prompt length, V = vocab, L = sparse layers.
 
 `Config`
@@ -19,7 +20,7 @@ Shapes: b = batch, T = prompt length, V = vocab, L = sparse layers.
     layer's feed-forward branch is its `mlp` (layers.MLPWeights) or, with config.experts > 0,
     its `moe` (moe.MoEWeights), the other None. `weights.weight_bytes(family, config)` gives
     their bytes by component from the shapes alone; a family lists the weights its selection
-    reads in an optional `SELECTION_WEIGHTS` (names on their pytree paths).
+    reads in `Family.selection_weights` (names on their pytree paths).
 
 `init_state(config, batch, mode) -> State`
     Registered pytree whose every array field declares its layout (memory kind, byte category,
@@ -33,18 +34,20 @@ Shapes: b = batch, T = prompt length, V = vocab, L = sparse layers.
     the store with `write_sealed`, the open page to the tail; logits are those of each prompt's
     last token.
 
-`decode_step(config, weights, state, tokens [b] int32, forced=None)`
-    `-> (state, logits [b, V] float32, misses int32 [L, *streams])`. Appends one token per
-    stream to the tail, selects sealed records with the family's indexer and
-    `paging.select` (every sealed record, in place, in "dense" mode), attends to them plus the
-    tail, and seals the open page once it is full. `forced` (a traces.ForcedSelection) replaces
-    the selected ids by a trace's at run time. Every mode runs the same ops on the same shapes;
+`decode_step(config, weights, state, tokens [b] int32, forced=None, record_selection=False)`
+    `-> paging.StepOutput(state, logits [b, V] float32, misses int32 [L, *streams], selected)`.
+    Appends one token per stream to the tail, selects sealed records with the family's indexer
+    and `paging.select` (every sealed record, in place, in "dense" mode), attends to them plus
+    the tail, and seals the open page once it is full. `forced` (a paging.ForcedSelection)
+    replaces the selected ids by a trace's at run time; with `record_selection` (static) the
+    step also returns the ids every selecting layer attended to (`paging.stack_selected`).
+    Every mode runs the same ops on the same shapes;
     only the selection (dense) or the placement of records (hisparse/device) differs, so
     "hisparse" and "device" agree bit for bit.
 
 `selecting_layout(config, batch) -> (layers, stream_shape, num_records)`
-    The shape of the selections a trace feeds this family (hisparse_jax.traces.selections:
-    [steps, layers, *stream_shape, top_k]).
+    The shape of the selections a trace feeds this family
+    (hisparse_jax.selection.synthetic.selections: [steps, layers, *stream_shape, top_k]).
 
 `metadata_bytes_read(config, context) -> int`
     Device bytes one decode step reads per request besides weights and the attended records
@@ -60,32 +63,33 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-# name -> module path; modules are imported on first use.
+from .family import Family
+
+# name -> the module defining its FAMILY; modules are imported on first use.
 FAMILIES = {
     "dsa": "hisparse_jax.models.dsa",
     "nsa": "hisparse_jax.models.nsa",
     "quest": "hisparse_jax.models.quest",
 }
 
-PROTOCOL = ("Config", "init_weights", "init_state", "prefill", "decode_step", "selecting_layout",
-            "metadata_bytes_read")
-
 
 def known_families() -> tuple[str, ...]:
     return tuple(sorted(FAMILIES))
 
 
-def get_family(name: str | ModuleType) -> ModuleType:
-    """The family module called `name` (a module passes through unchanged)."""
-    if isinstance(name, ModuleType):
-        return name
-    if name not in FAMILIES:
-        raise ValueError(f"unknown model family {name!r}; known families: {', '.join(known_families())}")
-    module = importlib.import_module(FAMILIES[name])
-    missing = [attr for attr in PROTOCOL if not hasattr(module, attr)]
-    if missing:
-        raise TypeError(f"model family {name!r} ({module.__name__}) lacks {', '.join(missing)}")
-    return module
+def get_family(family: str | Family | ModuleType) -> Family:
+    """The Family called `family`; a Family passes through unchanged, a family module gives its
+    FAMILY."""
+    if isinstance(family, Family):
+        return family
+    if isinstance(family, ModuleType):
+        value = getattr(family, "FAMILY", None)
+        if not isinstance(value, Family):
+            raise TypeError(f"module {family.__name__} defines no FAMILY = models.Family(...)")
+        return value
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; known families: {', '.join(known_families())}")
+    return importlib.import_module(FAMILIES[family]).FAMILY
 
 
-__all__ = ["FAMILIES", "PROTOCOL", "get_family", "known_families"]
+__all__ = ["FAMILIES", "Family", "get_family", "known_families"]

@@ -44,8 +44,10 @@ from .._dispatch import IMPLEMENTATIONS
 from ..config import CacheConfig
 from ..indexer import index_scores
 from ..kv_store import RecordStore
-from ..traces import ForcedSelection
-from . import layers, moe, paging
+from . import shapes
+from .family import Family
+from .paging import ForcedSelection
+from . import layers, mla, moe, paging
 from .config import ModelConfig, require
 from .weights import init_normal, ones, split_layers
 
@@ -90,18 +92,7 @@ class Config(ModelConfig):
     index_rope_dim: int = 0
     indexer_implementation: str = "auto"
 
-    PRESETS = {
-        "tiny": dict(
-            vocab=256, d_model=64, num_layers=4, n_heads=4, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
-            kv_lora_rank=32, d_ff=128, index_heads=4, index_dim=16, top_k=16, hot_slots=32, max_context=256,
-            prefill_chunk=64, dtype="float32",
-        ),
-        "realistic": dict(
-            vocab=32000, d_model=2048, num_layers=4, n_heads=16, qk_nope_dim=128, qk_rope_dim=64,
-            v_head_dim=128, kv_lora_rank=512, d_ff=5632, index_heads=64, index_dim=128, top_k=2048,
-            hot_slots=4096, max_context=32768, prefill_chunk=256, dtype="bfloat16",
-        ),
-    }
+    PRESETS = shapes.FAMILY_PRESETS["dsa"]  # named shapes live in models/shapes.py
     POSITIVE = ("n_heads", "qk_nope_dim", "qk_rope_dim", "v_head_dim", "kv_lora_rank", "index_heads",
                 "index_dim", "index_share")
     RECORD_FIELD = "kv_lora_rank"
@@ -273,45 +264,6 @@ def metadata_bytes_read(config: Config, context: int) -> int:
     return config.groups * context * key
 
 
-# --------------------------------------------------------------------------- MLA
-
-
-def _query(config: Config, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
-    """h [..., D] at positions (broadcast to h.shape[:-1]) -> absorbed q [..., H, dc + dr] float32."""
-    if config.q_lora_rank:
-        latent = layers.rms_norm(jnp.einsum("...d,dr->...r", h, w.w_q_a), w.q_norm, config.norm_eps)
-        q = jnp.einsum("...r,rhe->...he", latent, w.w_q_b)
-    else:
-        q = jnp.einsum("...d,dhe->...he", h, w.w_q)
-    q_nope, q_rope = q[..., : config.qk_nope_dim], q[..., config.qk_nope_dim :]
-    q_rope = layers.rope(q_rope, positions[..., None], config.rope_theta)
-    q_latent = jnp.einsum("...hn,hnc->...hc", q_nope, w.w_uk, preferred_element_type=jnp.float32)
-    return jnp.concatenate([q_latent, q_rope.astype(jnp.float32)], axis=-1)
-
-
-def _kv_record(config: Config, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
-    """h [..., D] -> record [..., dc + dr] in config.dtype: [rms-normed latent c, rope key]."""
-    kv = jnp.einsum("...d,dw->...w", h, w.w_kv)
-    latent = layers.rms_norm(kv[..., : config.kv_lora_rank], w.kv_norm, config.norm_eps)
-    k_rope = layers.rope(kv[..., config.kv_lora_rank :], positions, config.rope_theta)
-    return jnp.concatenate([latent, k_rope], axis=-1).astype(config.dtype)
-
-
-def _attention_out(config: Config, w: LayerWeights, latent: jax.Array) -> jax.Array:
-    """Attention read-out in latent space latent [..., H, dc] float32 -> [..., D]."""
-    heads = jnp.einsum("...hc,hcv->...hv", latent.astype(config.dtype), w.w_uv)
-    return jnp.einsum("...hv,hvd->...d", heads, w.w_o)
-
-
-def _scale(config: Config) -> float:
-    return 1.0 / math.sqrt(config.qk_nope_dim + config.qk_rope_dim)
-
-
-def _split_record(config: Config):
-    """Record tokens [..., dc + dr] -> (keys: the whole record, values: the latent c)."""
-    return lambda records: (records, records[..., : config.kv_lora_rank])
-
-
 # --------------------------------------------------------------------------- lightning indexer
 
 
@@ -367,27 +319,28 @@ def _decode_layer(config: Config, w: LayerWeights, store, located, pos, x, tail,
     """One layer of one decode step, its records located: (x, tail, store, misses [b])."""
     h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
     with jax.named_scope("mla_project"):
-        q = _query(config, w, h, pos)  # [b, H, dc + dr] f32
-        tail = paging.tail_write(tail, _kv_record(config, w, h, pos), pos)
+        q = mla.query(config, w, h, pos)  # [b, H, dc + dr] f32
+        tail = paging.tail_write(tail, mla.kv_record(config, w, h, pos), pos)
     with jax.named_scope("attention"):
-        parts, misses, store = paging.selected_parts(store, layer, located, tail, pos, _split_record(config))
-        latent = layers.attend(q, parts, _scale(config))  # [b, H, dc]
-        x = x + _attention_out(config, w, latent)
+        parts, misses, store = paging.selected_parts(store, layer, located, tail, pos, mla.split_record(config))
+        latent = layers.attend(q, parts, mla.scale(config))  # [b, H, dc]
+        x = x + mla.attention_out(config, w, latent)
     with jax.named_scope("mlp"):
         x = x + moe.feed_forward(config, w, x)
     return x, tail, store, misses
 
 
 def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Array,
-                forced: ForcedSelection | None = None):
+                forced: ForcedSelection | None = None, record_selection: bool = False) -> paging.StepOutput:
     """One token per stream.
 
     Args:
       tokens: [b] int32, the token at position state.lengths.
       forced: a trace's ids [G, b, k] for this step (benchmarks), or None.
+      record_selection: also return the ids each indexer group selected ([G, b, k]).
     Returns:
-      (state, logits [b, V] float32, misses [L, b] int32: records RESOLVE fetched per layer,
-      zeros outside "hisparse").
+      StepOutput(state, logits [b, V] float32, misses [L, b] int32: records RESOLVE fetched per
+      layer, zeros outside "hisparse", selected).
     """
     c, pos = config, state.lengths
     store, tails = state.store, list(state.tail)
@@ -395,7 +348,7 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
     b = pos.shape[0]
     with jax.named_scope("embed"):
         x = layers.embed(weights.embed, tokens)
-    misses = []
+    misses, chosen = [], []
     for g in range(c.groups):
         iw = weights.indexers[g]
         with jax.named_scope("indexer"):
@@ -406,6 +359,7 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
                 scales[g] = scales[g].at[jnp.arange(b), pos].set(scale)
             scores = lambda: record_scores(c, iw, h, keys[g], scales[g], store.sealed, pos)
             selection = paging.select(c, store, scores, forced, g)
+            chosen.append(selection)
         group = range(g * c.index_share, (g + 1) * c.index_share)
         located = []
         with jax.named_scope("attention"):
@@ -422,7 +376,7 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
         store = paging.seal_full_pages(store, tails, pos + 1, misses)
     state = State(store=store, tail=tuple(tails), index_keys=tuple(keys), lengths=pos + 1,
                   index_scale=None if state.index_scale is None else tuple(scales))
-    return state, logits, misses
+    return paging.StepOutput(state, logits, misses, paging.stack_selected(chosen) if record_selection else None)
 
 
 # --------------------------------------------------------------------------- prefill
@@ -431,15 +385,15 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
 def _prefill_layer(config: Config, w: LayerWeights, positions, chunk, x):
     """One layer over the whole prompt: x [b, T, D] -> (x, records [b, T, W])."""
     h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
-    record = _kv_record(config, w, h, positions)
+    record = mla.kv_record(config, w, h, positions)
 
     def q_fn(q_pos):
         h_chunk = jax.lax.dynamic_slice_in_dim(h, q_pos[0], chunk, axis=1)
-        return _query(config, w, h_chunk, q_pos[None, :])
+        return mla.query(config, w, h_chunk, q_pos[None, :])
 
     with jax.named_scope("attention"):
-        latent = layers.causal_attention(q_fn, record, record[..., : config.kv_lora_rank], _scale(config), chunk)
-        x = x + _attention_out(config, w, latent)
+        latent = layers.causal_attention(q_fn, record, record[..., : config.kv_lora_rank], mla.scale(config), chunk)
+        x = x + mla.attention_out(config, w, latent)
     with jax.named_scope("mlp"):
         x = x + moe.feed_forward(config, w, x)
     return x, record
@@ -476,3 +430,8 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
     state = State(store=store, tail=tuple(tails), index_keys=tuple(keys), lengths=lengths,
                   index_scale=None if state.index_scale is None else tuple(scales))
     return state, logits
+
+
+FAMILY = Family(name="dsa", Config=Config, init_weights=init_weights, init_state=init_state, prefill=prefill,
+                decode_step=decode_step, selecting_layout=selecting_layout,
+                metadata_bytes_read=metadata_bytes_read, selection_weights=SELECTION_WEIGHTS)

@@ -37,7 +37,9 @@ import jax.numpy as jnp
 from .. import kv_store, layout
 from ..kv_store import RecordStore
 from ..topk import select_topk
-from ..traces import ForcedSelection
+from . import shapes
+from .family import Family
+from .paging import ForcedSelection
 from . import gqa, layers, moe, paging
 from .config import require
 from .weights import init_normal, ones, split_layers
@@ -68,19 +70,7 @@ class Config(gqa.GQAConfig):
     page_size: int = 64
     window: int = 512
 
-    PRESETS = {
-        "tiny": dict(
-            vocab=256, d_model=64, num_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128, cmp_block=8,
-            cmp_stride=4, page_size=16, top_k=3, hot_slots=6, window=32, max_context=256, prefill_chunk=64,
-            dtype="float32",
-        ),
-        # NSA paper attention: 64 query heads in 4 GQA groups, l = 32, d = 16, l' = 64, n = 16, w = 512.
-        "realistic": dict(
-            vocab=32000, d_model=4096, num_layers=4, n_heads=64, n_kv_heads=4, head_dim=128, d_ff=11008,
-            cmp_block=32, cmp_stride=16, page_size=64, top_k=15, hot_slots=32, window=512, max_context=32768,
-            prefill_chunk=128, dtype="bfloat16",
-        ),
-    }
+    PRESETS = shapes.FAMILY_PRESETS["nsa"]  # named shapes live in models/shapes.py
     POSITIVE = gqa.GQAConfig.POSITIVE + ("cmp_block", "cmp_stride", "window")
 
     def check(self) -> None:
@@ -300,7 +290,7 @@ def _decode_layer(config: Config, w: LayerWeights, store: RecordStore, forced, p
     Args:
       pos: [b] int32 position of this step's token.
       buffers: (tail, window ring, compressed) of this layer.
-    Returns (x, buffers, store, misses [b, kvh]).
+    Returns (x, buffers, store, misses [b, kvh], the selected ids [b, kvh, k] or None).
     """
     tail, ring, cmp = buffers
     pos_s = gqa.per_stream(pos, config.n_kv_heads)
@@ -326,36 +316,38 @@ def _decode_layer(config: Config, w: LayerWeights, store: RecordStore, forced, p
     x = x + gqa.attention_out(heads, w.w_o, config.dtype)
     with jax.named_scope("mlp"):
         x = x + moe.feed_forward(config, w, x)
-    return x, (tail, ring, cmp), store, misses
+    return x, (tail, ring, cmp), store, misses, selection
 
 
 def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Array,
-                forced: ForcedSelection | None = None):
+                forced: ForcedSelection | None = None, record_selection: bool = False) -> paging.StepOutput:
     """One token per stream.
 
     Args:
       tokens: [b] int32, the token at position state.lengths.
       forced: a trace's ids [L, b, kvh, k] for this step (benchmarks), or None.
+      record_selection: also return the ids each layer selected ([L, b, kvh, k]).
     Returns:
-      (state, logits [b, V] float32, misses [L, b, kvh] int32: blocks RESOLVE fetched per layer
-      and KV head, zeros outside "hisparse").
+      StepOutput(state, logits [b, V] float32, misses [L, b, kvh] int32: blocks RESOLVE fetched
+      per layer and KV head, zeros outside "hisparse", selected).
     """
     pos, store = state.lengths, state.store
     tails, windows, compressed = list(state.tail), list(state.window), list(state.compressed)
     with jax.named_scope("embed"):
         x = layers.embed(weights.embed, tokens)
-    misses = []
+    misses, chosen = [], []
     for layer, w in enumerate(weights.layers):
         buffers = (tails[layer], windows[layer], compressed[layer])
-        x, buffers, store, m = _decode_layer(config, w, store, forced, pos, x, buffers, layer)
+        x, buffers, store, m, selection = _decode_layer(config, w, store, forced, pos, x, buffers, layer)
         tails[layer], windows[layer], compressed[layer] = buffers
         misses.append(m)
+        chosen.append(selection)
     logits = layers.lm_head(weights, x, config.norm_eps)
     misses = jnp.stack(misses)
     with jax.named_scope("seal"):
         store = paging.seal_full_pages(store, tails, gqa.per_stream(pos + 1, config.n_kv_heads), misses)
     state = State(store, tuple(tails), tuple(windows), tuple(compressed), pos + 1)
-    return state, logits, misses
+    return paging.StepOutput(state, logits, misses, paging.stack_selected(chosen) if record_selection else None)
 
 
 # --------------------------------------------------------------------------- prefill
@@ -461,3 +453,8 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
     windows = tuple(_prompt_window(c, r, lengths) for r in records)
     logits = layers.lm_head(weights, layers.last_token(x, lengths), c.norm_eps)
     return State(store, tuple(tails), windows, tuple(compressed), lengths), logits
+
+
+FAMILY = Family(name="nsa", Config=Config, init_weights=init_weights, init_state=init_state, prefill=prefill,
+                decode_step=decode_step, selecting_layout=selecting_layout,
+                metadata_bytes_read=metadata_bytes_read, selection_weights=SELECTION_WEIGHTS)

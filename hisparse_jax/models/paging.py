@@ -7,10 +7,8 @@ stream, k = top_k. Stream-shaped arguments ([*S]) must already be broadcast to t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import threading
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +16,26 @@ import jax.numpy as jnp
 from .. import kv_store
 from ..kv_store import RecordStore
 from ..topk import select_topk
-from ..traces import ForcedSelection
 from .layers import Part
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ForcedSelection:
+    """One decode step's selections, fed to a model in place of its own top-k.
+
+    Attributes:
+      ids: [layers, *S, k] int32, ascending per stream, -1 padding (what select_topk returns)
+        for each selecting layer of the family.
+      enabled: bool scalar, a runtime value: True replaces the model's ids by `ids`. Being an
+        input of the program, it keeps XLA from removing the indexer and top-k it overrides.
+      skip_indexer: static; True does not compute the indexer at all (a diagnostic that shows,
+        by difference, what the indexer costs).
+    """
+
+    ids: jax.Array
+    enabled: jax.Array
+    skip_indexer: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 def tail_valid(positions: jax.Array, page_size: int) -> jax.Array:
@@ -109,30 +125,34 @@ def select(config, store: RecordStore, scores: Callable[[], jax.Array], forced: 
         ids = select_topk(scores(), store.sealed, config.top_k, implementation=config.implementation)
         if forced is not None:
             ids = jnp.where(forced.enabled, forced.ids[selector], ids)
-    recorders = getattr(_recording, "open", None)
-    if recorders:
-        recorders[-1].append(ids)
     return ids
 
 
-# Open `recording` blocks of this thread, innermost last: `select` hands the innermost its ids
-# while a step is traced (per thread: two threads tracing steps keep their selections apart).
-_recording = threading.local()
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class StepOutput:
+    """What one decode step of a family returns.
+
+    Attributes:
+      state: the new State (one token longer per stream).
+      logits: [b, V] float32 of the next token.
+      misses: [L, *streams] int32 records RESOLVE fetched per layer (zeros outside "hisparse").
+      selected: with record_selection, [layers, *S, k] int32: the ids every selecting layer
+        attended to (the model's top-k, or the forced ids); else None.
+    """
+
+    state: object
+    logits: jax.Array
+    misses: jax.Array
+    selected: jax.Array | None = None
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[list]:
-    """Collects, in call order, the ids every `select` returns while the block traces a decode
-    step: the selections the step attends to (a trace's ids where one is forced), one entry per
-    selecting layer; None for a "dense" store, which selects nothing."""
-    selections: list = []
-    if not hasattr(_recording, "open"):
-        _recording.open = []
-    _recording.open.append(selections)
-    try:
-        yield selections
-    finally:
-        _recording.open.pop()
+def stack_selected(chosen: Sequence[jax.Array | None]) -> jax.Array:
+    """The ids `select` returned for every selecting layer of one step, [layers, *S, k]."""
+    if not chosen or any(ids is None for ids in chosen):
+        raise ValueError('generate: record_selection needs a "hisparse" or "device" state; a "dense" state '
+                         "attends to every record and selects none")
+    return jnp.stack(chosen)
 
 
 def locate(store: RecordStore, layer: int, selection: jax.Array | None):

@@ -34,7 +34,9 @@ import jax.numpy as jnp
 
 from .. import kv_store, layout
 from ..kv_store import RecordStore
-from ..traces import ForcedSelection
+from . import shapes
+from .family import Family
+from .paging import ForcedSelection
 from . import gqa, layers, moe, paging
 from .config import require
 from .weights import init_normal, ones, split_layers
@@ -58,17 +60,7 @@ class Config(gqa.GQAConfig):
     dense_layers: int = 2
     page_size: int = 16
 
-    PRESETS = {
-        "tiny": dict(
-            vocab=256, d_model=64, num_layers=4, dense_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
-            top_k=4, hot_slots=8, max_context=256, prefill_chunk=64, dtype="float32",
-        ),
-        # Llama-3-8B attention and MLP shapes; 2 dense + 4 sparse layers; a 4096-token budget.
-        "realistic": dict(
-            vocab=32000, d_model=4096, num_layers=6, dense_layers=2, n_heads=32, n_kv_heads=8, head_dim=128,
-            d_ff=14336, top_k=256, hot_slots=512, max_context=32768, prefill_chunk=256, dtype="bfloat16",
-        ),
-    }
+    PRESETS = shapes.FAMILY_PRESETS["quest"]  # named shapes live in models/shapes.py
 
     def check(self) -> None:
         super().check()
@@ -235,15 +227,16 @@ def _put_page(meta: jax.Array, new: jax.Array, index: jax.Array, write: jax.Arra
 
 
 def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Array,
-                forced: ForcedSelection | None = None):
+                forced: ForcedSelection | None = None, record_selection: bool = False) -> paging.StepOutput:
     """One token per stream.
 
     Args:
       tokens: [b] int32, the token at position state.lengths.
       forced: a trace's ids [L_sparse, b, kvh, k] for this step (benchmarks), or None.
+      record_selection: also return the ids each sparse layer selected ([L_sparse, b, kvh, k]).
     Returns:
-      (state, logits [b, V] float32, misses [L_sparse, b, kvh] int32: pages RESOLVE fetched per
-      sparse layer and KV head, zeros outside "hisparse").
+      StepOutput(state, logits [b, V] float32, misses [L_sparse, b, kvh] int32: pages RESOLVE
+      fetched per sparse layer and KV head, zeros outside "hisparse", selected).
     """
     c, Ld, pos = config, config.dense_layers, state.lengths
     store, dense_store, tails = state.store, state.dense_store, list(state.tail)
@@ -251,7 +244,7 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
         x = layers.embed(weights.embed, tokens)
     page_max, page_min = list(state.page_max), list(state.page_min)
     sealing = gqa.per_stream(pos + 1, c.n_kv_heads) % c.page_size == 0
-    misses = []
+    misses, chosen = [], []
     for layer, w in enumerate(weights.layers):
         if layer < Ld:
             with jax.named_scope("dense_layer"):
@@ -268,7 +261,8 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
             page_max[s] = _put_page(page_max[s], top, store.sealed, sealing)
             page_min[s] = _put_page(page_min[s], bottom, store.sealed, sealing)
             scores = lambda: page_scores(q, page_max[s], page_min[s])
-            return paging.select(c, store, scores, forced, s)
+            chosen.append(paging.select(c, store, scores, forced, s))
+            return chosen[-1]
 
         with jax.named_scope("sparse_layer"):
             x, tails[layer], store, m = _decode_layer(c, w, store, select, pos, x, tails[layer], s)
@@ -281,7 +275,7 @@ def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Arra
         if Ld:
             dense_store = paging.seal_full_pages(dense_store, tails[:Ld], new_lengths, misses)
     state = State(store, dense_store, tuple(tails), tuple(page_max), tuple(page_min), pos + 1)
-    return state, logits, misses
+    return paging.StepOutput(state, logits, misses, paging.stack_selected(chosen) if record_selection else None)
 
 
 # --------------------------------------------------------------------------- prefill
@@ -335,3 +329,8 @@ def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, 
             page_min.append(put(state.page_min[s], bottom))
     logits = layers.lm_head(weights, layers.last_token(x, lengths), c.norm_eps)
     return State(store, dense_store, tuple(tails), tuple(page_max), tuple(page_min), lengths), logits
+
+
+FAMILY = Family(name="quest", Config=Config, init_weights=init_weights, init_state=init_state, prefill=prefill,
+                decode_step=decode_step, selecting_layout=selecting_layout,
+                metadata_bytes_read=metadata_bytes_read)

@@ -102,9 +102,9 @@ def weight_bytes(family: Any, config: Any) -> dict[str, int]:
     """
     from . import get_family  # the package imports its families lazily
 
-    module = get_family(family)
-    shapes = jax.eval_shape(lambda: module.init_weights(config, 0))
-    selection = set(getattr(module, "SELECTION_WEIGHTS", ()))
+    family = get_family(family)
+    shapes = jax.eval_shape(lambda: family.init_weights(config, 0))
+    selection = set(family.selection_weights)
     out = dict.fromkeys(COMPONENTS, 0)
     for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
         names = [_key_name(key) for key in path]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import jax
 
-from ..recorded import save_trace
+from ..selection.recorded import save_trace
 from . import fit as fit_lib
 from .checkpoint import save_model
 from .corpus import Corpus

@@ -18,24 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models import dsa
+from ..models import dsa, shapes
 from . import optimizer
 from .corpus import Corpus, WindowSampler
 from .forward import check_trainable, forward_loss
 
-# The model the shipped trace comes from (docs/training.md), and a CPU-test size.
-MODELS = {
-    "trace-model": dict(
-        vocab=256, d_model=384, num_layers=6, n_heads=8, qk_nope_dim=32, qk_rope_dim=32, v_head_dim=32,
-        kv_lora_rank=128, d_ff=512, index_heads=4, index_dim=64, index_rope_dim=32, top_k=2048, hot_slots=4096, max_context=16384,
-        prefill_chunk=256, rope_theta=500000.0, dtype="bfloat16",
-    ),
-    "tiny": dict(
-        vocab=256, d_model=64, num_layers=2, n_heads=4, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
-        kv_lora_rank=32, d_ff=128, index_heads=2, index_dim=16, index_rope_dim=8, top_k=16, hot_slots=32, max_context=128,
-        prefill_chunk=32, dtype="float32",
-    ),
-}
+MODELS = shapes.TRAINED_MODELS  # named shapes live in hisparse_jax/models/shapes.py
 
 
 @dataclasses.dataclass(frozen=True)

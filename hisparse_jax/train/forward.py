@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..models import dsa, layers, moe
+from ..models import dsa, layers, mla, moe
 from ..topk import select_topk
 
 f32 = jnp.float32
@@ -52,7 +52,7 @@ def _chunk_attention(config: dsa.Config, q, keys, q_index, head, index_keys, sta
     key_pos = jnp.arange(T, dtype=jnp.int32)
     take = lambda a: jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=1)
     scores = jnp.einsum("bchw,btw->bhct", take(q).astype(config.dtype), keys, preferred_element_type=f32)
-    scores = scores * dsa._scale(config)
+    scores = scores * mla.scale(config)
     index = jnp.einsum("bcjd,btd->bcjt", take(q_index), index_keys, preferred_element_type=f32)
     index = jnp.einsum("bcjt,bcj->bct", jax.nn.relu(index), take(head))  # I [b, C, T]
     sealed = key_pos[None, None, :] < positions[None, :, None]  # [1, C, T]: keys s < t
@@ -86,8 +86,8 @@ def _chunk_attention(config: dsa.Config, q, keys, q_index, head, index_keys, sta
 def _layer(config: dsa.Config, w: dsa.LayerWeights, iw: dsa.IndexerWeights, x, positions, chunk: int, sparse: bool):
     """One layer over the batch: (x [b, T, D], KL summed over queries, queries with a target)."""
     h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
-    keys = dsa._kv_record(config, w, h, positions)  # [b, T, W]
-    q = dsa._query(config, w, h, positions)  # [b, T, H, W] float32
+    keys = mla.kv_record(config, w, h, positions)  # [b, T, W]
+    q = mla.query(config, w, h, positions)  # [b, T, H, W] float32
     detached = jax.lax.stop_gradient(h)  # the indexer trains on the KL alone
     index_keys, _ = dsa.index_key(config, iw, detached, positions)
     q_index, head = dsa.index_query(config, iw, detached, positions)
@@ -99,7 +99,7 @@ def _layer(config: dsa.Config, w: dsa.LayerWeights, iw: dsa.IndexerWeights, x, p
     T = x.shape[1]
     latent, kl, count = jax.lax.map(block, jnp.arange(0, T, chunk, dtype=jnp.int32))
     latent = jnp.moveaxis(latent, 0, 1).reshape(x.shape[0], T, *latent.shape[3:])
-    x = x + dsa._attention_out(config, w, latent)
+    x = x + mla.attention_out(config, w, latent)
     x = x + moe.feed_forward(config, w, x)
     return x, jnp.sum(kl), jnp.sum(count)
 

@@ -3,7 +3,7 @@
 Each stream reads one document: a dense prefill of its first `prefill` tokens, then `steps`
 decode steps teacher-forced with the document's next tokens (generate's teacher_tokens), every
 step's top-k ids of every layer recorded (record_selection). The trace file
-(hisparse_jax.recorded) carries the model, the documents and the decode's own next-token loss.
+(hisparse_jax.selection.recorded) carries the model, the documents and the decode's own next-token loss.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import decode
 from ..models import dsa
-from ..recorded import RecordedTrace
+from ..selection.recorded import RecordedTrace
 from .checkpoint import load_model
 from .corpus import Corpus
 
@@ -56,8 +56,9 @@ def record_trace(model_path: str | Path, corpus: Corpus, *, documents: int, pref
     state, _ = decode.prefill(dsa, config, weights, state, jnp.asarray(text[:, :prefill]),
                               jnp.full((documents,), prefill, jnp.int32))
     teacher = jnp.asarray(text[:, prefill + 1 :].T)  # [steps, streams]: fed after each step
-    _, logits, _, state, ids = decode.generate(dsa, config, weights, state, jnp.asarray(text[:, prefill]), steps,
-                                               return_logits=True, record_selection=True, teacher_tokens=teacher)
+    out = decode.generate(dsa, config, weights, state, jnp.asarray(text[:, prefill]), steps,
+                          return_logits=True, record_selection=True, teacher_tokens=teacher)
+    logits, ids = out.logits, out.selections
     decode_loss = next_token_loss(jax.device_get(logits), jax.device_get(teacher))
     digest = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()[:16]
     source = dict(

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from hisparse_jax import cache_policies
+from hisparse_jax.selection import policies as cache_policies
 from hisparse_jax.bench import cli
-from hisparse_jax.recorded import RecordedTrace, save_trace
+from hisparse_jax.selection.recorded import RecordedTrace, save_trace
 
 TINY = ["--records", "48", "--k", "8", "--steps", "12", "--layers", "2", "--streams", "2"]
 

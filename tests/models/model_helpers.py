@@ -60,9 +60,10 @@ def decode_run(family: str, config: Any, mode: str, steps: int, lengths: tuple, 
     state, prefill_logits = decode.prefill(family, config, weights, state, jnp.asarray(prompts), jnp.asarray(lens))
     first = jnp.argmax(prefill_logits, axis=-1).astype(jnp.int32)
     forced = None if selections is None else jnp.asarray(np.frombuffer(selections[0], np.int32).reshape(selections[1]))
-    tokens, logits, misses, state = decode.generate(family, config, weights, state, first, steps, return_logits=True,
-                                                    selections=forced)
-    return Run(np.asarray(prefill_logits), np.asarray(tokens), np.asarray(logits), np.asarray(misses), state)
+    out = decode.generate(family, config, weights, state, first, steps, return_logits=True,
+                          forced=None if forced is None else decode.ForcedTrace(forced))
+    return Run(np.asarray(prefill_logits), np.asarray(out.tokens), np.asarray(out.logits), np.asarray(out.misses),
+               out.state)
 
 
 def assert_bitwise_equal(a: Run, b: Run) -> None:

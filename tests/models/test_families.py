@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from model_helpers import STEPS, assert_bitwise_equal
 
-from hisparse_jax import decode, traces
+from hisparse_jax import decode
+from hisparse_jax.selection import synthetic as traces
 from hisparse_jax.models import get_family, known_families
 
 
@@ -123,9 +124,12 @@ def test_generate_and_prefill_check_their_inputs(case):
     with pytest.raises(TypeError, match="Config"):
         decode.generate(case.family, object(), case.weights(), state, first, 1)
     with pytest.raises(ValueError, match="selections must be int32"):
-        decode.generate(case.family, config, case.weights(), state, first, 2, selections=jnp.zeros((2, 1), jnp.int32))
+        decode.generate(case.family, config, case.weights(), state, first, 2,
+                        forced=decode.ForcedTrace(jnp.zeros((2, 1), jnp.int32)))
     with pytest.raises(ValueError, match="skip_indexer=True needs selections"):
-        decode.generate(case.family, config, case.weights(), state, first, 2, skip_indexer=True)
+        decode.generate(case.family, config, case.weights(), state, first, 2, forced=decode.ForcedTrace(None, True))
+    with pytest.raises(TypeError, match="forced must be a decode.ForcedTrace"):
+        decode.generate(case.family, config, case.weights(), state, first, 2, forced=jnp.zeros((2, 1), jnp.int32))
 
 
 def test_family_registry(case):
@@ -217,6 +221,6 @@ def test_a_forced_selection_is_what_the_model_attends(case):
     tokens, lengths = (jnp.asarray(a) for a in case.prompts())
     state, logits = decode.prefill(case.family, config, case.weights(), state, tokens, lengths)
     first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    skipped, *_ = decode.generate(case.family, config, case.weights(), state, first, STEPS,
-                                  selections=jnp.asarray(ids), skip_indexer=True)
-    np.testing.assert_array_equal(np.asarray(skipped), hisparse.tokens)
+    skipped = decode.generate(case.family, config, case.weights(), state, first, STEPS,
+                              forced=decode.ForcedTrace(jnp.asarray(ids), skip_indexer=True))
+    np.testing.assert_array_equal(np.asarray(skipped.tokens), hisparse.tokens)

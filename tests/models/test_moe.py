@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from model_helpers import FEW_LAYERS, assert_bitwise_equal
 
-from hisparse_jax.models import dsa, layers, moe
+from hisparse_jax.models import dsa, layers, mla, moe
 from hisparse_jax.models.weights import COMPONENTS, weight_bytes
 
 BF16 = np.dtype(jnp.bfloat16)
@@ -207,7 +207,7 @@ def test_dsa_query_lora_matches_a_numpy_oracle():
     assert layer.w_q is None and layer.w_q_a.shape == (64, 16) and layer.q_norm.shape == (16,)
     rng = np.random.default_rng(4)
     h, pos = rng.standard_normal((3, 64)).astype(np.float32), np.array([0, 7, 100], np.int32)
-    got = np.asarray(jax.jit(lambda h, p: dsa._query(config, layer, h, p))(h, pos))
+    got = np.asarray(jax.jit(lambda h, p: mla.query(config, layer, h, p))(h, pos))
     latent = h @ _f64(layer.w_q_a)
     latent = latent / np.sqrt(np.mean(latent**2, -1, keepdims=True) + config.norm_eps) * _f64(layer.q_norm)
     q = np.einsum("br,rhe->bhe", latent, _f64(layer.w_q_b))

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 from model_helpers import CASES, STEPS, assert_bitwise_equal
-from test_decode_program import IN_PLACE, assert_no_big_copies, ffi_calls, traced
+from program_helpers import IN_PLACE, assert_no_big_copies, ffi_calls, traced
 
 from hisparse_jax import hlo, targets
 

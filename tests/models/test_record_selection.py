@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from model_helpers import make_prompts, weights_for
 
-from hisparse_jax import decode, traces
+from hisparse_jax import decode
+from hisparse_jax.selection import synthetic as traces
 from hisparse_jax.models import get_family
 
 STEPS = 6
@@ -30,9 +31,9 @@ def test_recorded_selections_are_the_same_in_both_selecting_modes(family_name):
     hisparse = _decode(family_name, config, "hisparse", record_selection=True)
     device = _decode(family_name, config, "device", record_selection=True)
     layers, streams, records = get_family(family_name).selecting_layout(config, 3)
-    ids = np.asarray(hisparse[4])
+    ids = np.asarray(hisparse.selections)
     assert ids.shape == (STEPS, layers, *streams, config.top_k) and ids.dtype == np.int32
-    assert np.array_equal(ids, np.asarray(device[4]))
+    assert np.array_equal(ids, np.asarray(device.selections))
     valid = ids >= 0
     assert valid.any() and (ids < records).all()
     # ascending ids, then padding: what top-k returns
@@ -47,8 +48,8 @@ def test_forced_selections_are_what_is_recorded():
     layers, streams, records = family.selecting_layout(config, 3)
     forced = traces.selections(traces.TraceConfig.calibration("glm-5.1"), layers, streams, records, config.top_k,
                                lengths, STEPS)
-    out = _decode("dsa", config, "hisparse", record_selection=True, selections=forced)
-    assert np.array_equal(np.asarray(out[4]), np.asarray(forced))
+    out = _decode("dsa", config, "hisparse", record_selection=True, forced=decode.ForcedTrace(forced))
+    assert np.array_equal(np.asarray(out.selections), np.asarray(forced))
 
 
 def test_teacher_tokens_feed_the_continuation():
@@ -57,10 +58,10 @@ def test_teacher_tokens_feed_the_continuation():
     free = _decode("dsa", config, "device", return_logits=True)
     forced = _decode("dsa", config, "device", return_logits=True, teacher_tokens=teacher)
     # step 0 reads the same token; later steps read the teacher's, so their logits differ
-    assert np.array_equal(np.asarray(free[1][0]), np.asarray(forced[1][0]))
-    assert not np.allclose(np.asarray(free[1][1:]), np.asarray(forced[1][1:]))
+    assert np.array_equal(np.asarray(free.logits[0]), np.asarray(forced.logits[0]))
+    assert not np.allclose(np.asarray(free.logits[1:]), np.asarray(forced.logits[1:]))
     # the returned tokens are the model's own samples
-    assert np.array_equal(np.asarray(forced[0]), np.argmax(np.asarray(forced[1]), -1))
+    assert np.array_equal(np.asarray(forced.tokens), np.argmax(np.asarray(forced.logits), -1))
 
 
 def test_record_selection_and_teacher_tokens_refuse_bad_use():

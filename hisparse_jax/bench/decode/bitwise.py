@@ -55,12 +55,11 @@ def decode_mode(family, config, weights, prompts, lengths, mode: str, steps: int
     state = family.init_state(config, prompts.shape[0], mode)
     state, logits = decode.prefill(family, config, weights, state, prompts, lengths)
     first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    tokens, step_logits, misses, state = decode.generate(
-        family, config, weights, state, first, steps, return_logits=True
-    )
-    jax.block_until_ready(tokens)
-    out = dict(tokens=np.asarray(tokens), logits=np.asarray(step_logits), misses=np.asarray(misses))
-    run = warm_up(DecodeRun(family, config, weights, int(prompts.shape[1]), steps, state, tokens), tokens[-1])
+    generated = decode.generate(family, config, weights, state, first, steps, return_logits=True)
+    tokens = jax.block_until_ready(generated.tokens)
+    out = dict(tokens=np.asarray(tokens), logits=np.asarray(generated.logits), misses=np.asarray(generated.misses))
+    run = warm_up(DecodeRun(family, config, weights, int(prompts.shape[1]), steps, generated.state, tokens),
+                  tokens[-1])
     (timing,) = time_in_turns([run], reps)
     out["step_s"] = timing.step_seconds
     out["pool_memory_kind"] = run.state.store.host_pool.sharding.memory_kind if mode == "hisparse" else None

@@ -132,8 +132,8 @@ def capacity(
     for how many compiles that takes."""
     if working is not None and (working.family is not family or working.config != config
                                 or working.mode != mode):
-        raise ValueError(f"capacity: working is the working memory of {working.family.__name__} "
-                         f"{working.mode!r}, not of this {family.__name__} {mode!r} config; build it "
+        raise ValueError(f"capacity: working is the working memory of {working.family.name} "
+                         f"{working.mode!r}, not of this {family.name} {mode!r} config; build it "
                          "with working_memory(family, config, mode, ...)")
     one = account(family, config, 1, mode)
     dev_per, host_per = one.per_request("device"), one.per_request("host")

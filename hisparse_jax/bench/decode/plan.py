@@ -24,8 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ... import _ffi, recorded, traces
+from ... import _ffi
 from ..._ffi import extension_error
+from ...selection import recorded, synthetic as traces
 from ...models import get_family
 from .capacity import Capacity, capacity
 from .working_memory import fit_batches, program_memory, working_memory

@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ... import decode, recorded, traces
+from ... import decode
+from ...selection import recorded, synthetic as traces
 from .. import profile
 from .synthetic import synthetic_state, without_fetch
 
@@ -206,15 +207,15 @@ def _selection_arguments(run: DecodeRun) -> dict:
         raise ValueError(f"the run decoded past the {len(run.trace_ids)} steps its trace was generated for")
     ids = jnp.asarray(run.trace_ids[run.trace_step : run.trace_step + run.steps])
     run.trace_step += run.steps
-    return dict(selections=jax.block_until_ready(ids), skip_indexer=run.skip_indexer)
+    return dict(forced=decode.ForcedTrace(jax.block_until_ready(ids), skip_indexer=run.skip_indexer))
 
 
 def warm_up(run: DecodeRun, first_tokens) -> DecodeRun:
     """The untimed first call: compiles this state's decode and fills its hot caches."""
-    out, _, misses, run.state = decode.generate(run.family, run.config, run.weights, run.state,
-                                                first_tokens, run.steps, **_selection_arguments(run))
-    run.last_tokens = jax.block_until_ready(out)
-    run.misses_shape = tuple(misses.shape)
+    out = decode.generate(run.family, run.config, run.weights, run.state, first_tokens, run.steps,
+                          **_selection_arguments(run))
+    run.state, run.last_tokens = out.state, jax.block_until_ready(out.tokens)
+    run.misses_shape = tuple(out.misses.shape)
     return run
 
 
@@ -261,12 +262,11 @@ def timed_call(run: DecodeRun) -> None:
     first = jax.block_until_ready(run.last_tokens[-1])
     selection = _selection_arguments(run)
     t0 = time.perf_counter()
-    out, _, misses, run.state = decode.generate(run.family, run.config, run.weights, run.state, first,
-                                                run.steps, **selection)
-    jax.block_until_ready(out)
+    generated = decode.generate(run.family, run.config, run.weights, run.state, first, run.steps, **selection)
+    jax.block_until_ready(generated.tokens)
     run.step_seconds.append((time.perf_counter() - t0) / run.steps)
-    run.last_tokens = out
-    run.fetched_per_step.append(float(np.asarray(misses).sum()) / run.steps)
+    run.state, run.last_tokens = generated.state, generated.tokens
+    run.fetched_per_step.append(float(np.asarray(generated.misses).sum()) / run.steps)
 
 
 def time_in_turns(runs: list[DecodeRun], reps: int, on_round=None) -> list[DecodeTiming]:

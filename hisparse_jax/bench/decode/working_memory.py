@@ -243,7 +243,7 @@ def _compiled_memory(family, config, mode, batch, steps, trace, skip_indexer, ba
     )
     selections = (jax.ShapeDtypeStruct(selections_shape(family, config, batch, steps), jnp.int32)
                   if trace else None)
-    traced = decode._generate_jit.trace(
+    traced = decode.generate_program.trace(
         family=family, config=config, steps=steps, sampling="greedy", return_logits=False,
         skip_indexer=skip_indexer, weights=weights, state=state, selections=selections, **others)
     analysis = traced.lower().compile(_COMPILER_OPTIONS.get(backend)).memory_analysis()

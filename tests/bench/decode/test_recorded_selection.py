@@ -20,7 +20,7 @@ from hisparse_jax.bench.decode import plan
 from hisparse_jax.bench.decode.runner import RecordedSelection, tokens_needed, trace_ids
 from hisparse_jax.bench.decode.working_memory import trace_ids_bytes
 from hisparse_jax.models import get_family
-from hisparse_jax.recorded import RecordedTrace, save_trace
+from hisparse_jax.selection.recorded import RecordedTrace, save_trace
 
 STEPS, REPS = 2, 3  # a run decodes STEPS x (REPS + 1) steps: 8
 FAST = ["--steps", str(STEPS), "--reps", str(REPS), "--max-batch", "3", "--device-budget-mib", "0.5", "--no-plots"]

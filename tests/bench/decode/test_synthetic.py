@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hisparse_jax import decode, layout, traces
+from hisparse_jax import decode, layout
+from hisparse_jax.selection import synthetic as traces
 from hisparse_jax.bench.decode import synthetic
 from hisparse_jax.models import get_family
 
@@ -69,10 +70,11 @@ def _decode(name, mode, weights_seed=0, fetch=True):
     if not fetch:
         state = synthetic.without_fetch(state)
     first = jnp.arange(BATCH, dtype=jnp.int32)
-    tokens, logits, misses, state = decode.generate(family, config, weights, state, first, STEPS,
-                                                    return_logits=True, selections=_selections(family, config))
+    out = decode.generate(family, config, weights, state, first, STEPS, return_logits=True,
+                          forced=decode.ForcedTrace(_selections(family, config)))
+    state = out.state
     assert state.store.mode != "hisparse" or state.store.host_pool.sharding.memory_kind == "pinned_host"
-    return np.asarray(tokens), np.asarray(logits), np.asarray(misses), state
+    return np.asarray(out.tokens), np.asarray(out.logits), np.asarray(out.misses), state
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hisparse_jax import decode, traces
+from hisparse_jax import decode
+from hisparse_jax.selection import synthetic as traces
 from hisparse_jax.bench import cli
 from hisparse_jax.bench.decode import runner
 from hisparse_jax.bench.decode import working_memory as wm
@@ -36,7 +37,7 @@ def _real_call_analysis(family, config, mode: str, batch: int, trace: bool):
     selection = {}
     if trace:
         ids = np.zeros(wm.selections_shape(family, config, batch, STEPS), np.int32)  # runner.trace_ids' shape
-        selection = dict(selections=jax.block_until_ready(jnp.asarray(ids)), skip_indexer=False)
+        selection = dict(forced=decode.ForcedTrace(jax.block_until_ready(jnp.asarray(ids))))
     traced = decode.trace_generate(family, config, weights, state, first, STEPS, **selection)
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(weights))
     return traced.lower().compile().memory_analysis(), weight_bytes

@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hisparse_jax import cache_policies, decode
+from hisparse_jax import decode
+from hisparse_jax.selection import policies
 from hisparse_jax.models import dsa
-from hisparse_jax.recorded import load_trace
+from hisparse_jax.selection.recorded import load_trace
 from hisparse_jax.train.checkpoint import load_model
 from hisparse_jax.train.record import next_token_loss
 
@@ -38,7 +39,7 @@ def test_the_trace_is_the_shipped_model_decoding_32k(trace):
 def test_benchmarks_lru_figure_is_this_trace(trace):
     """BENCHMARKS.md: LRU misses 17.3% at B/k = 2 from step 40 on (2,043,748 of 11,796,480 ids)."""
     ids = trace.ids.reshape(trace.steps, trace.layers * trace.streams, trace.k)
-    misses = cache_policies.simulate(ids, 4096, "lru")
+    misses = policies.simulate(ids, 4096, "lru")
     assert int(misses[40:].sum()) == 2043748 and int((ids[40:] >= 0).sum()) == 11796480
 
 
@@ -54,7 +55,7 @@ def test_the_shipped_weights_predict_python():
     state = dsa.init_state(config, 1, "device")
     state, _ = decode.prefill(dsa, config, weights, state, jnp.asarray(text[:, :prompt]), jnp.asarray([prompt]))
     teacher = jnp.asarray(text[:, prompt + 1 : prompt + 1 + steps].T)
-    _, logits, _, _ = decode.generate(dsa, config, weights, state, jnp.asarray(text[:, prompt]), steps,
-                                      return_logits=True, teacher_tokens=teacher)
+    logits = decode.generate(dsa, config, weights, state, jnp.asarray(text[:, prompt]), steps,
+                             return_logits=True, teacher_tokens=teacher).logits
     loss = next_token_loss(logits, teacher)
     assert loss < 2.0, loss

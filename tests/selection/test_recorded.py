@@ -1,4 +1,4 @@
-"""Recorded selection traces (hisparse_jax.recorded): the file round-trips every trace exactly,
+"""Recorded selection traces (hisparse_jax.selection.recorded): the file round-trips every trace exactly,
 and malformed traces or files are one-line errors."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hisparse_jax import traces
-from hisparse_jax.recorded import RecordedTrace, _varint_decode, _varint_encode, load_trace, save_trace
+from hisparse_jax.selection import synthetic
+from hisparse_jax.selection.recorded import RecordedTrace, varint_decode, varint_encode, load_trace, save_trace
 
 
 def random_trace(rng, steps, layers, streams, k, first_sealed) -> RecordedTrace:
@@ -36,7 +36,7 @@ def test_file_round_trips_random_traces(tmp_path_factory, seed, steps, layers, s
 
 
 def test_a_synthetic_trace_round_trips_and_is_compact(tmp_path):
-    ids = np.asarray(traces.selections(traces.TraceConfig.calibration("glm-5.1"), 3, (2,), 4096, 256,
+    ids = np.asarray(synthetic.selections(synthetic.TraceConfig.calibration("glm-5.1"), 3, (2,), 4096, 256,
                                        np.full((2,), 4000, np.int32), 40))
     trace = RecordedTrace(ids=ids, sealed=(4000 + np.arange(40))[:, None].repeat(2, 1))
     size = save_trace(tmp_path / "t.npz", trace)
@@ -46,7 +46,7 @@ def test_a_synthetic_trace_round_trips_and_is_compact(tmp_path):
 
 def test_varints_round_trip_up_to_35_bits():
     values = np.array([0, 1, 127, 128, 16383, 16384, 2**28 - 1, 2**28, 2**35 - 1], np.int64)
-    assert np.array_equal(_varint_decode(_varint_encode(values)), values)
+    assert np.array_equal(varint_decode(varint_encode(values)), values)
 
 
 @pytest.mark.parametrize("ids, sealed, message", [

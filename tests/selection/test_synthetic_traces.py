@@ -1,4 +1,4 @@
-"""The calibrated selection-trace generator (docs/traces.md) and the ids it feeds a decode."""
+"""The calibrated selection-trace generator (docs/synthetic.md) and the ids it feeds a decode."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hisparse_jax import traces
+from hisparse_jax.selection import synthetic
 
 
 def _lru_miss_rate(selections, capacity: int, warm: int) -> float:
@@ -34,7 +34,7 @@ def _lru_miss_rate(selections, capacity: int, warm: int) -> float:
 
 def _selections(config, n, k, steps, layers=1, seed=0):
     """[steps, layers, k] top-k ids of one stream over n sealed records."""
-    trace = traces.init_trace(config, layers, (1,), n, seed=seed)
+    trace = synthetic.init_trace(config, layers, (1,), n, seed=seed)
     out = []
     for _ in range(steps):
         trace, top = _step(trace, k, layers)
@@ -44,9 +44,9 @@ def _selections(config, n, k, steps, layers=1, seed=0):
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _step(trace, k, layers):
-    trace = traces.advance(trace)
+    trace = synthetic.advance(trace)
     sealed = jnp.full((1,), trace.slow.shape[-1], jnp.int32)
-    tops = [jax.lax.top_k(traces.scores(trace, l, sealed)[0], k)[1] for l in range(layers)]
+    tops = [jax.lax.top_k(synthetic.scores(trace, l, sealed)[0], k)[1] for l in range(layers)]
     return trace, jnp.stack(tops)
 
 
@@ -56,9 +56,9 @@ def _overlap(a, b) -> float:
 
 def test_defaults_reproduce_the_published_locality():
     """n = 65,536, k = 2048: step overlap ~0.73, LRU misses ~27% / 14% / 6% at B = k / 2k / 4k
-    (four seeds measured 27.0-27.7%, 13.8-14.4%, 6.0-6.4%; docs/traces.md has the published figures)."""
+    (four seeds measured 27.0-27.7%, 13.8-14.4%, 6.0-6.4%; docs/synthetic.md has the published figures)."""
     n, k, steps, warm = 65536, 2048, 100, 40
-    sel = _selections(traces.TraceConfig(), n, k, steps)[:, 0]
+    sel = _selections(synthetic.TraceConfig(), n, k, steps)[:, 0]
     overlap = np.mean([_overlap(sel[t], sel[t + 1]) for t in range(warm, steps - 1)])
     assert 0.69 <= overlap <= 0.77, overlap
     for capacity, low, high in ((k, 0.25, 0.30), (2 * k, 0.125, 0.16), (4 * k, 0.052, 0.072)):
@@ -68,7 +68,7 @@ def test_defaults_reproduce_the_published_locality():
 
 def test_memoryless_layers_forget_and_adjacent_layers_agree():
     n, k = 4096, 256
-    config = traces.TraceConfig(memoryless_layers=1)
+    config = synthetic.TraceConfig(memoryless_layers=1)
     sel = _selections(config, n, k, steps=12, layers=3)
     step_overlap = lambda l: np.mean([_overlap(sel[t, l], sel[t + 1, l]) for t in range(4, 11)])
     # Layer 0 redraws every step: overlap near the sink/local ids plus chance (k / n).
@@ -84,18 +84,18 @@ def test_memoryless_layers_forget_and_adjacent_layers_agree():
 
 def test_sink_and_local_records_are_always_selected():
     n, k = 1000, 80
-    config = traces.TraceConfig(sink=4, local=16)
+    config = synthetic.TraceConfig(sink=4, local=16)
     sealed = jnp.asarray([n, 500], jnp.int32)
-    trace = traces.advance(traces.init_trace(config, 2, (2,), n, seed=3))
+    trace = synthetic.advance(synthetic.init_trace(config, 2, (2,), n, seed=3))
     for layer in range(2):
-        top = np.asarray(jax.lax.top_k(traces.scores(trace, layer, sealed), k)[1])
+        top = np.asarray(jax.lax.top_k(synthetic.scores(trace, layer, sealed), k)[1])
         for stream, count in enumerate((n, 500)):
             must = set(range(4)) | set(range(count - 16, count))
             assert must <= set(top[stream].tolist())
 
 
 def test_same_seed_same_trace_and_steps_differ():
-    config = traces.TraceConfig()
+    config = synthetic.TraceConfig()
     a = _selections(config, 2048, 128, steps=3, seed=7)
     b = _selections(config, 2048, 128, steps=3, seed=7)
     np.testing.assert_array_equal(a, b)
@@ -114,43 +114,43 @@ def test_same_seed_same_trace_and_steps_differ():
 )
 def test_bad_parameters_name_the_field(fields, match):
     with pytest.raises(ValueError, match=match):
-        traces.TraceConfig(**fields)
+        synthetic.TraceConfig(**fields)
 
 
 def test_init_trace_rejects_more_memoryless_layers_than_layers():
     with pytest.raises(ValueError, match="memoryless_layers=3 exceeds the 2 selecting layers"):
-        traces.init_trace(traces.TraceConfig(memoryless_layers=3), 2, (1,), 16)
+        synthetic.init_trace(synthetic.TraceConfig(memoryless_layers=3), 2, (1,), 16)
 
 
 def test_for_page_size_counts_sink_and_local_in_tokens():
-    config = traces.TraceConfig.for_page_size(16)
+    config = synthetic.TraceConfig.for_page_size(16)
     assert (config.sink, config.local) == (1, 4)
-    assert traces.TraceConfig.for_page_size(1) == traces.TraceConfig()
+    assert synthetic.TraceConfig.for_page_size(1) == synthetic.TraceConfig()
 
 
 def test_named_calibrations():
-    glm = traces.TraceConfig.calibration("glm-5.1")
-    assert (glm.beta, glm.rho_e, glm.name) == (0.75, 0.8, "glm-5.1") and glm == traces.TraceConfig()
-    deepseek = traces.TraceConfig.calibration("deepseek-v3.2", page_size=16)
+    glm = synthetic.TraceConfig.calibration("glm-5.1")
+    assert (glm.beta, glm.rho_e, glm.name) == (0.75, 0.8, "glm-5.1") and glm == synthetic.TraceConfig()
+    deepseek = synthetic.TraceConfig.calibration("deepseek-v3.2", page_size=16)
     assert (deepseek.beta, deepseek.rho_e, deepseek.sink, deepseek.local) == (0.55, 0.5, 1, 4)
-    assert "deepseek-v3.2-like" in traces.describe(deepseek)
+    assert "deepseek-v3.2-like" in synthetic.describe(deepseek)
     with pytest.raises(ValueError, match="unknown trace calibration 'llama'.*glm-5.1, deepseek-v3.2"):
-        traces.TraceConfig.calibration("llama")
+        synthetic.TraceConfig.calibration("llama")
 
 
 def test_selections_are_the_stepped_generator_top_k():
     """selections() == init_trace, then advance + top-k of every layer's scores each step, with the
     sealed records growing by one page every page_size steps; ascending ids, -1 padding."""
-    config, layers, k, P, steps = traces.TraceConfig(sink=1, local=2), 2, 6, 4, 9
+    config, layers, k, P, steps = synthetic.TraceConfig(sink=1, local=2), 2, 6, 4, 9
     lengths = jnp.asarray([9, 30], jnp.int32)  # 2 and 7 sealed pages of 4 at the first step
-    ids = np.asarray(traces.selections(config, layers, (2,), 16, k, lengths, steps, page_size=P, seed=5))
+    ids = np.asarray(synthetic.selections(config, layers, (2,), 16, k, lengths, steps, page_size=P, seed=5))
     assert ids.shape == (steps, layers, 2, k) and ids.dtype == np.int32
-    trace = traces.init_trace(config, layers, (2,), 16, seed=5)
+    trace = synthetic.init_trace(config, layers, (2,), 16, seed=5)
     for t in range(steps):
-        trace = traces.advance(trace)
+        trace = synthetic.advance(trace)
         sealed = (np.asarray(lengths) + t) // P
         for layer in range(layers):
-            scores = np.asarray(traces.scores(trace, layer, jnp.asarray(sealed)))
+            scores = np.asarray(synthetic.scores(trace, layer, jnp.asarray(sealed)))
             for s, n in enumerate(sealed):
                 order = sorted(range(n), key=lambda i: (-scores[s, i], i))[:k]
                 want = sorted(order) + [-1] * (k - len(order))
@@ -159,6 +159,6 @@ def test_selections_are_the_stepped_generator_top_k():
 
 def test_selections_check_their_arguments():
     with pytest.raises(ValueError, match="steps must be a positive int"):
-        traces.selections(traces.TraceConfig(), 1, (1,), 16, 4, jnp.asarray([8]), 0)
+        synthetic.selections(synthetic.TraceConfig(), 1, (1,), 16, 4, jnp.asarray([8]), 0)
     with pytest.raises(ValueError, match=r"k must be an int in \[1, num_records=16\]"):
-        traces.selections(traces.TraceConfig(), 1, (1,), 16, 17, jnp.asarray([8]), 2)
+        synthetic.selections(synthetic.TraceConfig(), 1, (1,), 16, 17, jnp.asarray([8]), 2)

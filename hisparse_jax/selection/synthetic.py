@@ -18,7 +18,7 @@ HiSparse paper's GLM-5.1 LRU misses (13.4% at B = 2k, k = 2048); "deepseek-v3.2"
 rho_e 0.5) its ~44% consecutive-step top-k overlap.
 
 The ids are generated before a timed decode (`selections`: [steps, layers, *S, k]) and fed to
-it as a ForcedSelection per step; the model still computes its own indexer scores and top-k, and
+it as a ForcedSelection (hisparse_jax.models.paging) per step; the model still computes its own indexer scores and top-k, and
 a runtime select replaces their ids, so a step costs what a real step costs and no generator
 work runs inside the timed step.
 """
@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .topk import select_topk  # the models' own selection rule (ties, order, padding)
+from ..topk import select_topk  # the models' own selection rule (ties, order, padding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,25 +189,6 @@ def scores(trace: TraceState, layer, sealed: jax.Array) -> jax.Array:
 
 
 # --------------------------------------------------------------------------- forced selections
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class ForcedSelection:
-    """One decode step's selections, fed to a model in place of its own top-k.
-
-    Attributes:
-      ids: [layers, *S, k] int32, ascending per stream, -1 padding (what select_topk returns)
-        for each selecting layer of the family.
-      enabled: bool scalar, a runtime value: True replaces the model's ids by `ids`. Being an
-        input of the program, it keeps XLA from removing the indexer and top-k it overrides.
-      skip_indexer: static; True does not compute the indexer at all (a diagnostic that shows,
-        by difference, what the indexer costs).
-    """
-
-    ids: jax.Array
-    enabled: jax.Array
-    skip_indexer: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 def selections(config: TraceConfig, layers: int, stream_shape: tuple[int, ...], num_records: int, k: int,

@@ -1,4 +1,4 @@
-"""hisparse_jax.cache_policies: every policy against a plain per-id simulation, LRU against
+"""hisparse_jax.selection.policies: every policy against a plain per-id simulation, LRU against
 RESOLVE itself, Belady against an exhaustive search, and the overlaps on hand-made traces."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import hisparse_jax as hs
-from hisparse_jax import cache_policies as cp
-from hisparse_jax import traces
+from hisparse_jax.selection import policies as cp
+from hisparse_jax.selection import synthetic
 from helpers import config, examples, to_pinned_host
 
 # --------------------------------------------------------------------------- the plain simulation
@@ -238,8 +238,8 @@ def test_lru_equals_resolve_on_random_traces(implementation):
 
 
 def test_lru_equals_resolve_on_a_synthetic_trace(implementation):
-    trace = traces.TraceConfig.calibration("glm-5.1", sink_tokens=1, local_tokens=2)
-    ids = np.asarray(traces.selections(trace, 2, (2,), 64, 8, jnp.full((2,), 30, jnp.int32), 40, seed=3))
+    trace = synthetic.TraceConfig.calibration("glm-5.1", sink_tokens=1, local_tokens=2)
+    ids = np.asarray(synthetic.selections(trace, 2, (2,), 64, 8, jnp.full((2,), 30, jnp.int32), 40, seed=3))
     want = resolve_misses(ids, 12, implementation)
     assert 0 < want[1:].sum() < want[0].sum() * 39  # some locality, some misses
     for layer in range(2):

@@ -16,7 +16,7 @@ import pytest
 
 from hisparse_jax import decode
 from hisparse_jax.models import dsa
-from hisparse_jax.recorded import load_trace
+from hisparse_jax.selection.recorded import load_trace
 from hisparse_jax.train import __main__ as train_cli
 from hisparse_jax.train import fit as fit_lib
 from hisparse_jax.train.checkpoint import load_model, save_model
@@ -110,8 +110,8 @@ def test_training_forward_is_the_decode_model(corpus):
                                          jnp.ones((2,), jnp.int32))
     steps = tokens.shape[1] - 1
     teacher = jnp.asarray(np.concatenate([tokens[:, 2:], tokens[:, -1:]], axis=1).T)  # fed after step i
-    _, logits, _, _ = decode.generate(dsa, config, weights, state, jnp.asarray(tokens[:, 1]), steps,
-                                      return_logits=True, teacher_tokens=teacher)
+    logits = decode.generate(dsa, config, weights, state, jnp.asarray(tokens[:, 1]), steps,
+                             return_logits=True, teacher_tokens=teacher).logits
     got = np.concatenate([np.asarray(first_logits)[:, None], np.moveaxis(np.asarray(logits), 0, 1)], axis=1)
     np.testing.assert_allclose(got, np.asarray(expected), rtol=2e-4, atol=2e-4)
 
@@ -153,8 +153,8 @@ def test_recorded_trace_is_what_generate_selected(trained, corpus, tmp_path):
     state = dsa.init_state(loaded, 1, "hisparse")
     text = doc.tokens[:113].astype(np.int32)[None]
     state, _ = decode.prefill(dsa, loaded, w, state, jnp.asarray(text[:, :100]), jnp.asarray([100], jnp.int32))
-    _, _, _, _, ids = decode.generate(dsa, loaded, w, state, jnp.asarray(text[:, 100]), 12, record_selection=True,
-                                      teacher_tokens=jnp.asarray(text[:, 101:].T))
+    ids = decode.generate(dsa, loaded, w, state, jnp.asarray(text[:, 100]), 12, record_selection=True,
+                          teacher_tokens=jnp.asarray(text[:, 101:].T)).selections
     assert np.array_equal(np.asarray(ids), trace.ids)
 
 

@@ -102,7 +102,7 @@ def _check_rows(ids: np.ndarray, sealed: np.ndarray) -> None:
 # --------------------------------------------------------------------------- varints
 
 
-def _varint_encode(values: np.ndarray) -> bytes:
+def varint_encode(values: np.ndarray) -> bytes:
     """Non-negative ints < 2**35 -> LEB128 bytes (7 bits per byte, high bit = more bytes follow)."""
     v = values.astype(np.uint64)
     nbytes = np.ones(v.shape, np.int64)
@@ -118,7 +118,8 @@ def _varint_encode(values: np.ndarray) -> bytes:
     return out.tobytes()
 
 
-def _varint_decode(data: bytes) -> np.ndarray:
+def varint_decode(data: bytes) -> np.ndarray:
+    """LEB128 bytes (varint_encode) -> the non-negative ints they hold, int64."""
     b = np.frombuffer(data, np.uint8)
     if b.size == 0:
         return np.zeros(0, np.int64)
@@ -162,7 +163,7 @@ def encode(trace: RecordedTrace) -> tuple[np.ndarray, bytes]:
         first[1:] = r[1:] != r[:-1]
         gaps.append(np.where(first, i, i - np.concatenate([[0], i[:-1]])))
         before = now
-    payload = zlib.compress(_varint_encode(np.concatenate(gaps)), 9)
+    payload = zlib.compress(varint_encode(np.concatenate(gaps)), 9)
     return counts, payload
 
 
@@ -170,7 +171,7 @@ def decode(counts: np.ndarray, payload: bytes, steps: int, layers: int, streams:
            width: int) -> np.ndarray:
     """The inverse of `encode`: ids [steps, layers, streams, k] int32."""
     rows = layers * streams
-    gaps = _varint_decode(zlib.decompress(payload))
+    gaps = varint_decode(zlib.decompress(payload))
     if gaps.size != counts.sum():
         raise ValueError(f"recorded trace: corrupt payload ({gaps.size} ids, the counts say {counts.sum()})")
     ids = np.full((steps, rows, k), -1, np.int32)

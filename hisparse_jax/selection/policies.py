@@ -1,8 +1,8 @@
 """Eviction policies replayed on selection traces: how many records a hot buffer of B slots fetches.
 
 A selection trace names, at each decode step, the record ids one selecting layer picks for each
-stream (`hisparse_jax.recorded.RecordedTrace.ids`, `hisparse_jax.traces.selections`). This module
-replays such ids through a cache of B slots per (layer, stream) under several eviction policies
+stream (`hisparse_jax.selection.recorded.RecordedTrace.ids`,
+`hisparse_jax.selection.synthetic.selections`). This module replays such ids through a cache of B slots per (layer, stream) under several eviction policies
 and counts the misses, so that RESOLVE's LRU can be set against the classic alternatives and
 against Belady's offline optimum on the same trace (docs/policies.md has the rules).
 

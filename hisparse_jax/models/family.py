@@ -1,0 +1,38 @@
+"""A model family as a value: the functions `decode`, `sharding` and the benchmarks drive.
+
+Each family module (dsa, nsa, quest) defines `FAMILY = Family(...)`; hisparse_jax.models
+.get_family maps a name to it. A user-defined family is a `Family(...)` of its own, passed
+wherever a family name is accepted; `sharding.sharded_family` is the same value with its
+per-stream functions replaced. hisparse_jax/models/__init__.py describes what each function
+must do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A model family (hashable: a static jit argument).
+
+    Attributes:
+      name: the family's name ("dsa"), or a description of a derived family.
+      Config: its static configuration class (named like the family modules' own class, so
+        `family.Config.tiny()` reads the same for a module and a Family).
+      init_weights, init_state, prefill, decode_step, selecting_layout, metadata_bytes_read: the
+        protocol's functions (hisparse_jax.models).
+      selection_weights: names, on their pytree paths, of the weights the family's selection
+        reads (weights.weight_bytes counts them as "selection").
+    """
+
+    name: str
+    Config: type
+    init_weights: Callable
+    init_state: Callable
+    prefill: Callable
+    decode_step: Callable
+    selecting_layout: Callable
+    metadata_bytes_read: Callable
+    selection_weights: tuple[str, ...] = ()
