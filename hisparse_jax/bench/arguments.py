@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from .. import cache_policies, traces
+from ..selection import policies as cache_policies, synthetic as traces
 from ..models import known_families
 from . import policies
 from .decode import bitwise, command
@@ -103,7 +103,7 @@ def _decode_selection_arguments(d, cpu: dict, slc: dict) -> None:
                    help="leading selecting layers with no locality (real models: layers 0-1; default: 0)")
     d.add_argument("--trace-file", default=None, metavar="PATH",
                    help="with --selection recorded (required there, refused elsewhere): a recorded selection trace "
-                        "(hisparse_jax.recorded), one comparison labelled by the file. Its ids are replayed as "
+                        "(hisparse_jax.selection.recorded), one comparison labelled by the file. Its ids are replayed as "
                         "recorded: the model's selecting layer g of G replays trace layer g x L // G, stream i of "
                         "the batch trace stream i mod its streams (Quest's and NSA's KV heads of a stream share "
                         "its ids), run step t trace step t. Its k must be --top-k and its page size the model's, it "
@@ -190,7 +190,7 @@ def policies_arguments(sub) -> None:
                        description=policies.__doc__.split("\n\n")[1])
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace-file", default=None, metavar="PATH",
-                        help="a recorded selection trace (hisparse_jax.recorded.save_trace)")
+                        help="a recorded selection trace (hisparse_jax.selection.recorded.save_trace)")
     source.add_argument("--synthetic", nargs="+", default=None, choices=list(traces.CALIBRATIONS),
                         metavar="CALIBRATION",
                         help=f"calibrated synthetic traces, one replay each: {', '.join(traces.CALIBRATIONS)} "

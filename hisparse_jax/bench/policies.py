@@ -1,8 +1,8 @@
 """`hisparse-bench policies`: eviction policies replayed on a selection trace (docs/policies.md).
 
-Replays a recorded trace (--trace-file, hisparse_jax.recorded) or calibrated synthetic ones
-(--synthetic, hisparse_jax.traces) through a hot buffer of B = ratio * k slots per layer and
-stream under each policy of hisparse_jax.cache_policies (lru is RESOLVE's own), and reports the
+Replays a recorded trace (--trace-file, hisparse_jax.selection.recorded) or calibrated synthetic ones
+(--synthetic, hisparse_jax.selection.synthetic) through a hot buffer of B = ratio * k slots per layer and
+stream under each policy of hisparse_jax.selection.policies (lru is RESOLVE's own), and reports the
 miss rate per policy, B/k and layer, the step overlap and the adjacent-layer overlap: a table on
 stdout, policies.json and PNG plots in --out.
 """

@@ -4,12 +4,12 @@ The state holds `context` tokens per stream, from the family's own dense
 prefill of random prompts ("prefill") or from a synthetic fill
 ("synthetic", hisparse_jax.bench.decode.synthetic: no O(T^2) prefill, for long
 contexts). A TraceConfig makes the selection follow the calibrated synthetic
-trace (hisparse_jax.traces, docs/traces.md) instead of the indexer on random
+trace (hisparse_jax.selection.synthetic, docs/traces.md) instead of the indexer on random
 weights: the ids of every step a run will decode are generated once, before
 anything is timed (`traces.selections`), kept in host memory, and each call gets
 its next `steps` of them on device before its clock starts. The model still runs
 its indexer and top-k; only their ids are replaced. A RecordedSelection (a
-recorded trace, hisparse_jax.recorded) takes the same path: its ids, mapped onto
+recorded trace, hisparse_jax.selection.recorded) takes the same path: its ids, mapped onto
 the model's selecting layers and streams, replace the generated ones.
 
 The decode is `hisparse_jax.decode.generate` (one jitted lax.scan over

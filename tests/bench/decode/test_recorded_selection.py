@@ -1,5 +1,5 @@
 """`hisparse-bench decode --selection recorded --trace-file PATH`: a recorded selection trace
-(hisparse_jax.recorded) replayed as the selection of the timed decode, on the tiny presets.
+(hisparse_jax.selection.recorded) replayed as the selection of the timed decode, on the tiny presets.
 
 The trace is mapped onto the model (selecting layer g of G -> trace layer g * L // G, stream i ->
 trace stream i mod S, the same ids for every KV head), checked before anything compiles, and the
