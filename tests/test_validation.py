@@ -167,6 +167,7 @@ def test_valid_operands_pass(implementation):
 
 
 def _bad_resolve_operands():
+    # Long on purpose: a table, one bad operand per row, read top to bottom like the checks it tests.
     ok = operands()
     bf16 = operands(dtype=ml_dtypes.bfloat16)
     return [

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import jax
 
-from ... import _ffi, traces
+from ... import _ffi
+from ...selection import synthetic as traces
 from ...models.weights import weight_bytes
 from .. import profile as profile_lib
 from .. import roofline
