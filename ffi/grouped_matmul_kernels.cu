@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common.h"
 #include "grouped_matmul.h"
 #include "grouped_matmul_cuda.h"
 
@@ -301,8 +302,6 @@ KernelFn KernelFor(const GroupedMatmulDims& dims, const GroupedMatmulPlan& plan)
              ? ForShape<true>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles)
              : ForShape<false>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles);
 }
-
-bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // The fewest 8-token tiles (1, 2, 4 or 8) that hold an expert's rows in one
 // pass when M rows are routed about uniformly over E experts: the mean plus

@@ -1,4 +1,4 @@
-// RESOLVE and the pool write on a CUDA device: launchers on raw pointers, no
+// RESOLVE on a CUDA device: launchers on raw pointers, no
 // XLA types. The kernels (resolve_kernels.cu) are bit-identical to
 // resolve_cpu.cc for every input, malformed states included (resolve.h: such
 // a stream resolves nothing and is reported in `malformed`; both launch plans
@@ -102,14 +102,6 @@ cudaError_t LaunchResolve(const ResolveDims& dims, const int32_t* layer, const R
 cudaError_t LaunchResolveFetch(const ResolveDims& dims, const int32_t* layer, const ResolveBuffers& io,
                                int64_t max_blocks, cudaStream_t stream,
                                const char** failed_kernel = nullptr);
-
-// host_pool[l, s, start[s] + i] = records[l, s, i] for i < min(count[s], n)
-// (count < 0 writes nothing); rows outside [0, R) are skipped. records is in
-// device memory, start and count are device arrays [S], host_pool is pinned
-// host memory (UVA pointer). One warp per row.
-cudaError_t LaunchPoolWrite(const PoolWriteDims& dims, const uint8_t* records,
-                            const int32_t* start, const int32_t* count, uint8_t* host_pool,
-                            cudaStream_t stream, const char** failed_kernel = nullptr);
 
 }  // namespace hisparse
 

@@ -1,5 +1,6 @@
-// RESOLVE and the pool write on CUDA: the contract of resolve.h, bit-identical
-// to resolve_cpu.cc. See resolve_cuda.h for the launch plans.
+// RESOLVE and the pool write on CUDA: the contracts of resolve.h and
+// pool_write.h, bit-identical to resolve_cpu.cc and pool_write_cpu.cc. See
+// resolve_cuda.h for the launch plans.
 //
 // Resolve kernel: one block per stream, of kResolveThreads (32 warps), or of
 // kResolveThreadsSmall (16 warps) when there are more streams than SMs and
@@ -103,6 +104,8 @@
 #include <cstdint>
 #include <mutex>
 
+#include "common.h"
+#include "pool_write_cuda.h"
 #include "resolve_cuda.h"
 
 namespace hisparse {
@@ -1077,10 +1080,6 @@ cudaError_t OptInSharedMemory(int device) {
     result[device] = err;
   });
   return result[device];
-}
-
-bool Aligned(const void* p, int bytes) {
-  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
 }
 
 // Bytes of a table of `capacity` entries (keys and words) and of the region:
