@@ -29,7 +29,6 @@ inline ffi::ErrorOr<GroupedMatmulDims> CheckGroupedMatmul(ffi::AnyBuffer x, ffi:
                                                           ffi::AnyBuffer group_sizes, ffi::DataType y_type,
                                                           ffi::AnyBuffer::Dimensions y_dims) {
   using grouped_matmul_checks::Invalid;
-  using grouped_matmul_checks::Shape;
   GroupedMatmulDims d;
   if (x.element_type() != ffi::DataType::BF16) return Invalid("x must be bfloat16");
   switch (w.element_type()) {

@@ -323,7 +323,7 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
   GroupedMatmulPlan p;
   p.token_tiles =
       tuning.token_tiles > 0 ? tuning.token_tiles : AutoTokenTiles(std::max<int64_t>(dims.rows, 1), dims.experts);
-  // From the sweep of benchmarks/grouped_matmul_bench.cu on an H200 (BENCHMARKS.md): 2 chunks in
+  // From the sweep of ffi/bench/grouped_matmul_bench.cu on an H200 (BENCHMARKS.md): 2 chunks in
   // flight per row and 4 warps per block were within ~5% of the best variant at every shape;
   // two 16-row weight tiles per warp share each x fragment, except on short weight rows (fp8
   // with K <= 2048, e.g. the down projection), where one tile per warp gives twice the warps

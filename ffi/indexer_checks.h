@@ -31,7 +31,6 @@ inline ffi::ErrorOr<IndexerDims> CheckIndexScores(ffi::AnyBuffer query, ffi::Any
                                                   ffi::AnyBuffer lengths, ffi::DataType scores_type,
                                                   ffi::AnyBuffer::Dimensions scores_dims) {
   using indexer_checks::Invalid;
-  using indexer_checks::Shape;
   IndexerDims d;
   switch (query.element_type()) {
     case ffi::DataType::BF16:

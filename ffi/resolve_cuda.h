@@ -45,7 +45,7 @@ inline constexpr int64_t kMaxResolveHotSlots = 16384;
 // SMs and up to kResolveSmallBlockMaxSlots hot slots (<= 8 lru items per
 // lane) a block has kResolveThreadsSmall threads and two blocks share an SM.
 // Building with -DHISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS=0 keeps 1024-thread
-// blocks everywhere (A/B comparison in benchmarks/resolve_bench.cu).
+// blocks everywhere (A/B comparison in ffi/bench/resolve_bench.cu).
 inline constexpr int kResolveThreads = 1024;
 inline constexpr int kResolveThreadsSmall = 512;
 #ifdef HISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS
@@ -63,7 +63,7 @@ inline constexpr int kFetchBlocksPerSm = 4;
 // B = 4096, 1152 B records, 13% misses): split wins clearly at 1-2 streams
 // (26.8 vs 38.7 us at 1 stream), fused is within 2% of split from 4 streams
 // on and saves the second launch. The "auto threshold" table of
-// benchmarks/resolve_bench.cu re-measures it and prints the value to use.
+// ffi/bench/resolve_bench.cu re-measures it and prints the value to use.
 inline constexpr int64_t kAutoSplitBelowStreams = 4;
 
 // Dynamic shared memory of one resolve block for (k, B): the id table

@@ -25,8 +25,7 @@
 // variant; --sweep prints every variant.
 //
 // Build (repository root):
-//   mkdir -p build
-//   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi benchmarks/grouped_matmul_bench.cu ffi/grouped_matmul_kernels.cu -o build/grouped_matmul_bench
+//   make -C ffi/bench grouped-matmul
 // Run (under a minute on an H200; prints Markdown, writes JSON):
 //   build/grouped_matmul_bench results/grouped_matmul_bench.json
 //   build/grouped_matmul_bench /tmp/gmm.json --quick     # fp8 only, no sweep

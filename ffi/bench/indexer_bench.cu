@@ -26,8 +26,7 @@
 // b = 8, T = 131072 shows whether the automatic choice is the fast one.
 //
 // Build (repository root):
-//   mkdir -p build
-//   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi benchmarks/indexer_bench.cu ffi/indexer_kernels.cu -o build/indexer_bench
+//   make -C ffi/bench indexer
 // Run (about a minute on an H200; prints Markdown, writes JSON):
 //   build/indexer_bench results/indexer_bench.json
 //   build/indexer_bench results/quick.json --quick     # b = 8, T = 32768 only, small buffers, no sweep

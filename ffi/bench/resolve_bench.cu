@@ -23,8 +23,7 @@
 // the auto plan's threshold (kAutoSplitBelowStreams in ffi/resolve_cuda.h).
 //
 // Build (repository root):
-//   mkdir -p build
-//   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi benchmarks/resolve_bench.cu ffi/resolve_kernels.cu -o build/resolve_bench
+//   make -C ffi/bench resolve
 // Run (about 1-2 minutes on an H200; prints Markdown, writes JSON):
 //   mkdir -p results && build/resolve_bench results/resolve_bench.json
 //   build/resolve_bench results/quick.json --quick     # a handful of configurations
@@ -32,10 +31,10 @@
 // no-IO call and skips the link ceilings and the auto-threshold sweep):
 //   build/resolve_bench results/no_io.json --no-io --hot-slots 2048,4096,8192 \
 //       --streams 1,8,64,256 --miss 0,0.13 --record-bytes 1152
-// A/B of the resolve block size: add -DHISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS=0
-// to both nvcc inputs for 1024-thread blocks everywhere (the default uses
-// 512-thread blocks when streams > SMs and B <= 4096; the header line says
-// which).
+// A/B of the resolve block size: build with
+//   make -C ffi/bench resolve -B EXTRA=-DHISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS=0
+// for 1024-thread blocks everywhere (the default uses 512-thread blocks when
+// streams > SMs and B <= 4096; the header line says which).
 #include <cuda_runtime.h>
 
 #include <algorithm>

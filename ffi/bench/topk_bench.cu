@@ -18,8 +18,7 @@
 // after 10 warm-up calls give min / median / max.
 //
 // Build (repository root):
-//   mkdir -p build
-//   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi benchmarks/topk_bench.cu ffi/topk_kernels.cu -o build/topk_bench
+//   make -C ffi/bench topk
 // Run (well under a minute on an H200; prints a table, writes JSON):
 //   build/topk_bench results/topk_bench.json
 //   build/topk_bench results/topk_quick.json --quick      # R = 131072, rows 2 and 80 only

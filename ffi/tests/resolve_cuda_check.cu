@@ -37,9 +37,11 @@
 #include <string>
 #include <vector>
 
+#include "cuda_ok.h"
+#include "pool_write.h"
+#include "pool_write_cuda.h"
 #include "resolve.h"
 #include "resolve_cuda.h"
-#include "cuda_ok.h"
 
 namespace {
 
