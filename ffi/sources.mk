@@ -8,7 +8,7 @@ ARCH ?= sm_90
 ROOT := $(FFI)/..
 
 FFI_HEADERS := $(wildcard $(FFI)/*.h $(FFI)/*.cuh)
-HARNESS := $(FFI)/tests/cuda_ok.h
+HARNESS := $(FFI)/tests/harness.h
 
 # RESOLVE's kernels hold the pool write's too (it shares their record copy).
 RESOLVE_SRCS := $(FFI)/resolve_kernels.cu

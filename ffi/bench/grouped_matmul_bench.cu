@@ -45,10 +45,16 @@
 
 #include "grouped_matmul.h"
 #include "grouped_matmul_cuda.h"
-#include "tests/cuda_ok.h"
+#include "tests/harness.h"
 #include "tests/grouped_matmul_oracle.h"
 
 namespace {
+
+using harness::Mix;
+using harness::ReadAll;
+using harness::Stats;
+using harness::TimeLaunches;
+using harness::Uniform;
 
 using hisparse::GroupedMatmulBuffers;
 using hisparse::GroupedMatmulDims;
@@ -62,41 +68,8 @@ constexpr int64_t kCeilingBytes = 2ll << 30;
 constexpr double kNominalGbs = 4300.0;  // H200 HBM3e, the target's reference
 constexpr int kChecked = 512;          // sampled elements per configuration
 
-struct Stats {
-  double min_us = 0, median_us = 0, max_us = 0;
-};
-
-Stats Summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  Stats s;
-  s.min_us = v.front();
-  s.max_us = v.back();
-  s.median_us = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  return s;
-}
-
 // ---------------------------------------------------------------------------
 // Kernels of the benchmark itself.
-
-__global__ void Spin(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
-__host__ __device__ uint64_t Mix(uint64_t z) {  // splitmix64
-  z = (z + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// A value in [-1, 1) from an index and a seed.
-__host__ __device__ float Uniform(uint64_t i, uint64_t seed) {
-  return static_cast<float>(static_cast<int64_t>(Mix(i ^ (seed << 40)) >> 40) - (1ll << 23)) * 0x1p-23f;
-}
 
 __device__ uint16_t Bf16Bits(float f) {  // round to nearest even (finite f)
   uint32_t bits = __float_as_uint(f);
@@ -117,44 +90,8 @@ __global__ void FillWeights(uint8_t* p, int64_t elements, bool fp8, uint64_t see
   }
 }
 
-// The read ceiling: every 16 bytes loaded once, folded so nothing is dead code.
-__global__ void ReadAll(const uint4* __restrict__ p, int64_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) sink[0] = acc;  // practically never; keeps the loads
-}
-
 // ---------------------------------------------------------------------------
 // Host side.
-
-template <typename Fn>
-Stats Time(cudaStream_t stream, int iters, Fn&& launch) {
-  for (int i = 0; i < 3; ++i) launch(i);
-  std::vector<cudaEvent_t> start(iters), stop(iters);
-  for (int i = 0; i < iters; ++i) {
-    CUDA_OK(cudaEventCreate(&start[i]));
-    CUDA_OK(cudaEventCreate(&stop[i]));
-  }
-  Spin<<<1, 1, 0, stream>>>(20'000'000);  // the host queues everything while the GPU waits
-  for (int i = 0; i < iters; ++i) {
-    CUDA_OK(cudaEventRecord(start[i], stream));
-    launch(i);
-    CUDA_OK(cudaEventRecord(stop[i], stream));
-  }
-  CUDA_OK(cudaStreamSynchronize(stream));
-  std::vector<double> us(iters);
-  for (int i = 0; i < iters; ++i) {
-    float ms = 0;
-    CUDA_OK(cudaEventElapsedTime(&ms, start[i], stop[i]));
-    us[i] = 1000.0 * ms;
-    CUDA_OK(cudaEventDestroy(start[i]));
-    CUDA_OK(cudaEventDestroy(stop[i]));
-  }
-  return Summarize(us);
-}
 
 struct Config {
   const char* projection;  // "gate_up" or "down"
@@ -297,7 +234,7 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
 
   // --- timing ---
   CUDA_OK(hisparse::GroupedMatmulPlanFor(dims, {}, &r.auto_plan));
-  r.auto_stats = Time(stream, iters, [&](int i) { launch({}, i % 2); });
+  r.auto_stats = TimeLaunches(stream, iters, [&](int i) { launch({}, i % 2); });
   r.auto_gbs = r.active_bytes / (r.auto_stats.median_us * 1e3);
   r.best_plan = r.auto_plan, r.best_stats = r.auto_stats, r.best_gbs = r.auto_gbs;
   if (sweep) {
@@ -306,7 +243,7 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
       CUDA_OK(hisparse::GroupedMatmulPlanFor(dims, t, &plan));
       launch(t, 0);
       if (download() != first && r.ok) r.ok = false, r.failure = "variant " + Describe(plan) + " writes other bits";
-      const Stats s = Time(stream, iters, [&](int i) { launch(t, i % 2); });
+      const Stats s = TimeLaunches(stream, iters, [&](int i) { launch(t, i % 2); });
       const double gbs = r.active_bytes / (s.median_us * 1e3);
       if (print_sweep)
         std::printf("    sweep %-8s %-5s P=%-4lld %-24s %8.1f us %7.0f GB/s\n", c.projection, c.fp8 ? "fp8" : "bf16",
@@ -366,10 +303,10 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaMalloc(&dst, ceiling_bytes));
   CUDA_OK(cudaMalloc(&sink, 4));
   FillWeights<<<1024, 256, 0, stream>>>(src, ceiling_bytes / 2, false, 1, 1.0f);
-  const Stats copy = Time(stream, 20, [&](int) {
+  const Stats copy = TimeLaunches(stream, 20, [&](int) {
     CUDA_OK(cudaMemcpyAsync(dst, src, ceiling_bytes, cudaMemcpyDeviceToDevice, stream));
   });
-  const Stats read = Time(stream, 20, [&](int) {
+  const Stats read = TimeLaunches(stream, 20, [&](int) {
     ReadAll<<<8 * prop.multiProcessorCount, 512, 0, stream>>>(reinterpret_cast<const uint4*>(src),
                                                               ceiling_bytes / 16, sink);
     CUDA_OK(cudaGetLastError());

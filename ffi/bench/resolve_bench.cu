@@ -52,9 +52,11 @@
 
 #include "resolve.h"
 #include "resolve_cuda.h"
-#include "tests/cuda_ok.h"
+#include "tests/harness.h"
 
 namespace {
+
+using harness::Spin;
 
 using hisparse::ResolveBuffers;
 using hisparse::ResolveDims;
@@ -73,15 +75,6 @@ double Median(std::vector<double> v) {
 
 // ---------------------------------------------------------------------------
 // Kernels of the benchmark itself.
-
-// Holds the GPU busy for `ns` nanoseconds so the host can queue the timed work behind it.
-__global__ void Spin(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
 
 bool g_host_bound = false;  // --host-bound: no spin before timed calls
 

@@ -38,9 +38,11 @@
 
 #include "topk.h"
 #include "topk_cuda.h"
-#include "tests/cuda_ok.h"
+#include "tests/harness.h"
 
 namespace {
+
+using harness::Spin;
 
 constexpr int64_t kTopK = 2048;
 constexpr int kWarmup = 10;
@@ -48,15 +50,6 @@ constexpr int kWarmup = 10;
 constexpr int64_t kTargetRecords = 131072;
 constexpr double kTargetUsPerRowAt80 = 3.0;
 constexpr double kTargetUsAt2 = 20.0;
-
-// Holds the GPU busy for `ns` nanoseconds so the host can queue the timed work behind it.
-__global__ void Spin(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
 
 __device__ uint64_t SplitMix(uint64_t z) {
   z = (z + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;

@@ -42,7 +42,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_ok.h"
+#include "harness.h"
 #include "grouped_matmul.h"
 #include "grouped_matmul_cuda.h"
 #include "grouped_matmul_oracle.h"

@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_ok.h"
+#include "harness.h"
 #include "pool_write.h"
 #include "pool_write_cuda.h"
 #include "resolve.h"

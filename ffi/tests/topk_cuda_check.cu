@@ -44,7 +44,7 @@
 
 #include "topk.h"
 #include "topk_cuda.h"
-#include "cuda_ok.h"
+#include "harness.h"
 
 namespace {
 
