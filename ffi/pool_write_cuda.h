@@ -1,6 +1,6 @@
 // The pool write on a CUDA device: its launcher on raw pointers, no XLA types.
-// The kernel lives in resolve_kernels.cu, next to RESOLVE's fetch kernel,
-// whose record copy it shares.
+// The kernel lives with RESOLVE's fetch kernel (resolve_fetch_kernels.cuh,
+// compiled in resolve_kernels.cu), whose record copy it shares.
 #ifndef HISPARSE_FFI_POOL_WRITE_CUDA_H_
 #define HISPARSE_FFI_POOL_WRITE_CUDA_H_
 

@@ -51,7 +51,6 @@
 namespace {
 
 using harness::Mix;
-using harness::ReadAll;
 using harness::Stats;
 using harness::TimeLaunches;
 using harness::Uniform;
@@ -282,12 +281,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int device = 0, runtime = 0, driver = 0;
-  CUDA_OK(cudaGetDevice(&device));
-  cudaDeviceProp prop;
-  CUDA_OK(cudaGetDeviceProperties(&prop, device));
-  CUDA_OK(cudaRuntimeGetVersion(&runtime));
-  CUDA_OK(cudaDriverGetVersion(&driver));
+  const harness::DeviceInfo info = harness::QueryDevice();
+  const cudaDeviceProp& prop = info.prop;
+  const int runtime = info.runtime, driver = info.driver;
   std::printf("# MoE grouped matmul benchmark\n\ndevice: %s (sm_%d%d, %d SMs, %.0f MiB L2), CUDA runtime %d, "
               "driver %d; E = %lld experts, x bf16, y f32; %d iterations (min / median / max)\n\n",
               prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0, runtime,
@@ -298,23 +294,14 @@ int main(int argc, char** argv) {
   // --- HBM ceilings ---------------------------------------------------------
   const int64_t ceiling_bytes = quick ? kCeilingBytes / 4 : kCeilingBytes;
   uint8_t *src = nullptr, *dst = nullptr;
-  uint32_t* sink = nullptr;
   CUDA_OK(cudaMalloc(&src, ceiling_bytes));
   CUDA_OK(cudaMalloc(&dst, ceiling_bytes));
-  CUDA_OK(cudaMalloc(&sink, 4));
   FillWeights<<<1024, 256, 0, stream>>>(src, ceiling_bytes / 2, false, 1, 1.0f);
-  const Stats copy = TimeLaunches(stream, 20, [&](int) {
-    CUDA_OK(cudaMemcpyAsync(dst, src, ceiling_bytes, cudaMemcpyDeviceToDevice, stream));
-  });
-  const Stats read = TimeLaunches(stream, 20, [&](int) {
-    ReadAll<<<8 * prop.multiProcessorCount, 512, 0, stream>>>(reinterpret_cast<const uint4*>(src),
-                                                              ceiling_bytes / 16, sink);
-    CUDA_OK(cudaGetLastError());
-  });
+  const harness::HbmCeilings hbm =
+      harness::MeasureHbmCeilings(stream, src, dst, ceiling_bytes, prop.multiProcessorCount);
   CUDA_OK(cudaFree(src));
   CUDA_OK(cudaFree(dst));
-  const double copy_gbs = 2.0 * ceiling_bytes / (copy.median_us * 1e3);
-  const double read_gbs = ceiling_bytes / (read.median_us * 1e3);
+  const double copy_gbs = hbm.copy_gbs, read_gbs = hbm.read_gbs;
   std::printf("HBM: memcpy D2D of %.0f MiB %.0f GB/s (read + write), read kernel over it %.0f GB/s (medians); "
               "nominal %.0f GB/s\n\n", ceiling_bytes / 1048576.0, copy_gbs, read_gbs, kNominalGbs);
 
@@ -350,11 +337,7 @@ int main(int argc, char** argv) {
   }
   for (auto& w : w_copies) CUDA_OK(cudaFree(w));
 
-  FILE* f = std::fopen(out_path, "w");
-  if (f == nullptr) {
-    std::fprintf(stderr, "cannot write %s\n", out_path);
-    return 2;
-  }
+  FILE* f = harness::OpenJson(out_path);
   std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"cuda_runtime\": %d, \"driver\": %d, \"iters\": %d,\n",
                prop.name, prop.multiProcessorCount, runtime, driver, iters);
   std::fprintf(f, "  \"hbm\": {\"memcpy_d2d_gbs\": %.1f, \"read_kernel_gbs\": %.1f, \"nominal_gbs\": %.0f, "

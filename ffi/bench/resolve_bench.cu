@@ -453,12 +453,9 @@ int main(int argc, char** argv) {
     }
   }
   const auto wall_start = std::chrono::steady_clock::now();
-  int device = 0, runtime = 0, driver = 0;
-  CUDA_OK(cudaGetDevice(&device));
-  cudaDeviceProp prop;
-  CUDA_OK(cudaGetDeviceProperties(&prop, device));
-  CUDA_OK(cudaRuntimeGetVersion(&runtime));
-  CUDA_OK(cudaDriverGetVersion(&driver));
+  const harness::DeviceInfo info = harness::QueryDevice();
+  const cudaDeviceProp& prop = info.prop;
+  const int runtime = info.runtime, driver = info.driver;
   std::printf("# RESOLVE benchmark\n\ndevice: %s (sm_%d%d, %d SMs), CUDA runtime %d, driver %d; "
               "k = %lld, R = %lld records per stream, %d reps (median)\n\n",
               prop.name, prop.major, prop.minor, prop.multiProcessorCount, runtime, driver,
@@ -612,11 +609,7 @@ int main(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   std::printf("\nwall time %.1f s\n", wall_s);
 
-  FILE* f = std::fopen(json_path, "w");
-  if (f == nullptr) {
-    std::fprintf(stderr, "cannot write %s\n", json_path);
-    return 2;
-  }
+  FILE* f = harness::OpenJson(json_path);
   std::fprintf(f,
                "{\n  \"device\": \"%s\", \"sm_count\": %d, \"cuda_runtime\": %d, \"cuda_driver\": %d,\n"
                "  \"top_k\": %lld, \"pool_records\": %lld, \"reps\": %d, \"wall_s\": %.1f,\n"

@@ -42,8 +42,6 @@
 
 namespace {
 
-using harness::Spin;
-
 constexpr int64_t kTopK = 2048;
 constexpr int kWarmup = 10;
 // The targets (issue 11).
@@ -121,27 +119,10 @@ Result Time(const Config& c, int reps, float* scores, int32_t* sealed, int32_t* 
   CUDA_OK(cudaMemcpyAsync(sealed, full.data(), c.rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   const hisparse::TopkBuffers io{scores, sealed, selected};
-  std::vector<cudaEvent_t> start(reps), stop(reps);
-  for (int i = 0; i < reps; ++i) {
-    CUDA_OK(cudaEventCreate(&start[i]));
-    CUDA_OK(cudaEventCreate(&stop[i]));
-  }
-  for (int i = 0; i < kWarmup; ++i) CUDA_OK(hisparse::LaunchTopk(dims, io, workspace, stream, options));
-  for (int i = 0; i < reps; ++i) {
-    Spin<<<1, 1, 0, stream>>>(50000);
-    CUDA_OK(cudaEventRecord(start[i], stream));
-    CUDA_OK(hisparse::LaunchTopk(dims, io, workspace, stream, options));
-    CUDA_OK(cudaEventRecord(stop[i], stream));
-  }
-  CUDA_OK(cudaStreamSynchronize(stream));
-  std::vector<double> us(reps);
-  for (int i = 0; i < reps; ++i) {
-    float ms = 0;
-    CUDA_OK(cudaEventElapsedTime(&ms, start[i], stop[i]));
-    us[i] = 1000.0 * ms;
-    CUDA_OK(cudaEventDestroy(start[i]));
-    CUDA_OK(cudaEventDestroy(stop[i]));
-  }
+  const std::vector<double> us =
+      harness::EventTimes(stream, reps, kWarmup, /*spin_first_ns=*/0, /*spin_each_ns=*/50000, [&](int) {
+        CUDA_OK(hisparse::LaunchTopk(dims, io, workspace, stream, options));
+      });
   // A plain sanity check of the last call: ids ascending in [0, R), no padding (rows are full).
   std::vector<int32_t> ids(c.rows * kTopK);
   CUDA_OK(cudaMemcpy(ids.data(), selected, ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
@@ -285,11 +266,7 @@ int main(int argc, char** argv) {
     std::printf("  2 rows: %.2f us in all (median), target <= %.1f: %s\n", at2->us_median,
                 kTargetUsAt2, at2->us_median <= kTargetUsAt2 ? "met" : "MISSED");
 
-  FILE* f = std::fopen(json_path, "w");
-  if (f == nullptr) {
-    std::fprintf(stderr, "cannot write %s\n", json_path);
-    return 2;
-  }
+  FILE* f = harness::OpenJson(json_path);
   std::fprintf(f,
                "{\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"cuda_runtime\": %d,\n  \"driver\": %d,\n"
                "  \"top_k\": %lld,\n  \"reps\": %d,\n  \"forced_kernel\": \"%s\",\n  \"forced_cluster\": %d,\n"

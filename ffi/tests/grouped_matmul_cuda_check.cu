@@ -367,20 +367,10 @@ bool RefusesBadArguments() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, quiet = false;
-  std::string only;
-  uint64_t seed = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--quiet") quiet = true;
-    else if (a == "--only" && i + 1 < argc) only = argv[++i];
-    else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
-    else {
-      std::fprintf(stderr, "usage: %s [--quick] [--quiet] [--only SUBSTRING] [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
+  const harness::CheckOptions options = harness::ParseCheckOptions(argc, argv, /*default_seed=*/1);
+  const bool quick = options.quick, quiet = !options.verbose;
+  const uint64_t seed = options.seed;
+  const std::string& only = options.only;
   int passed = 0, failed = 0;
   if (RefusesBadArguments()) {
     ++passed;

@@ -5,10 +5,14 @@
 //
 //   CUDA_OK(expr)       stop with the failing call, its place and CUDA's message (exit 2)
 //   Stats, Summarize    min / median / max of timed samples, in microseconds
-//   TimeLaunches        event-timed launches queued behind a Spin, after 3 untimed warm-ups
+//   EventTimes          microseconds of each launch between two events, after warm-ups
+//   TimeLaunches        EventTimes queued behind one 20 ms Spin, summarized
+//   QueryDevice         the device, its properties and the CUDA versions
+//   OpenJson            a benchmark's JSON output (exit 2 when it cannot be written)
 //   Spin                hold the GPU so the host can queue timed work behind it
 //   Mix, Uniform        splitmix64 and a value in [-1, 1) from an index and a seed (random fills)
-//   ReadAll             the HBM read ceiling kernel
+//   ReadAll, HbmCeilings  the HBM ceilings: a device-to-device memcpy and a read kernel
+//   CheckOptions        the checkers' flags (--quick --quiet --seed N --only SUBSTRING)
 #ifndef HISPARSE_FFI_TESTS_HARNESS_H_
 #define HISPARSE_FFI_TESTS_HARNESS_H_
 
@@ -18,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #define CUDA_OK(expr)                                                                  \
@@ -76,33 +81,131 @@ __global__ void ReadAll(const uint4* __restrict__ p, int64_t n, uint32_t* sink) 
   if (acc == 0x9e3779b9u) sink[0] = acc;  // practically never; keeps the loads
 }
 
-// Times `launch(i)` for i < iters, each between two events: 3 untimed calls
-// first, then every timed call queued behind a 20 ms Spin, so the GPU time
-// is measured and not the host's launch latency.
+// Microseconds of launch(i) for i < reps, each between two events, after
+// `warmup` untimed calls. The timed calls queue behind a Spin of `spin_first_ns`
+// (the host queues everything while the GPU waits) and, with spin_each_ns > 0,
+// each behind a Spin of its own, so the GPU time is measured and not the host's
+// launch latency.
 template <typename Fn>
-Stats TimeLaunches(cudaStream_t stream, int iters, Fn&& launch) {
-  for (int i = 0; i < 3; ++i) launch(i);
-  std::vector<cudaEvent_t> start(iters), stop(iters);
-  for (int i = 0; i < iters; ++i) {
+std::vector<double> EventTimes(cudaStream_t stream, int reps, int warmup, uint64_t spin_first_ns,
+                               uint64_t spin_each_ns, Fn&& launch) {
+  std::vector<cudaEvent_t> start(reps), stop(reps);
+  for (int i = 0; i < reps; ++i) {
     CUDA_OK(cudaEventCreate(&start[i]));
     CUDA_OK(cudaEventCreate(&stop[i]));
   }
-  Spin<<<1, 1, 0, stream>>>(20'000'000);  // the host queues everything while the GPU waits
-  for (int i = 0; i < iters; ++i) {
+  for (int i = 0; i < warmup; ++i) launch(i);
+  if (spin_first_ns > 0) Spin<<<1, 1, 0, stream>>>(spin_first_ns);
+  for (int i = 0; i < reps; ++i) {
+    if (spin_each_ns > 0) Spin<<<1, 1, 0, stream>>>(spin_each_ns);
     CUDA_OK(cudaEventRecord(start[i], stream));
     launch(i);
     CUDA_OK(cudaEventRecord(stop[i], stream));
   }
   CUDA_OK(cudaStreamSynchronize(stream));
-  std::vector<double> us(iters);
-  for (int i = 0; i < iters; ++i) {
+  std::vector<double> us(reps);
+  for (int i = 0; i < reps; ++i) {
     float ms = 0;
     CUDA_OK(cudaEventElapsedTime(&ms, start[i], stop[i]));
     us[i] = 1000.0 * ms;
     CUDA_OK(cudaEventDestroy(start[i]));
     CUDA_OK(cudaEventDestroy(stop[i]));
   }
-  return Summarize(us);
+  return us;
+}
+
+// Times `launch(i)` for i < iters: 3 untimed calls first, then every timed
+// call queued behind one 20 ms Spin.
+template <typename Fn>
+Stats TimeLaunches(cudaStream_t stream, int iters, Fn&& launch) {
+  return Summarize(EventTimes(stream, iters, /*warmup=*/3, /*spin_first_ns=*/20'000'000,
+                              /*spin_each_ns=*/0, launch));
+}
+
+struct DeviceInfo {
+  int device = 0, runtime = 0, driver = 0;
+  cudaDeviceProp prop;
+};
+
+inline DeviceInfo QueryDevice() {
+  DeviceInfo d;
+  CUDA_OK(cudaGetDevice(&d.device));
+  CUDA_OK(cudaGetDeviceProperties(&d.prop, d.device));
+  CUDA_OK(cudaRuntimeGetVersion(&d.runtime));
+  CUDA_OK(cudaDriverGetVersion(&d.driver));
+  return d;
+}
+
+// Opens a benchmark's JSON output for writing; exits 2 when it cannot.
+inline FILE* OpenJson(const char* path) {
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path);
+    std::exit(2);
+  }
+  return f;
+}
+
+// GB/s of the HBM ceilings over `bytes` of device memory at src (filled by the
+// caller): a memcpy to dst (read + write, so twice the bytes) and ReadAll over
+// src; medians of 20 timed calls each.
+struct HbmCeilings {
+  double copy_gbs = 0, read_gbs = 0;
+};
+
+inline HbmCeilings MeasureHbmCeilings(cudaStream_t stream, const uint8_t* src, uint8_t* dst,
+                                      int64_t bytes, int sms) {
+  uint32_t* sink = nullptr;
+  CUDA_OK(cudaMalloc(&sink, 4));
+  const Stats copy = TimeLaunches(stream, 20, [&](int) {
+    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  const Stats read = TimeLaunches(stream, 20, [&](int) {
+    ReadAll<<<8 * sms, 512, 0, stream>>>(reinterpret_cast<const uint4*>(src), bytes / 16, sink);
+    CUDA_OK(cudaGetLastError());
+  });
+  CUDA_OK(cudaFree(sink));
+  return {2.0 * bytes / (copy.median_us * 1e3), bytes / (read.median_us * 1e3)};
+}
+
+// The checkers' command line: --quick (fewer cases), --quiet (failures only),
+// --seed N, --only SUBSTRING (cases whose name holds it). Anything else prints
+// the usage line and exits 2.
+struct CheckOptions {
+  bool quick = false, verbose = true;
+  uint64_t seed = 0;
+  std::string only;
+};
+
+inline CheckOptions ParseCheckOptions(int argc, char** argv, uint64_t default_seed) {
+  CheckOptions o;
+  o.seed = default_seed;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      o.quick = true;
+    } else if (arg == "--quiet") {
+      o.verbose = false;
+    } else if (arg == "--seed" && i + 1 < argc) {
+      o.seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (arg == "--only" && i + 1 < argc) {
+      o.only = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--quiet] [--seed N] [--only SUBSTRING]\n", argv[0]);
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+// The device line a checker starts with.
+inline void PrintCheckDevice(const CheckOptions& o) {
+  int device = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, device));
+  std::printf("device %d: %s (sm_%d%d, %d SMs); seed %llu%s\n", device, prop.name, prop.major,
+              prop.minor, prop.multiProcessorCount, (unsigned long long)o.seed, o.quick ? "; quick" : "");
 }
 
 }  // namespace harness

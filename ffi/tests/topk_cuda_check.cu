@@ -411,30 +411,11 @@ Tally RunCase(const Case& c, const std::vector<Variant>& variants, uint64_t seed
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, verbose = true;
-  uint64_t seed = 1234;
-  std::string only;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--quick") {
-      quick = true;
-    } else if (arg == "--quiet") {
-      verbose = false;
-    } else if (arg == "--seed" && i + 1 < argc) {
-      seed = std::strtoull(argv[++i], nullptr, 10);
-    } else if (arg == "--only" && i + 1 < argc) {
-      only = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--quiet] [--seed N] [--only SUBSTRING]\n", argv[0]);
-      return 2;
-    }
-  }
-  int device = 0;
-  CUDA_OK(cudaGetDevice(&device));
-  cudaDeviceProp prop;
-  CUDA_OK(cudaGetDeviceProperties(&prop, device));
-  std::printf("device %d: %s (sm_%d%d, %d SMs); seed %llu%s\n", device, prop.name, prop.major,
-              prop.minor, prop.multiProcessorCount, (unsigned long long)seed, quick ? "; quick" : "");
+  const harness::CheckOptions options = harness::ParseCheckOptions(argc, argv, /*default_seed=*/1234);
+  const bool quick = options.quick, verbose = options.verbose;
+  const uint64_t seed = options.seed;
+  const std::string& only = options.only;
+  harness::PrintCheckDevice(options);
 
   // The automatic plans of the benchmark's shapes (k = 2048), for the record.
   for (int64_t R : {32768, 131072, 262144}) {
