@@ -104,14 +104,7 @@ class GuardedOutput {
     return out;
   }
   bool GuardsIntact() const {
-    std::vector<uint8_t> head(kGuardBytes), tail(kGuardBytes);
-    CUDA_OK(cudaMemcpy(head.data(), base_, kGuardBytes, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(tail.data(), base_ + kGuardBytes + bytes_, kGuardBytes, cudaMemcpyDeviceToHost));
-    for (uint8_t b : head)
-      if (b != kGuardByte) return false;
-    for (uint8_t b : tail)
-      if (b != kGuardByte) return false;
-    return true;
+    return harness::GuardsHold(base_, kGuardBytes, base_ + kGuardBytes + bytes_, kGuardBytes, kGuardByte);
   }
 
  private:

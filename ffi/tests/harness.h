@@ -13,6 +13,7 @@
 //   Mix, Uniform        splitmix64 and a value in [-1, 1) from an index and a seed (random fills)
 //   ReadAll, HbmCeilings  the HBM ceilings: a device-to-device memcpy and a read kernel
 //   CheckOptions        the checkers' flags (--quick --quiet --seed N --only SUBSTRING)
+//   GuardsHold          whether the guard bytes around a checked device buffer are intact
 #ifndef HISPARSE_FFI_TESTS_HARNESS_H_
 #define HISPARSE_FFI_TESTS_HARNESS_H_
 
@@ -196,6 +197,17 @@ inline CheckOptions ParseCheckOptions(int argc, char** argv, uint64_t default_se
     }
   }
   return o;
+}
+
+// Whether head_bytes of device memory at head and tail_bytes at tail all still
+// hold `guard` (the guard areas a checker puts around a kernel's output).
+inline bool GuardsHold(const uint8_t* head, size_t head_bytes, const uint8_t* tail, size_t tail_bytes,
+                       uint8_t guard) {
+  std::vector<uint8_t> h(head_bytes), t(tail_bytes);
+  if (head_bytes) CUDA_OK(cudaMemcpy(h.data(), head, head_bytes, cudaMemcpyDeviceToHost));
+  if (tail_bytes) CUDA_OK(cudaMemcpy(t.data(), tail, tail_bytes, cudaMemcpyDeviceToHost));
+  return std::all_of(h.begin(), h.end(), [&](uint8_t b) { return b == guard; }) &&
+         std::all_of(t.begin(), t.end(), [&](uint8_t b) { return b == guard; });
 }
 
 // The device line a checker starts with.

@@ -96,14 +96,7 @@ class DeviceBuffer {
   void Poison(uint8_t byte) { CUDA_OK(cudaMemset(get(), byte, bytes())); }
   // True when both guard areas still hold the guard pattern.
   bool GuardsIntact() const {
-    std::vector<uint8_t> head(lead_), tail(kGuardBytes);
-    CUDA_OK(cudaMemcpy(head.data(), base_, lead_, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(tail.data(), base_ + lead_ + bytes(), kGuardBytes, cudaMemcpyDeviceToHost));
-    for (uint8_t b : head)
-      if (b != kGuardByte) return false;
-    for (uint8_t b : tail)
-      if (b != kGuardByte) return false;
-    return true;
+    return harness::GuardsHold(base_, lead_, base_ + lead_ + bytes(), kGuardBytes, kGuardByte);
   }
 
  private:
