@@ -49,6 +49,8 @@
 
 namespace {
 
+using harness::Format;
+
 using hisparse::GroupedMatmulBuffers;
 using hisparse::GroupedMatmulDims;
 using hisparse::GroupedMatmulPlan;
@@ -56,17 +58,7 @@ using hisparse::GroupedMatmulTuning;
 using hisparse::GroupedWeightType;
 namespace oracle = grouped_matmul_oracle;
 
-using Rng = std::mt19937_64;
-
-std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string Format(const char* fmt, ...) {
-  char buffer[512];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buffer, sizeof(buffer), fmt, args);
-  va_end(args);
-  return buffer;
-}
+using harness::Rng;
 
 // ---------------------------------------------------------------------------
 // Device buffers: inputs of their exact size (memcheck sees any read past

@@ -13,6 +13,8 @@
 //   Mix, Uniform        splitmix64 and a value in [-1, 1) from an index and a seed (random fills)
 //   ReadAll, HbmCeilings  the HBM ceilings: a device-to-device memcpy and a read kernel
 //   CheckOptions        the checkers' flags (--quick --quiet --seed N --only SUBSTRING)
+//   Rng, Uniform, Unit  the checkers' seeded host random numbers
+//   Format              printf into a std::string (failure messages)
 //   GuardsHold          whether the guard bytes around a checked device buffer are intact
 #ifndef HISPARSE_FFI_TESTS_HARNESS_H_
 #define HISPARSE_FFI_TESTS_HARNESS_H_
@@ -20,9 +22,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -197,6 +201,23 @@ inline CheckOptions ParseCheckOptions(int argc, char** argv, uint64_t default_se
     }
   }
   return o;
+}
+
+using Rng = std::mt19937_64;
+
+inline int64_t Uniform(Rng& rng, int64_t lo, int64_t hi) {  // [lo, hi]
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+inline double Unit(Rng& rng) { return std::uniform_real_distribution<double>(0.0, 1.0)(rng); }
+
+inline std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline std::string Format(const char* fmt, ...) {
+  char buffer[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buffer, sizeof(buffer), fmt, args);
+  va_end(args);
+  return buffer;
 }
 
 // Whether head_bytes of device memory at head and tail_bytes at tail all still

@@ -45,17 +45,16 @@
 
 namespace {
 
+using harness::Format;
+
 using hisparse::PoolWriteDims;
 using hisparse::ResolveBuffers;
 using hisparse::ResolveDims;
 using hisparse::ResolveLaunchPlan;
 
-using Rng = std::mt19937_64;
-
-int64_t Uniform(Rng& rng, int64_t lo, int64_t hi) {  // [lo, hi]
-  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
-}
-double Unit(Rng& rng) { return std::uniform_real_distribution<double>(0.0, 1.0)(rng); }
+using harness::Rng;
+using harness::Uniform;
+using harness::Unit;
 
 // ---------------------------------------------------------------------------
 // Device buffers with guard bytes on both sides.
@@ -356,16 +355,6 @@ struct Report {
     ++printed;
   }
 };
-
-std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string Format(const char* fmt, ...) {
-  char buffer[512];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buffer, sizeof(buffer), fmt, args);
-  va_end(args);
-  return buffer;
-}
 
 // Compares int32 arrays laid out as [outer, inner]; returns the mismatch count.
 int64_t CompareInts(Report& report, int call, const char* field, const int32_t* expected,

@@ -48,33 +48,22 @@
 
 namespace {
 
+using harness::Format;
+
 using hisparse::TopkBuffers;
 using hisparse::TopkDims;
 using hisparse::TopkKernelKind;
 using hisparse::TopkLaunchOptions;
 using hisparse::TopkLaunchPlan;
 
-using Rng = std::mt19937_64;
-
-int64_t Uniform(Rng& rng, int64_t lo, int64_t hi) {  // [lo, hi]
-  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
-}
-double Unit(Rng& rng) { return std::uniform_real_distribution<double>(0.0, 1.0)(rng); }
+using harness::Rng;
+using harness::Uniform;
+using harness::Unit;
 
 float FromBits(uint32_t bits) {
   float f;
   std::memcpy(&f, &bits, sizeof(f));
   return f;
-}
-
-std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string Format(const char* fmt, ...) {
-  char buffer[512];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buffer, sizeof(buffer), fmt, args);
-  va_end(args);
-  return buffer;
 }
 
 // ---------------------------------------------------------------------------
