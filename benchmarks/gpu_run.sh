@@ -10,17 +10,17 @@
 #   check     the standalone kernel check (ffi/tests) against the CPU implementation
 #   sanitize  compute-sanitizer memcheck + racecheck on the check's --quick cases
 #   pytest    the whole test suite with the CUDA handler as the default implementation
-#   resolve   benchmarks/resolve_bench.cu (ceilings + RESOLVE table), JSON in OUT_DIR
+#   resolve   ffi/bench/resolve_bench.cu (ceilings + RESOLVE table), JSON in OUT_DIR
 #   graphs    benchmarks/check_command_buffer.py: is RESOLVE captured in CUDA graphs?
 #   indexer   the lightning indexer: tests/test_indexer.py with the CUDA handler (needs build),
-#             benchmarks/indexer_bench.cu (kernel alone vs the HBM ceilings, checked against the
+#             ffi/bench/indexer_bench.cu (kernel alone vs the HBM ceilings, checked against the
 #             CPU) and benchmarks/indexer_xla_bench.py (ffi vs XLA under jit), JSON in OUT_DIR
 #   topk      TOP-K: ffi/tests/topk_cuda_check.cu (every launch path against the CPU),
-#             benchmarks/topk_bench.cu (the kernel alone, GPU time), tests/test_topk.py with the
+#             ffi/bench/topk_bench.cu (the kernel alone, GPU time), tests/test_topk.py with the
 #             CUDA handler (needs build) and benchmarks/topk_xla_bench.py (lax.top_k vs ffi under
 #             jit), JSON in OUT_DIR
 #   grouped-matmul
-#             the MoE grouped matmul: ffi/tests check + memcheck, benchmarks/grouped_matmul_bench.cu
+#             the MoE grouped matmul: ffi/tests check + memcheck, ffi/bench/grouped_matmul_bench.cu
 #             (auto plan and the best variant against HBM bandwidth, JSON in OUT_DIR), and
 #             tests/test_grouped_matmul.py's GPU tests (needs build)
 #   slices    the deployment slices (docs/deployments.md): hisparse-bench decode --deployment
@@ -107,32 +107,28 @@ for stage in "$@"; do
       run pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests -q -p no:cacheprovider ;;
     resolve)
       mkdir -p build
-      run resolve_build nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi \
-        benchmarks/resolve_bench.cu ffi/resolve_kernels.cu -o build/resolve_bench
+      run resolve_build make -C ffi/bench resolve
       run resolve build/resolve_bench "$OUT_DIR/resolve_bench.json" ;;
     graphs)
       run graphs env PYTHONPATH="$SITE" "$PY" benchmarks/check_command_buffer.py ;;
     indexer)
       mkdir -p build
       run indexer_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_indexer.py -q -p no:cacheprovider
-      run indexer_build nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi \
-        benchmarks/indexer_bench.cu ffi/indexer_kernels.cu -o build/indexer_bench
+      run indexer_build make -C ffi/bench indexer
       run indexer build/indexer_bench "$OUT_DIR/indexer_bench.json"
       run indexer_xla env PYTHONPATH="$SITE" "$PY" benchmarks/indexer_xla_bench.py \
         --out "$OUT_DIR/indexer_xla.json" ;;
     topk)
       mkdir -p build
       run topk_check make -C ffi/tests check-topk
-      run topk_build nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi \
-        benchmarks/topk_bench.cu ffi/topk_kernels.cu -o build/topk_bench
+      run topk_build make -C ffi/bench topk
       run topk build/topk_bench "$OUT_DIR/topk_bench.json"
       run topk_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_topk.py -q -p no:cacheprovider
       run topk_xla env PYTHONPATH="$SITE" "$PY" benchmarks/topk_xla_bench.py "$OUT_DIR/topk_xla.json" ;;
     grouped-matmul)
       mkdir -p build
       run grouped_matmul_check make -C ffi/tests check-grouped-matmul sanitize-grouped-matmul
-      run grouped_matmul_build nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi \
-        benchmarks/grouped_matmul_bench.cu ffi/grouped_matmul_kernels.cu -o build/grouped_matmul_bench
+      run grouped_matmul_build make -C ffi/bench grouped-matmul
       run grouped_matmul build/grouped_matmul_bench "$OUT_DIR/grouped_matmul.json"
       run grouped_matmul_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_grouped_matmul.py -q \
         -p no:cacheprovider -m gpu ;;

@@ -1,6 +1,6 @@
 """select_topk under jit: the XLA reference (lax.top_k, full sorts on a GPU) against the FFI
 custom call (the radix-select kernel on a GPU, the C++ handler on a CPU), at the shapes of
-benchmarks/topk_bench.cu: k = 2048, R in {32768, 131072, 262144}, rows in {1, 2, 8, 10, 80, 160},
+ffi/bench/topk_bench.cu: k = 2048, R in {32768, 131072, 262144}, rows in {1, 2, 8, 10, 80, 160},
 every row fully sealed, scores normal(0, 1) drawn once per shape.
 
 Each timing is wall time around `--calls` back-to-back calls of the jitted function closed by

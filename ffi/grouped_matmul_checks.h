@@ -10,19 +10,12 @@
 #include <utility>
 
 #include "grouped_matmul.h"
+#include "common_checks.h"  // DimsString, Mismatch
 #include "xla/ffi/api/ffi.h"
 
 namespace hisparse {
 
-namespace ffi = xla::ffi;
-
 namespace grouped_matmul_checks {
-
-inline std::string Shape(ffi::AnyBuffer::Dimensions dims) {
-  std::string out = "[";
-  for (size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
-  return out + "]";
-}
 
 inline ffi::Unexpected<ffi::Error> Invalid(const std::string& message) {
   return ffi::Error::InvalidArgument("hisparse_grouped_matmul: " + message);
@@ -36,7 +29,6 @@ inline ffi::ErrorOr<GroupedMatmulDims> CheckGroupedMatmul(ffi::AnyBuffer x, ffi:
                                                           ffi::AnyBuffer group_sizes, ffi::DataType y_type,
                                                           ffi::AnyBuffer::Dimensions y_dims) {
   using grouped_matmul_checks::Invalid;
-  using grouped_matmul_checks::Shape;
   GroupedMatmulDims d;
   if (x.element_type() != ffi::DataType::BF16) return Invalid("x must be bfloat16");
   switch (w.element_type()) {
@@ -54,18 +46,18 @@ inline ffi::ErrorOr<GroupedMatmulDims> CheckGroupedMatmul(ffi::AnyBuffer x, ffi:
   if (y_type != ffi::DataType::F32) return Invalid("y must be float32");
 
   const auto xd = x.dimensions(), wd = w.dimensions(), sd = scale.dimensions(), gd = group_sizes.dimensions();
-  if (xd.size() != 2) return Invalid("x " + Shape(xd) + " must be [M, K]");
+  if (xd.size() != 2) return Invalid("x " + DimsString(xd) + " must be [M, K]");
   d.rows = xd[0];
   d.k = xd[1];
-  if (wd.size() != 3 || wd[2] != d.k) return Invalid("w " + Shape(wd) + " must be [E, N, K] with K of x " + Shape(xd));
+  if (wd.size() != 3 || wd[2] != d.k) return Invalid("w " + DimsString(wd) + " must be [E, N, K] with K of x " + DimsString(xd));
   d.experts = wd[0];
   d.n = wd[1];
   if (sd.size() != 2 || sd[0] != d.experts || sd[1] != d.n)
-    return Invalid("scale " + Shape(sd) + " must be [E, N] of w " + Shape(wd));
+    return Invalid("scale " + DimsString(sd) + " must be [E, N] of w " + DimsString(wd));
   if (gd.size() != 1 || gd[0] != d.experts)
-    return Invalid("group_sizes " + Shape(gd) + " must be [E] of w " + Shape(wd));
+    return Invalid("group_sizes " + DimsString(gd) + " must be [E] of w " + DimsString(wd));
   if (y_dims.size() != 2 || y_dims[0] != d.rows || y_dims[1] != d.n)
-    return Invalid("y " + Shape(y_dims) + " must be [M, N] of x " + Shape(xd) + " and w " + Shape(wd));
+    return Invalid("y " + DimsString(y_dims) + " must be [M, N] of x " + DimsString(xd) + " and w " + DimsString(wd));
   if (const char* error = GroupedMatmulSizeError(d); error[0] != '\0') return Invalid(error);
   return d;
 }

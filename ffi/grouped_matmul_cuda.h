@@ -59,7 +59,7 @@ struct GroupedMatmulPlan {
 // plan: 4 warps per block, token tiles for about twice the mean rows per
 // expert (M / E), 2 chunks in flight, 2 weight tiles (1 for weight rows of at
 // most 2 KiB), one tile per warp: the variant within ~5-15% of the best at
-// every shape of the H200 sweep (benchmarks/grouped_matmul_bench.cu --sweep).
+// every shape of the H200 sweep (ffi/bench/grouped_matmul_bench.cu --sweep).
 struct GroupedMatmulTuning {
   int warps_per_block = 0;
   int weight_tiles = 0;

@@ -8,14 +8,15 @@
 #include <cstdint>
 #include <string>
 
+#include "common.h"
+#include "common_cuda.h"
+#include "common_handlers_cuda.h"
 #include "grouped_matmul.h"
 #include "grouped_matmul_checks.h"
 #include "grouped_matmul_cuda.h"
 
 namespace hisparse {
 namespace {
-
-bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 ffi::Error GroupedMatmulCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                                  ffi::AnyBuffer group_sizes, ffi::Result<ffi::AnyBuffer> y) {
@@ -26,10 +27,7 @@ ffi::Error GroupedMatmulCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Any
   if (!Aligned(io.x, 16) || !Aligned(io.w, 16))
     return ffi::Error::InvalidArgument("hisparse_grouped_matmul: x and w must be 16-byte aligned");
   const cudaError_t err = LaunchGroupedMatmul(*dims, io, stream);
-  if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string("hisparse_grouped_matmul: launching the kernel failed: ") +
-                                cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-  return ffi::Error::Success();
+  return LaunchResult("hisparse_grouped_matmul", "kernel", err);
 }
 
 }  // namespace
@@ -37,6 +35,5 @@ ffi::Error GroupedMatmulCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Any
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     HisparseGroupedMatmulCuda, hisparse::GroupedMatmulCudaImpl,
-    hisparse::BindGroupedMatmulOperands(
-        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    hisparse::BindGroupedMatmulOperands(hisparse::BindWithStream()),
     {xla::ffi::Traits::kCmdBufferCompatible});

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common.h"
 #include "grouped_matmul.h"
 #include "grouped_matmul_cuda.h"
 
@@ -302,8 +303,6 @@ KernelFn KernelFor(const GroupedMatmulDims& dims, const GroupedMatmulPlan& plan)
              : ForShape<false>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles);
 }
 
-bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 // The fewest 8-token tiles (1, 2, 4 or 8) that hold an expert's rows in one
 // pass when M rows are routed about uniformly over E experts: the mean plus
 // three standard deviations of a Poisson count, and at least twice the mean
@@ -324,7 +323,7 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
   GroupedMatmulPlan p;
   p.token_tiles =
       tuning.token_tiles > 0 ? tuning.token_tiles : AutoTokenTiles(std::max<int64_t>(dims.rows, 1), dims.experts);
-  // From the sweep of benchmarks/grouped_matmul_bench.cu on an H200 (BENCHMARKS.md): 2 chunks in
+  // From the sweep of ffi/bench/grouped_matmul_bench.cu on an H200 (BENCHMARKS.md): 2 chunks in
   // flight per row and 4 warps per block were within ~5% of the best variant at every shape;
   // two 16-row weight tiles per warp share each x fragment, except on short weight rows (fp8
   // with K <= 2048, e.g. the down projection), where one tile per warp gives twice the warps

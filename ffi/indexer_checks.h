@@ -10,22 +10,15 @@
 #include <utility>
 
 #include "indexer.h"
+#include "common_checks.h"  // DimsString, Mismatch
 #include "xla/ffi/api/ffi.h"
 
 namespace hisparse {
 
-namespace ffi = xla::ffi;
-
 namespace indexer_checks {
 
-inline std::string Shape(ffi::AnyBuffer::Dimensions dims) {
-  std::string out = "[";
-  for (size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
-  return out + "]";
-}
-
 inline ffi::Unexpected<ffi::Error> Invalid(const char* operand, const std::string& detail) {
-  return ffi::Error::InvalidArgument(std::string("hisparse_index_scores: ") + operand + " " + detail);
+  return Mismatch("hisparse_index_scores", operand, detail);
 }
 
 }  // namespace indexer_checks
@@ -38,7 +31,6 @@ inline ffi::ErrorOr<IndexerDims> CheckIndexScores(ffi::AnyBuffer query, ffi::Any
                                                   ffi::AnyBuffer lengths, ffi::DataType scores_type,
                                                   ffi::AnyBuffer::Dimensions scores_dims) {
   using indexer_checks::Invalid;
-  using indexer_checks::Shape;
   IndexerDims d;
   switch (query.element_type()) {
     case ffi::DataType::BF16:
@@ -67,24 +59,24 @@ inline ffi::ErrorOr<IndexerDims> CheckIndexScores(ffi::AnyBuffer query, ffi::Any
 
   const auto q = query.dimensions(), w = weights.dimensions(), k = keys.dimensions();
   const auto s = key_scale.dimensions(), n = lengths.dimensions();
-  if (q.size() != 3) return Invalid("q", Shape(q) + " must be [b, H, d]");
+  if (q.size() != 3) return Invalid("q", DimsString(q) + " must be [b, H, d]");
   d.rows = q[0];
   d.heads = q[1];
   d.dim = q[2];
   if (w.size() != 2 || w[0] != d.rows || w[1] != d.heads)
-    return Invalid("weights", Shape(w) + " must be [b, H] of q " + Shape(q));
+    return Invalid("weights", DimsString(w) + " must be [b, H] of q " + DimsString(q));
   if (k.size() != 3 || k[0] != d.rows || k[2] != d.dim)
-    return Invalid("keys", Shape(k) + " must be [b, T, d] with b and d of q " + Shape(q));
+    return Invalid("keys", DimsString(k) + " must be [b, T, d] with b and d of q " + DimsString(q));
   d.tokens = k[1];
   if (d.key_type == IndexKeyType::kFp8E4m3) {
     if (s.size() != 2 || s[0] != d.rows || s[1] != d.tokens)
-      return Invalid("key_scale", Shape(s) + " must be [b, T] of keys " + Shape(k));
+      return Invalid("key_scale", DimsString(s) + " must be [b, T] of keys " + DimsString(k));
   } else if (s.size() != 1 || s[0] != 0) {
-    return Invalid("key_scale", Shape(s) + " must be an empty [0] with bfloat16 keys");
+    return Invalid("key_scale", DimsString(s) + " must be an empty [0] with bfloat16 keys");
   }
-  if (n.size() != 1 || n[0] != d.rows) return Invalid("lengths", Shape(n) + " must be [b] of q " + Shape(q));
+  if (n.size() != 1 || n[0] != d.rows) return Invalid("lengths", DimsString(n) + " must be [b] of q " + DimsString(q));
   if (scores_dims.size() != 2 || scores_dims[0] != d.rows || scores_dims[1] != d.tokens)
-    return Invalid("scores", Shape(scores_dims) + " must be [b, T] of keys " + Shape(k));
+    return Invalid("scores", DimsString(scores_dims) + " must be [b, T] of keys " + DimsString(k));
   if (const char* error = IndexerSizeError(d); error[0] != '\0')
     return ffi::Unexpected<ffi::Error>(
         ffi::Error::InvalidArgument(std::string("hisparse_index_scores: ") + error));

@@ -8,14 +8,15 @@
 #include <cstdint>
 #include <string>
 
+#include "common.h"
+#include "common_cuda.h"
+#include "common_handlers_cuda.h"
 #include "indexer.h"
 #include "indexer_checks.h"
 #include "indexer_cuda.h"
 
 namespace hisparse {
 namespace {
-
-bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 ffi::Error IndexScoresCudaImpl(cudaStream_t stream, ffi::AnyBuffer query, ffi::AnyBuffer weights,
                                ffi::AnyBuffer keys, ffi::AnyBuffer key_scale, ffi::AnyBuffer lengths,
@@ -28,10 +29,7 @@ ffi::Error IndexScoresCudaImpl(cudaStream_t stream, ffi::AnyBuffer query, ffi::A
   if (!Aligned(io.query, 16) || !Aligned(io.keys, 16))
     return ffi::Error::InvalidArgument("hisparse_index_scores: q and keys must be 16-byte aligned");
   const cudaError_t err = LaunchIndexScores(*dims, io, stream);
-  if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string("hisparse_index_scores: launching the indexer kernel failed: ") +
-                                cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-  return ffi::Error::Success();
+  return LaunchResult("hisparse_index_scores", "indexer kernel", err);
 }
 
 }  // namespace
@@ -39,6 +37,5 @@ ffi::Error IndexScoresCudaImpl(cudaStream_t stream, ffi::AnyBuffer query, ffi::A
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     HisparseIndexScoresCuda, hisparse::IndexScoresCudaImpl,
-    hisparse::BindIndexScoresOperands(
-        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    hisparse::BindIndexScoresOperands(hisparse::BindWithStream()),
     {xla::ffi::Traits::kCmdBufferCompatible});

@@ -34,6 +34,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common.h"
 #include "indexer_cuda.h"
 #include "indexer_device.cuh"
 
@@ -676,8 +677,6 @@ KernelFn KernelFor(const IndexerDims& d, const Plan& plan) {
   if (plan.q_split == 3) return fp8 ? GeneralKernel<3, true>(plan.n_tiles) : GeneralKernel<3, false>(plan.n_tiles);
   return fp8 ? GeneralKernel<1, true>(plan.n_tiles) : GeneralKernel<1, false>(plan.n_tiles);
 }
-
-bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
 

@@ -6,7 +6,7 @@
 // attribute, >= 0, fixed at trace time; one slot per layer of a program):
 //
 //   hisparse_resolve_prefetch: RESOLVE's operands, results and attributes
-//     (resolve.h, ffi_checks.h BindResolveOperands) and `prefetch_slot`.
+//     (resolve.h, resolve_checks.h BindResolveOperands) and `prefetch_slot`.
 //     Decides exactly as RESOLVE does (the same slots, misses, invalid,
 //     malformed, slot_record and lru) on the calling stream. With fetch, the
 //     copy of the missed records into hot is enqueued on the device's prefetch

@@ -7,8 +7,9 @@
 #include <string>
 #include <utility>
 
-#include "ffi_checks.h"  // BindResolveOperands, DimsString, Mismatch, SameDims
+#include "common_checks.h"  // DimsString, SameDims
 #include "prefetch.h"
+#include "resolve_checks.h"  // BindResolveOperands
 #include "xla/ffi/api/ffi.h"
 
 namespace hisparse {

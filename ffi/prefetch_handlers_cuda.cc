@@ -5,31 +5,21 @@
 
 #include <tuple>
 
-#include "handlers_cuda.h"
+#include "common_cuda.h"
+#include "common_handlers_cuda.h"
 #include "prefetch_checks.h"
 #include "prefetch_cuda.h"
+#include "resolve_checks.h"
+#include "resolve_handlers_cuda.h"
 
 namespace hisparse {
 namespace {
 
-ffi::Error ResolvePrefetchCudaImpl(cudaStream_t stream, ffi::AnyBuffer pool, ffi::AnyBuffer selection,
-                                   ffi::AnyBuffer sealed, ffi::AnyBuffer layer, ffi::AnyBuffer hot_in,
-                                   ffi::AnyBuffer slot_record_in, ffi::AnyBuffer lru_in,
-                                   ffi::Result<ffi::AnyBuffer> slots,
-                                   ffi::Result<ffi::AnyBuffer> miss_records,
-                                   ffi::Result<ffi::AnyBuffer> miss_slots,
-                                   ffi::Result<ffi::AnyBuffer> misses,
-                                   ffi::Result<ffi::AnyBuffer> invalid,
-                                   ffi::Result<ffi::AnyBuffer> malformed,
-                                   ffi::Result<ffi::AnyBuffer> hot,
-                                   ffi::Result<ffi::AnyBuffer> slot_record,
-                                   ffi::Result<ffi::AnyBuffer> lru, bool fetch, int32_t launch,
-                                   int64_t prefetch_slot) {
+ffi::Error ResolvePrefetchCudaImpl(cudaStream_t stream, ResolveOperands& ops, bool fetch,
+                                   int32_t launch, int64_t prefetch_slot) {
   if (auto err = CheckPrefetchSlot("hisparse_resolve_prefetch", prefetch_slot); err.failure())
     return err;
-  return ResolveCudaLaunch(stream, pool, selection, sealed, layer, hot_in, slot_record_in, lru_in,
-                           slots, miss_records, miss_slots, misses, invalid, malformed, hot,
-                           slot_record, lru, fetch, launch, prefetch_slot);
+  return ResolveCudaLaunch(stream, ops, fetch, launch, prefetch_slot);
 }
 
 ffi::Error PrefetchJoinCudaImpl(cudaStream_t stream, ffi::AnyBuffer hot_in, ffi::AnyBuffer misses_in,
@@ -55,11 +45,9 @@ ffi::Error PrefetchJoinCudaImpl(cudaStream_t stream, ffi::AnyBuffer hot_in, ffi:
 }  // namespace hisparse
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    HisparseResolvePrefetchCuda, hisparse::ResolvePrefetchCudaImpl,
-    hisparse::WithPrefetchSlot(hisparse::BindResolveOperands(
-        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>())));
+    HisparseResolvePrefetchCuda,
+    hisparse::WithResolveOperands<cudaStream_t>(hisparse::ResolvePrefetchCudaImpl),
+    hisparse::WithPrefetchSlot(hisparse::BindResolveOperands(hisparse::BindWithStream())));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    HisparsePrefetchJoinCuda, hisparse::PrefetchJoinCudaImpl,
-    hisparse::BindPrefetchJoinOperands(
-        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HisparsePrefetchJoinCuda, hisparse::PrefetchJoinCudaImpl,
+                              hisparse::BindPrefetchJoinOperands(hisparse::BindWithStream()));

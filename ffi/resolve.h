@@ -80,21 +80,6 @@ struct ResolveBuffers {
 void ResolveCpu(const ResolveDims& dims, int64_t layer, const ResolveBuffers& io,
                 bool fetch);
 
-// Sizes of one pool write.
-struct PoolWriteDims {
-  int64_t layers;        // L
-  int64_t streams;       // S
-  int64_t rows;          // n: records offered per stream and layer
-  int64_t pool_records;  // R
-  int64_t record_bytes;  // W
-};
-
-// host_pool[l, s, start[s] + i] = records[l, s, i] for i < count[s]. Rows that
-// would land outside [0, R) are not written (the Python wrapper reports them).
-void PoolWriteCpu(const PoolWriteDims& dims, const uint8_t* records /*[L,S,n,W]*/,
-                  const int32_t* start /*[S]*/, const int32_t* count /*[S]*/,
-                  uint8_t* host_pool /*[L,S,R,W]*/);
-
 }  // namespace hisparse
 
 #endif  // HISPARSE_FFI_RESOLVE_H_

@@ -1,4 +1,4 @@
-// RESOLVE and the pool write on a CUDA device: launchers on raw pointers, no
+// RESOLVE on a CUDA device: launchers on raw pointers, no
 // XLA types. The kernels (resolve_kernels.cu) are bit-identical to
 // resolve_cpu.cc for every input, malformed states included (resolve.h: such
 // a stream resolves nothing and is reported in `malformed`; both launch plans
@@ -45,7 +45,7 @@ inline constexpr int64_t kMaxResolveHotSlots = 16384;
 // SMs and up to kResolveSmallBlockMaxSlots hot slots (<= 8 lru items per
 // lane) a block has kResolveThreadsSmall threads and two blocks share an SM.
 // Building with -DHISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS=0 keeps 1024-thread
-// blocks everywhere (A/B comparison in benchmarks/resolve_bench.cu).
+// blocks everywhere (A/B comparison in ffi/bench/resolve_bench.cu).
 inline constexpr int kResolveThreads = 1024;
 inline constexpr int kResolveThreadsSmall = 512;
 #ifdef HISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS
@@ -63,7 +63,7 @@ inline constexpr int kFetchBlocksPerSm = 4;
 // B = 4096, 1152 B records, 13% misses): split wins clearly at 1-2 streams
 // (26.8 vs 38.7 us at 1 stream), fused is within 2% of split from 4 streams
 // on and saves the second launch. The "auto threshold" table of
-// benchmarks/resolve_bench.cu re-measures it and prints the value to use.
+// ffi/bench/resolve_bench.cu re-measures it and prints the value to use.
 inline constexpr int64_t kAutoSplitBelowStreams = 4;
 
 // Dynamic shared memory of one resolve block for (k, B): the id table
@@ -102,14 +102,6 @@ cudaError_t LaunchResolve(const ResolveDims& dims, const int32_t* layer, const R
 cudaError_t LaunchResolveFetch(const ResolveDims& dims, const int32_t* layer, const ResolveBuffers& io,
                                int64_t max_blocks, cudaStream_t stream,
                                const char** failed_kernel = nullptr);
-
-// host_pool[l, s, start[s] + i] = records[l, s, i] for i < min(count[s], n)
-// (count < 0 writes nothing); rows outside [0, R) are skipped. records is in
-// device memory, start and count are device arrays [S], host_pool is pinned
-// host memory (UVA pointer). One warp per row.
-cudaError_t LaunchPoolWrite(const PoolWriteDims& dims, const uint8_t* records,
-                            const int32_t* start, const int32_t* count, uint8_t* host_pool,
-                            cudaStream_t stream, const char** failed_kernel = nullptr);
 
 }  // namespace hisparse
 

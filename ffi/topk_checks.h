@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "ffi_checks.h"  // DimsString, Mismatch, Product, SameDims
+#include "common_checks.h"  // DimsString, Mismatch, Product, SameDims
 #include "topk.h"
 #include "xla/ffi/api/ffi.h"
 

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "common_cuda.h"
+#include "common_handlers_cuda.h"
 #include "topk.h"
 #include "topk_checks.h"
 #include "topk_cuda.h"
@@ -28,11 +30,7 @@ ffi::Error TopkCudaImpl(cudaStream_t stream, ffi::AnyBuffer scores, ffi::AnyBuff
   const cudaError_t err =
       LaunchTopk(*dims, TopkIo(scores, sealed, selected),
                  static_cast<uint32_t*>(workspace->untyped_data()), stream, {}, &failed_kernel);
-  if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string(op) + ": launching the " + failed_kernel +
-                                " failed: " + cudaGetErrorName(err) + " (" +
-                                cudaGetErrorString(err) + ")");
-  return ffi::Error::Success();
+  return LaunchResult(op, failed_kernel, err);
 }
 
 }  // namespace
@@ -40,5 +38,5 @@ ffi::Error TopkCudaImpl(cudaStream_t stream, ffi::AnyBuffer scores, ffi::AnyBuff
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     HisparseTopkCuda, hisparse::TopkCudaImpl,
-    hisparse::BindTopkOperands(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    hisparse::BindTopkOperands(hisparse::BindWithStream()),
     {xla::ffi::Traits::kCmdBufferCompatible});

@@ -42,12 +42,14 @@
 #include <string>
 #include <vector>
 
-#include "cuda_ok.h"
+#include "harness.h"
 #include "grouped_matmul.h"
 #include "grouped_matmul_cuda.h"
 #include "grouped_matmul_oracle.h"
 
 namespace {
+
+using harness::Format;
 
 using hisparse::GroupedMatmulBuffers;
 using hisparse::GroupedMatmulDims;
@@ -56,17 +58,7 @@ using hisparse::GroupedMatmulTuning;
 using hisparse::GroupedWeightType;
 namespace oracle = grouped_matmul_oracle;
 
-using Rng = std::mt19937_64;
-
-std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string Format(const char* fmt, ...) {
-  char buffer[512];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buffer, sizeof(buffer), fmt, args);
-  va_end(args);
-  return buffer;
-}
+using harness::Rng;
 
 // ---------------------------------------------------------------------------
 // Device buffers: inputs of their exact size (memcheck sees any read past
@@ -104,14 +96,7 @@ class GuardedOutput {
     return out;
   }
   bool GuardsIntact() const {
-    std::vector<uint8_t> head(kGuardBytes), tail(kGuardBytes);
-    CUDA_OK(cudaMemcpy(head.data(), base_, kGuardBytes, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(tail.data(), base_ + kGuardBytes + bytes_, kGuardBytes, cudaMemcpyDeviceToHost));
-    for (uint8_t b : head)
-      if (b != kGuardByte) return false;
-    for (uint8_t b : tail)
-      if (b != kGuardByte) return false;
-    return true;
+    return harness::GuardsHold(base_, kGuardBytes, base_ + kGuardBytes + bytes_, kGuardBytes, kGuardByte);
   }
 
  private:
@@ -367,20 +352,10 @@ bool RefusesBadArguments() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, quiet = false;
-  std::string only;
-  uint64_t seed = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--quiet") quiet = true;
-    else if (a == "--only" && i + 1 < argc) only = argv[++i];
-    else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
-    else {
-      std::fprintf(stderr, "usage: %s [--quick] [--quiet] [--only SUBSTRING] [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
+  const harness::CheckOptions options = harness::ParseCheckOptions(argc, argv, /*default_seed=*/1);
+  const bool quick = options.quick, quiet = !options.verbose;
+  const uint64_t seed = options.seed;
+  const std::string& only = options.only;
   int passed = 0, failed = 0;
   if (RefusesBadArguments()) {
     ++passed;

@@ -37,23 +37,24 @@
 #include <string>
 #include <vector>
 
+#include "harness.h"
+#include "pool_write.h"
+#include "pool_write_cuda.h"
 #include "resolve.h"
 #include "resolve_cuda.h"
-#include "cuda_ok.h"
 
 namespace {
+
+using harness::Format;
 
 using hisparse::PoolWriteDims;
 using hisparse::ResolveBuffers;
 using hisparse::ResolveDims;
 using hisparse::ResolveLaunchPlan;
 
-using Rng = std::mt19937_64;
-
-int64_t Uniform(Rng& rng, int64_t lo, int64_t hi) {  // [lo, hi]
-  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
-}
-double Unit(Rng& rng) { return std::uniform_real_distribution<double>(0.0, 1.0)(rng); }
+using harness::Rng;
+using harness::Uniform;
+using harness::Unit;
 
 // ---------------------------------------------------------------------------
 // Device buffers with guard bytes on both sides.
@@ -94,14 +95,7 @@ class DeviceBuffer {
   void Poison(uint8_t byte) { CUDA_OK(cudaMemset(get(), byte, bytes())); }
   // True when both guard areas still hold the guard pattern.
   bool GuardsIntact() const {
-    std::vector<uint8_t> head(lead_), tail(kGuardBytes);
-    CUDA_OK(cudaMemcpy(head.data(), base_, lead_, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(tail.data(), base_ + lead_ + bytes(), kGuardBytes, cudaMemcpyDeviceToHost));
-    for (uint8_t b : head)
-      if (b != kGuardByte) return false;
-    for (uint8_t b : tail)
-      if (b != kGuardByte) return false;
-    return true;
+    return harness::GuardsHold(base_, lead_, base_ + lead_ + bytes(), kGuardBytes, kGuardByte);
   }
 
  private:
@@ -361,16 +355,6 @@ struct Report {
     ++printed;
   }
 };
-
-std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string Format(const char* fmt, ...) {
-  char buffer[512];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buffer, sizeof(buffer), fmt, args);
-  va_end(args);
-  return buffer;
-}
 
 // Compares int32 arrays laid out as [outer, inner]; returns the mismatch count.
 int64_t CompareInts(Report& report, int call, const char* field, const int32_t* expected,
@@ -909,32 +893,11 @@ std::vector<PoolWriteCase> PoolWriteCases(bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, verbose = true;
-  uint64_t seed = 1234;
-  std::string only;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--quick") {
-      quick = true;
-    } else if (arg == "--quiet") {
-      verbose = false;
-    } else if (arg == "--seed" && i + 1 < argc) {
-      seed = std::strtoull(argv[++i], nullptr, 10);
-    } else if (arg == "--only" && i + 1 < argc) {
-      only = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--quiet] [--seed N] [--only SUBSTRING]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
-  int device = 0;
-  CUDA_OK(cudaGetDevice(&device));
-  cudaDeviceProp prop;
-  CUDA_OK(cudaGetDeviceProperties(&prop, device));
-  std::printf("device %d: %s (sm_%d%d, %d SMs); seed %llu%s\n", device, prop.name, prop.major,
-              prop.minor, prop.multiProcessorCount, (unsigned long long)seed,
-              quick ? "; quick" : "");
+  const harness::CheckOptions options = harness::ParseCheckOptions(argc, argv, /*default_seed=*/1234);
+  const bool quick = options.quick, verbose = options.verbose;
+  const uint64_t seed = options.seed;
+  const std::string& only = options.only;
+  harness::PrintCheckDevice(options);
 
   int passed = 0, failed = 0;
   uint64_t case_seed = seed;

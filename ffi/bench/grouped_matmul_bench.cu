@@ -25,8 +25,7 @@
 // variant; --sweep prints every variant.
 //
 // Build (repository root):
-//   mkdir -p build
-//   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi benchmarks/grouped_matmul_bench.cu ffi/grouped_matmul_kernels.cu -o build/grouped_matmul_bench
+//   make -C ffi/bench grouped-matmul
 // Run (under a minute on an H200; prints Markdown, writes JSON):
 //   build/grouped_matmul_bench results/grouped_matmul_bench.json
 //   build/grouped_matmul_bench /tmp/gmm.json --quick     # fp8 only, no sweep
@@ -46,10 +45,15 @@
 
 #include "grouped_matmul.h"
 #include "grouped_matmul_cuda.h"
-#include "tests/cuda_ok.h"
+#include "tests/harness.h"
 #include "tests/grouped_matmul_oracle.h"
 
 namespace {
+
+using harness::Mix;
+using harness::Stats;
+using harness::TimeLaunches;
+using harness::Uniform;
 
 using hisparse::GroupedMatmulBuffers;
 using hisparse::GroupedMatmulDims;
@@ -63,41 +67,8 @@ constexpr int64_t kCeilingBytes = 2ll << 30;
 constexpr double kNominalGbs = 4300.0;  // H200 HBM3e, the target's reference
 constexpr int kChecked = 512;          // sampled elements per configuration
 
-struct Stats {
-  double min_us = 0, median_us = 0, max_us = 0;
-};
-
-Stats Summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  Stats s;
-  s.min_us = v.front();
-  s.max_us = v.back();
-  s.median_us = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  return s;
-}
-
 // ---------------------------------------------------------------------------
 // Kernels of the benchmark itself.
-
-__global__ void Spin(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
-__host__ __device__ uint64_t Mix(uint64_t z) {  // splitmix64
-  z = (z + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// A value in [-1, 1) from an index and a seed.
-__host__ __device__ float Uniform(uint64_t i, uint64_t seed) {
-  return static_cast<float>(static_cast<int64_t>(Mix(i ^ (seed << 40)) >> 40) - (1ll << 23)) * 0x1p-23f;
-}
 
 __device__ uint16_t Bf16Bits(float f) {  // round to nearest even (finite f)
   uint32_t bits = __float_as_uint(f);
@@ -118,44 +89,8 @@ __global__ void FillWeights(uint8_t* p, int64_t elements, bool fp8, uint64_t see
   }
 }
 
-// The read ceiling: every 16 bytes loaded once, folded so nothing is dead code.
-__global__ void ReadAll(const uint4* __restrict__ p, int64_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) sink[0] = acc;  // practically never; keeps the loads
-}
-
 // ---------------------------------------------------------------------------
 // Host side.
-
-template <typename Fn>
-Stats Time(cudaStream_t stream, int iters, Fn&& launch) {
-  for (int i = 0; i < 3; ++i) launch(i);
-  std::vector<cudaEvent_t> start(iters), stop(iters);
-  for (int i = 0; i < iters; ++i) {
-    CUDA_OK(cudaEventCreate(&start[i]));
-    CUDA_OK(cudaEventCreate(&stop[i]));
-  }
-  Spin<<<1, 1, 0, stream>>>(20'000'000);  // the host queues everything while the GPU waits
-  for (int i = 0; i < iters; ++i) {
-    CUDA_OK(cudaEventRecord(start[i], stream));
-    launch(i);
-    CUDA_OK(cudaEventRecord(stop[i], stream));
-  }
-  CUDA_OK(cudaStreamSynchronize(stream));
-  std::vector<double> us(iters);
-  for (int i = 0; i < iters; ++i) {
-    float ms = 0;
-    CUDA_OK(cudaEventElapsedTime(&ms, start[i], stop[i]));
-    us[i] = 1000.0 * ms;
-    CUDA_OK(cudaEventDestroy(start[i]));
-    CUDA_OK(cudaEventDestroy(stop[i]));
-  }
-  return Summarize(us);
-}
 
 struct Config {
   const char* projection;  // "gate_up" or "down"
@@ -298,7 +233,7 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
 
   // --- timing ---
   CUDA_OK(hisparse::GroupedMatmulPlanFor(dims, {}, &r.auto_plan));
-  r.auto_stats = Time(stream, iters, [&](int i) { launch({}, i % 2); });
+  r.auto_stats = TimeLaunches(stream, iters, [&](int i) { launch({}, i % 2); });
   r.auto_gbs = r.active_bytes / (r.auto_stats.median_us * 1e3);
   r.best_plan = r.auto_plan, r.best_stats = r.auto_stats, r.best_gbs = r.auto_gbs;
   if (sweep) {
@@ -307,7 +242,7 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
       CUDA_OK(hisparse::GroupedMatmulPlanFor(dims, t, &plan));
       launch(t, 0);
       if (download() != first && r.ok) r.ok = false, r.failure = "variant " + Describe(plan) + " writes other bits";
-      const Stats s = Time(stream, iters, [&](int i) { launch(t, i % 2); });
+      const Stats s = TimeLaunches(stream, iters, [&](int i) { launch(t, i % 2); });
       const double gbs = r.active_bytes / (s.median_us * 1e3);
       if (print_sweep)
         std::printf("    sweep %-8s %-5s P=%-4lld %-24s %8.1f us %7.0f GB/s\n", c.projection, c.fp8 ? "fp8" : "bf16",
@@ -346,12 +281,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int device = 0, runtime = 0, driver = 0;
-  CUDA_OK(cudaGetDevice(&device));
-  cudaDeviceProp prop;
-  CUDA_OK(cudaGetDeviceProperties(&prop, device));
-  CUDA_OK(cudaRuntimeGetVersion(&runtime));
-  CUDA_OK(cudaDriverGetVersion(&driver));
+  const harness::DeviceInfo info = harness::QueryDevice();
+  const cudaDeviceProp& prop = info.prop;
+  const int runtime = info.runtime, driver = info.driver;
   std::printf("# MoE grouped matmul benchmark\n\ndevice: %s (sm_%d%d, %d SMs, %.0f MiB L2), CUDA runtime %d, "
               "driver %d; E = %lld experts, x bf16, y f32; %d iterations (min / median / max)\n\n",
               prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0, runtime,
@@ -362,23 +294,14 @@ int main(int argc, char** argv) {
   // --- HBM ceilings ---------------------------------------------------------
   const int64_t ceiling_bytes = quick ? kCeilingBytes / 4 : kCeilingBytes;
   uint8_t *src = nullptr, *dst = nullptr;
-  uint32_t* sink = nullptr;
   CUDA_OK(cudaMalloc(&src, ceiling_bytes));
   CUDA_OK(cudaMalloc(&dst, ceiling_bytes));
-  CUDA_OK(cudaMalloc(&sink, 4));
   FillWeights<<<1024, 256, 0, stream>>>(src, ceiling_bytes / 2, false, 1, 1.0f);
-  const Stats copy = Time(stream, 20, [&](int) {
-    CUDA_OK(cudaMemcpyAsync(dst, src, ceiling_bytes, cudaMemcpyDeviceToDevice, stream));
-  });
-  const Stats read = Time(stream, 20, [&](int) {
-    ReadAll<<<8 * prop.multiProcessorCount, 512, 0, stream>>>(reinterpret_cast<const uint4*>(src),
-                                                              ceiling_bytes / 16, sink);
-    CUDA_OK(cudaGetLastError());
-  });
+  const harness::HbmCeilings hbm =
+      harness::MeasureHbmCeilings(stream, src, dst, ceiling_bytes, prop.multiProcessorCount);
   CUDA_OK(cudaFree(src));
   CUDA_OK(cudaFree(dst));
-  const double copy_gbs = 2.0 * ceiling_bytes / (copy.median_us * 1e3);
-  const double read_gbs = ceiling_bytes / (read.median_us * 1e3);
+  const double copy_gbs = hbm.copy_gbs, read_gbs = hbm.read_gbs;
   std::printf("HBM: memcpy D2D of %.0f MiB %.0f GB/s (read + write), read kernel over it %.0f GB/s (medians); "
               "nominal %.0f GB/s\n\n", ceiling_bytes / 1048576.0, copy_gbs, read_gbs, kNominalGbs);
 
@@ -414,11 +337,7 @@ int main(int argc, char** argv) {
   }
   for (auto& w : w_copies) CUDA_OK(cudaFree(w));
 
-  FILE* f = std::fopen(out_path, "w");
-  if (f == nullptr) {
-    std::fprintf(stderr, "cannot write %s\n", out_path);
-    return 2;
-  }
+  FILE* f = harness::OpenJson(out_path);
   std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"cuda_runtime\": %d, \"driver\": %d, \"iters\": %d,\n",
                prop.name, prop.multiProcessorCount, runtime, driver, iters);
   std::fprintf(f, "  \"hbm\": {\"memcpy_d2d_gbs\": %.1f, \"read_kernel_gbs\": %.1f, \"nominal_gbs\": %.0f, "

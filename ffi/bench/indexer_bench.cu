@@ -26,8 +26,7 @@
 // b = 8, T = 131072 shows whether the automatic choice is the fast one.
 //
 // Build (repository root):
-//   mkdir -p build
-//   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi benchmarks/indexer_bench.cu ffi/indexer_kernels.cu -o build/indexer_bench
+//   make -C ffi/bench indexer
 // Run (about a minute on an H200; prints Markdown, writes JSON):
 //   build/indexer_bench results/indexer_bench.json
 //   build/indexer_bench results/quick.json --quick     # b = 8, T = 32768 only, small buffers, no sweep
@@ -50,9 +49,14 @@
 
 #include "indexer.h"
 #include "indexer_cuda.h"
-#include "tests/cuda_ok.h"
+#include "tests/harness.h"
 
 namespace {
+
+using harness::Mix;
+using harness::Stats;
+using harness::TimeLaunches;
+using harness::Uniform;
 
 using hisparse::IndexerBuffers;
 using hisparse::IndexerDims;
@@ -69,41 +73,8 @@ constexpr int64_t kCheckTokens = 4096;        // per checked row
 constexpr int64_t kRotateBytes = 256ll << 20;  // keys read by successive iterations, at least
 constexpr int64_t kCeilingBytes = 2ll << 30;  // (--quick: 1/16 of it)
 
-struct Stats {
-  double min_us = 0, median_us = 0, max_us = 0;
-};
-
-Stats Summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  Stats s;
-  s.min_us = v.front();
-  s.max_us = v.back();
-  s.median_us = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  return s;
-}
-
 // ---------------------------------------------------------------------------
 // Kernels of the benchmark itself.
-
-__global__ void Spin(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
-__host__ __device__ uint64_t Mix(uint64_t z) {  // splitmix64
-  z = (z + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// A value in [-1, 1) from an index and a seed.
-__host__ __device__ float Uniform(uint64_t i, uint64_t seed) {
-  return static_cast<float>(static_cast<int64_t>(Mix(i ^ (seed << 40)) >> 40) - (1ll << 23)) * 0x1p-23f;
-}
 
 __global__ void FillBf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float amplitude) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
@@ -133,16 +104,6 @@ __global__ void QuantizeTokens(uint8_t* codes, float* scale, int64_t tokens, uin
   if (lane == 0) scale[token] = s;
 }
 
-// The read ceiling: every 16 bytes loaded once, folded so nothing is dead code.
-__global__ void ReadAll(const uint4* __restrict__ p, int64_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) sink[0] = acc;  // practically never; keeps the loads
-}
-
 // ---------------------------------------------------------------------------
 // Host side.
 
@@ -158,32 +119,6 @@ double Fp8ToDouble(uint8_t code) {
   double v = exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(8 + mantissa, exponent - 10);
   if (exponent == 15 && mantissa == 7) v = NAN;
   return sign ? -v : v;
-}
-
-template <typename Fn>
-Stats Time(cudaStream_t stream, int iters, Fn&& launch) {
-  for (int i = 0; i < 3; ++i) launch(i);
-  std::vector<cudaEvent_t> start(iters), stop(iters);
-  for (int i = 0; i < iters; ++i) {
-    CUDA_OK(cudaEventCreate(&start[i]));
-    CUDA_OK(cudaEventCreate(&stop[i]));
-  }
-  Spin<<<1, 1, 0, stream>>>(20'000'000);  // the host queues everything while the GPU waits
-  for (int i = 0; i < iters; ++i) {
-    CUDA_OK(cudaEventRecord(start[i], stream));
-    launch(i);
-    CUDA_OK(cudaEventRecord(stop[i], stream));
-  }
-  CUDA_OK(cudaStreamSynchronize(stream));
-  std::vector<double> us(iters);
-  for (int i = 0; i < iters; ++i) {
-    float ms = 0;
-    CUDA_OK(cudaEventElapsedTime(&ms, start[i], stop[i]));
-    us[i] = 1000.0 * ms;
-    CUDA_OK(cudaEventDestroy(start[i]));
-    CUDA_OK(cudaEventDestroy(stop[i]));
-  }
-  return Summarize(us);
 }
 
 struct Buffers {
@@ -370,7 +305,7 @@ Result Measure(const Buffers& b, const Config& c, const IndexerTuning& tuning, i
   r.tuning = tuning;
   SetLengths(b, std::vector<int32_t>(c.rows, static_cast<int32_t>(c.tokens)));
   const int64_t slots = Slots(b, c);
-  r.stats = Time(stream, iters, [&](int i) {
+  r.stats = TimeLaunches(stream, iters, [&](int i) {
     CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, i % slots), stream, tuning));
   });
   r.gbs = c.key_bytes() / (r.stats.median_us * 1e3);
@@ -402,12 +337,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int device = 0, runtime = 0, driver = 0;
-  CUDA_OK(cudaGetDevice(&device));
-  cudaDeviceProp prop;
-  CUDA_OK(cudaGetDeviceProperties(&prop, device));
-  CUDA_OK(cudaRuntimeGetVersion(&runtime));
-  CUDA_OK(cudaDriverGetVersion(&driver));
+  const harness::DeviceInfo info = harness::QueryDevice();
+  const cudaDeviceProp& prop = info.prop;
+  const int runtime = info.runtime, driver = info.driver;
   std::printf("# Lightning indexer benchmark\n\ndevice: %s (sm_%d%d, %d SMs, %.0f MiB L2), CUDA runtime %d, "
               "driver %d; H = %lld, d = %lld, q bf16, lengths = T; %d iterations (min / median / max)\n\n",
               prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0,
@@ -418,23 +350,14 @@ int main(int argc, char** argv) {
   // --- HBM ceilings ---------------------------------------------------------
   const int64_t ceiling_bytes = quick ? kCeilingBytes / 16 : kCeilingBytes;
   uint8_t *src = nullptr, *dst = nullptr;
-  uint32_t* sink = nullptr;
   CUDA_OK(cudaMalloc(&src, ceiling_bytes));
   CUDA_OK(cudaMalloc(&dst, ceiling_bytes));
-  CUDA_OK(cudaMalloc(&sink, 4));
   FillF32<<<4 * prop.multiProcessorCount, 256, 0, stream>>>(reinterpret_cast<float*>(src), ceiling_bytes / 4, 1, 1.0f);
-  const Stats copy = Time(stream, 20, [&](int) {
-    CUDA_OK(cudaMemcpyAsync(dst, src, ceiling_bytes, cudaMemcpyDeviceToDevice, stream));
-  });
-  const Stats read = Time(stream, 20, [&](int) {
-    ReadAll<<<8 * prop.multiProcessorCount, 512, 0, stream>>>(reinterpret_cast<const uint4*>(src),
-                                                              ceiling_bytes / 16, sink);
-    CUDA_OK(cudaGetLastError());
-  });
+  const harness::HbmCeilings hbm =
+      harness::MeasureHbmCeilings(stream, src, dst, ceiling_bytes, prop.multiProcessorCount);
   CUDA_OK(cudaFree(src));
   CUDA_OK(cudaFree(dst));
-  const double copy_gbs = 2.0 * ceiling_bytes / (copy.median_us * 1e3);
-  const double read_gbs = ceiling_bytes / (read.median_us * 1e3);
+  const double copy_gbs = hbm.copy_gbs, read_gbs = hbm.read_gbs;
   std::printf("HBM: memcpy D2D of %.0f MiB %.0f GB/s (read + write), read kernel over it %.0f GB/s "
               "(medians)\n\n", ceiling_bytes / 1048576.0, copy_gbs, read_gbs);
 
@@ -532,11 +455,7 @@ int main(int argc, char** argv) {
   }
 
   // --- JSON --------------------------------------------------------------------
-  FILE* f = std::fopen(json_path, "w");
-  if (!f) {
-    std::fprintf(stderr, "cannot write %s\n", json_path);
-    return 2;
-  }
+  FILE* f = harness::OpenJson(json_path);
   std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"cuda_runtime\": %d, \"driver\": %d,\n",
                prop.name, prop.multiProcessorCount, runtime, driver);
   std::fprintf(f, "  \"heads\": %lld, \"dim\": %lld, \"iters\": %d,\n", (long long)kHeads, (long long)kDim, iters);

@@ -23,8 +23,7 @@
 // the auto plan's threshold (kAutoSplitBelowStreams in ffi/resolve_cuda.h).
 //
 // Build (repository root):
-//   mkdir -p build
-//   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi benchmarks/resolve_bench.cu ffi/resolve_kernels.cu -o build/resolve_bench
+//   make -C ffi/bench resolve
 // Run (about 1-2 minutes on an H200; prints Markdown, writes JSON):
 //   mkdir -p results && build/resolve_bench results/resolve_bench.json
 //   build/resolve_bench results/quick.json --quick     # a handful of configurations
@@ -32,10 +31,10 @@
 // no-IO call and skips the link ceilings and the auto-threshold sweep):
 //   build/resolve_bench results/no_io.json --no-io --hot-slots 2048,4096,8192 \
 //       --streams 1,8,64,256 --miss 0,0.13 --record-bytes 1152
-// A/B of the resolve block size: add -DHISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS=0
-// to both nvcc inputs for 1024-thread blocks everywhere (the default uses
-// 512-thread blocks when streams > SMs and B <= 4096; the header line says
-// which).
+// A/B of the resolve block size: build with
+//   make -C ffi/bench resolve -B EXTRA=-DHISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS=0
+// for 1024-thread blocks everywhere (the default uses 512-thread blocks when
+// streams > SMs and B <= 4096; the header line says which).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,9 +52,11 @@
 
 #include "resolve.h"
 #include "resolve_cuda.h"
-#include "tests/cuda_ok.h"
+#include "tests/harness.h"
 
 namespace {
+
+using harness::Spin;
 
 using hisparse::ResolveBuffers;
 using hisparse::ResolveDims;
@@ -74,15 +75,6 @@ double Median(std::vector<double> v) {
 
 // ---------------------------------------------------------------------------
 // Kernels of the benchmark itself.
-
-// Holds the GPU busy for `ns` nanoseconds so the host can queue the timed work behind it.
-__global__ void Spin(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
 
 bool g_host_bound = false;  // --host-bound: no spin before timed calls
 
@@ -461,12 +453,9 @@ int main(int argc, char** argv) {
     }
   }
   const auto wall_start = std::chrono::steady_clock::now();
-  int device = 0, runtime = 0, driver = 0;
-  CUDA_OK(cudaGetDevice(&device));
-  cudaDeviceProp prop;
-  CUDA_OK(cudaGetDeviceProperties(&prop, device));
-  CUDA_OK(cudaRuntimeGetVersion(&runtime));
-  CUDA_OK(cudaDriverGetVersion(&driver));
+  const harness::DeviceInfo info = harness::QueryDevice();
+  const cudaDeviceProp& prop = info.prop;
+  const int runtime = info.runtime, driver = info.driver;
   std::printf("# RESOLVE benchmark\n\ndevice: %s (sm_%d%d, %d SMs), CUDA runtime %d, driver %d; "
               "k = %lld, R = %lld records per stream, %d reps (median)\n\n",
               prop.name, prop.major, prop.minor, prop.multiProcessorCount, runtime, driver,
@@ -620,11 +609,7 @@ int main(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   std::printf("\nwall time %.1f s\n", wall_s);
 
-  FILE* f = std::fopen(json_path, "w");
-  if (f == nullptr) {
-    std::fprintf(stderr, "cannot write %s\n", json_path);
-    return 2;
-  }
+  FILE* f = harness::OpenJson(json_path);
   std::fprintf(f,
                "{\n  \"device\": \"%s\", \"sm_count\": %d, \"cuda_runtime\": %d, \"cuda_driver\": %d,\n"
                "  \"top_k\": %lld, \"pool_records\": %lld, \"reps\": %d, \"wall_s\": %.1f,\n"

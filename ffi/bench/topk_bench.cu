@@ -18,8 +18,7 @@
 // after 10 warm-up calls give min / median / max.
 //
 // Build (repository root):
-//   mkdir -p build
-//   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I ffi benchmarks/topk_bench.cu ffi/topk_kernels.cu -o build/topk_bench
+//   make -C ffi/bench topk
 // Run (well under a minute on an H200; prints a table, writes JSON):
 //   build/topk_bench results/topk_bench.json
 //   build/topk_bench results/topk_quick.json --quick      # R = 131072, rows 2 and 80 only
@@ -39,7 +38,7 @@
 
 #include "topk.h"
 #include "topk_cuda.h"
-#include "tests/cuda_ok.h"
+#include "tests/harness.h"
 
 namespace {
 
@@ -49,15 +48,6 @@ constexpr int kWarmup = 10;
 constexpr int64_t kTargetRecords = 131072;
 constexpr double kTargetUsPerRowAt80 = 3.0;
 constexpr double kTargetUsAt2 = 20.0;
-
-// Holds the GPU busy for `ns` nanoseconds so the host can queue the timed work behind it.
-__global__ void Spin(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
 
 __device__ uint64_t SplitMix(uint64_t z) {
   z = (z + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
@@ -129,27 +119,10 @@ Result Time(const Config& c, int reps, float* scores, int32_t* sealed, int32_t* 
   CUDA_OK(cudaMemcpyAsync(sealed, full.data(), c.rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   const hisparse::TopkBuffers io{scores, sealed, selected};
-  std::vector<cudaEvent_t> start(reps), stop(reps);
-  for (int i = 0; i < reps; ++i) {
-    CUDA_OK(cudaEventCreate(&start[i]));
-    CUDA_OK(cudaEventCreate(&stop[i]));
-  }
-  for (int i = 0; i < kWarmup; ++i) CUDA_OK(hisparse::LaunchTopk(dims, io, workspace, stream, options));
-  for (int i = 0; i < reps; ++i) {
-    Spin<<<1, 1, 0, stream>>>(50000);
-    CUDA_OK(cudaEventRecord(start[i], stream));
-    CUDA_OK(hisparse::LaunchTopk(dims, io, workspace, stream, options));
-    CUDA_OK(cudaEventRecord(stop[i], stream));
-  }
-  CUDA_OK(cudaStreamSynchronize(stream));
-  std::vector<double> us(reps);
-  for (int i = 0; i < reps; ++i) {
-    float ms = 0;
-    CUDA_OK(cudaEventElapsedTime(&ms, start[i], stop[i]));
-    us[i] = 1000.0 * ms;
-    CUDA_OK(cudaEventDestroy(start[i]));
-    CUDA_OK(cudaEventDestroy(stop[i]));
-  }
+  const std::vector<double> us =
+      harness::EventTimes(stream, reps, kWarmup, /*spin_first_ns=*/0, /*spin_each_ns=*/50000, [&](int) {
+        CUDA_OK(hisparse::LaunchTopk(dims, io, workspace, stream, options));
+      });
   // A plain sanity check of the last call: ids ascending in [0, R), no padding (rows are full).
   std::vector<int32_t> ids(c.rows * kTopK);
   CUDA_OK(cudaMemcpy(ids.data(), selected, ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
@@ -293,11 +266,7 @@ int main(int argc, char** argv) {
     std::printf("  2 rows: %.2f us in all (median), target <= %.1f: %s\n", at2->us_median,
                 kTargetUsAt2, at2->us_median <= kTargetUsAt2 ? "met" : "MISSED");
 
-  FILE* f = std::fopen(json_path, "w");
-  if (f == nullptr) {
-    std::fprintf(stderr, "cannot write %s\n", json_path);
-    return 2;
-  }
+  FILE* f = harness::OpenJson(json_path);
   std::fprintf(f,
                "{\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"cuda_runtime\": %d,\n  \"driver\": %d,\n"
                "  \"top_k\": %lld,\n  \"reps\": %d,\n  \"forced_kernel\": \"%s\",\n  \"forced_cluster\": %d,\n"

@@ -1,0 +1,246 @@
+// What the standalone CUDA programs share: the checkers (ffi/tests) and the
+// kernel benchmarks (ffi/bench). Each program is one translation unit that
+// includes this once. Harness code only: the FFI handlers return their errors
+// to XLA instead of exiting.
+//
+//   CUDA_OK(expr)       stop with the failing call, its place and CUDA's message (exit 2)
+//   Stats, Summarize    min / median / max of timed samples, in microseconds
+//   EventTimes          microseconds of each launch between two events, after warm-ups
+//   TimeLaunches        EventTimes queued behind one 20 ms Spin, summarized
+//   QueryDevice         the device, its properties and the CUDA versions
+//   OpenJson            a benchmark's JSON output (exit 2 when it cannot be written)
+//   Spin                hold the GPU so the host can queue timed work behind it
+//   Mix, Uniform        splitmix64 and a value in [-1, 1) from an index and a seed (random fills)
+//   ReadAll, HbmCeilings  the HBM ceilings: a device-to-device memcpy and a read kernel
+//   CheckOptions        the checkers' flags (--quick --quiet --seed N --only SUBSTRING)
+//   Rng, Uniform, Unit  the checkers' seeded host random numbers
+//   Format              printf into a std::string (failure messages)
+//   GuardsHold          whether the guard bytes around a checked device buffer are intact
+#ifndef HISPARSE_FFI_TESTS_HARNESS_H_
+#define HISPARSE_FFI_TESTS_HARNESS_H_
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#define CUDA_OK(expr)                                                                  \
+  do {                                                                                 \
+    const cudaError_t err_ = (expr);                                                   \
+    if (err_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,               \
+                   cudaGetErrorString(err_));                                          \
+      std::exit(2);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+namespace harness {
+
+struct Stats {
+  double min_us = 0, median_us = 0, max_us = 0;
+};
+
+inline Stats Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  Stats s;
+  s.min_us = v.front();
+  s.max_us = v.back();
+  s.median_us = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return s;
+}
+
+// Holds the GPU busy for `ns` nanoseconds so the host can queue the timed work behind it.
+__global__ void Spin(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+__host__ __device__ inline uint64_t Mix(uint64_t z) {  // splitmix64
+  z = (z + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// A value in [-1, 1) from an index and a seed.
+__host__ __device__ inline float Uniform(uint64_t i, uint64_t seed) {
+  return static_cast<float>(static_cast<int64_t>(Mix(i ^ (seed << 40)) >> 40) - (1ll << 23)) * 0x1p-23f;
+}
+
+// The read ceiling: every 16 bytes loaded once, folded so nothing is dead code.
+__global__ void ReadAll(const uint4* __restrict__ p, int64_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // practically never; keeps the loads
+}
+
+// Microseconds of launch(i) for i < reps, each between two events, after
+// `warmup` untimed calls. The timed calls queue behind a Spin of `spin_first_ns`
+// (the host queues everything while the GPU waits) and, with spin_each_ns > 0,
+// each behind a Spin of its own, so the GPU time is measured and not the host's
+// launch latency.
+template <typename Fn>
+std::vector<double> EventTimes(cudaStream_t stream, int reps, int warmup, uint64_t spin_first_ns,
+                               uint64_t spin_each_ns, Fn&& launch) {
+  std::vector<cudaEvent_t> start(reps), stop(reps);
+  for (int i = 0; i < reps; ++i) {
+    CUDA_OK(cudaEventCreate(&start[i]));
+    CUDA_OK(cudaEventCreate(&stop[i]));
+  }
+  for (int i = 0; i < warmup; ++i) launch(i);
+  if (spin_first_ns > 0) Spin<<<1, 1, 0, stream>>>(spin_first_ns);
+  for (int i = 0; i < reps; ++i) {
+    if (spin_each_ns > 0) Spin<<<1, 1, 0, stream>>>(spin_each_ns);
+    CUDA_OK(cudaEventRecord(start[i], stream));
+    launch(i);
+    CUDA_OK(cudaEventRecord(stop[i], stream));
+  }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<double> us(reps);
+  for (int i = 0; i < reps; ++i) {
+    float ms = 0;
+    CUDA_OK(cudaEventElapsedTime(&ms, start[i], stop[i]));
+    us[i] = 1000.0 * ms;
+    CUDA_OK(cudaEventDestroy(start[i]));
+    CUDA_OK(cudaEventDestroy(stop[i]));
+  }
+  return us;
+}
+
+// Times `launch(i)` for i < iters: 3 untimed calls first, then every timed
+// call queued behind one 20 ms Spin.
+template <typename Fn>
+Stats TimeLaunches(cudaStream_t stream, int iters, Fn&& launch) {
+  return Summarize(EventTimes(stream, iters, /*warmup=*/3, /*spin_first_ns=*/20'000'000,
+                              /*spin_each_ns=*/0, launch));
+}
+
+struct DeviceInfo {
+  int device = 0, runtime = 0, driver = 0;
+  cudaDeviceProp prop;
+};
+
+inline DeviceInfo QueryDevice() {
+  DeviceInfo d;
+  CUDA_OK(cudaGetDevice(&d.device));
+  CUDA_OK(cudaGetDeviceProperties(&d.prop, d.device));
+  CUDA_OK(cudaRuntimeGetVersion(&d.runtime));
+  CUDA_OK(cudaDriverGetVersion(&d.driver));
+  return d;
+}
+
+// Opens a benchmark's JSON output for writing; exits 2 when it cannot.
+inline FILE* OpenJson(const char* path) {
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path);
+    std::exit(2);
+  }
+  return f;
+}
+
+// GB/s of the HBM ceilings over `bytes` of device memory at src (filled by the
+// caller): a memcpy to dst (read + write, so twice the bytes) and ReadAll over
+// src; medians of 20 timed calls each.
+struct HbmCeilings {
+  double copy_gbs = 0, read_gbs = 0;
+};
+
+inline HbmCeilings MeasureHbmCeilings(cudaStream_t stream, const uint8_t* src, uint8_t* dst,
+                                      int64_t bytes, int sms) {
+  uint32_t* sink = nullptr;
+  CUDA_OK(cudaMalloc(&sink, 4));
+  const Stats copy = TimeLaunches(stream, 20, [&](int) {
+    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  const Stats read = TimeLaunches(stream, 20, [&](int) {
+    ReadAll<<<8 * sms, 512, 0, stream>>>(reinterpret_cast<const uint4*>(src), bytes / 16, sink);
+    CUDA_OK(cudaGetLastError());
+  });
+  CUDA_OK(cudaFree(sink));
+  return {2.0 * bytes / (copy.median_us * 1e3), bytes / (read.median_us * 1e3)};
+}
+
+// The checkers' command line: --quick (fewer cases), --quiet (failures only),
+// --seed N, --only SUBSTRING (cases whose name holds it). Anything else prints
+// the usage line and exits 2.
+struct CheckOptions {
+  bool quick = false, verbose = true;
+  uint64_t seed = 0;
+  std::string only;
+};
+
+inline CheckOptions ParseCheckOptions(int argc, char** argv, uint64_t default_seed) {
+  CheckOptions o;
+  o.seed = default_seed;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      o.quick = true;
+    } else if (arg == "--quiet") {
+      o.verbose = false;
+    } else if (arg == "--seed" && i + 1 < argc) {
+      o.seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (arg == "--only" && i + 1 < argc) {
+      o.only = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--quiet] [--seed N] [--only SUBSTRING]\n", argv[0]);
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+using Rng = std::mt19937_64;
+
+inline int64_t Uniform(Rng& rng, int64_t lo, int64_t hi) {  // [lo, hi]
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+inline double Unit(Rng& rng) { return std::uniform_real_distribution<double>(0.0, 1.0)(rng); }
+
+inline std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline std::string Format(const char* fmt, ...) {
+  char buffer[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buffer, sizeof(buffer), fmt, args);
+  va_end(args);
+  return buffer;
+}
+
+// Whether head_bytes of device memory at head and tail_bytes at tail all still
+// hold `guard` (the guard areas a checker puts around a kernel's output).
+inline bool GuardsHold(const uint8_t* head, size_t head_bytes, const uint8_t* tail, size_t tail_bytes,
+                       uint8_t guard) {
+  std::vector<uint8_t> h(head_bytes), t(tail_bytes);
+  if (head_bytes) CUDA_OK(cudaMemcpy(h.data(), head, head_bytes, cudaMemcpyDeviceToHost));
+  if (tail_bytes) CUDA_OK(cudaMemcpy(t.data(), tail, tail_bytes, cudaMemcpyDeviceToHost));
+  return std::all_of(h.begin(), h.end(), [&](uint8_t b) { return b == guard; }) &&
+         std::all_of(t.begin(), t.end(), [&](uint8_t b) { return b == guard; });
+}
+
+// The device line a checker starts with.
+inline void PrintCheckDevice(const CheckOptions& o) {
+  int device = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, device));
+  std::printf("device %d: %s (sm_%d%d, %d SMs); seed %llu%s\n", device, prop.name, prop.major,
+              prop.minor, prop.multiProcessorCount, (unsigned long long)o.seed, o.quick ? "; quick" : "");
+}
+
+}  // namespace harness
+
+#endif  // HISPARSE_FFI_TESTS_HARNESS_H_

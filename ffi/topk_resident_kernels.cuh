@@ -1,0 +1,668 @@
+// TOP-K's resident kernel: a cluster holds its row's scores in shared memory
+// for every radix level. Included by topk_kernels.cu after topk_device.cuh.
+#ifndef HISPARSE_FFI_TOPK_RESIDENT_KERNELS_CUH_
+#define HISPARSE_FFI_TOPK_RESIDENT_KERNELS_CUH_
+
+namespace hisparse {
+namespace {
+
+// ===========================================================================
+// The resident kernel (the plan is in the comment at the top of this file).
+
+constexpr int kResidentWarps = kTopkResidentThreads / kWarp;
+static_assert(kResidentWarps == kWarp, "a warp reads every warp's count in one load");
+static_assert(kTopkResidentMaxCluster <= kWarp && kResidentWarps % kTopkResidentMaxCluster == 0,
+              "a warp reads every block's counts in one load; warps split evenly over the blocks");
+constexpr int kResidentBinsPerThread = kTopkBins / kTopkResidentThreads;
+static_assert(kResidentBinsPerThread == 2, "a thread reads its 2 bins of a histogram as one uint2");
+// Ids a warp visits per step: 4 consecutive ids per lane, one 16-byte load.
+constexpr int kStepIds = 4 * kWarp;
+static_assert(kTopkResidentMaxSlice % kStepIds == 0 && kTopkResidentCandidates % kStepIds == 0,
+              "a step never reads past the slice or the candidate list");
+// The top-digit bucket of an unsealed id's key: TopkDigit(kTopkUnsealedKey, 0).
+constexpr int kUnsealedBin = static_cast<int>(kTopkUnsealedKey >> 21);
+// Top-digit boundaries whose counts are taken exactly: e + 1, e, e - 1, e - 2
+// around the sample's estimate e of T's bucket, then the estimate of the
+// kSafetyFactor x k-th key's bucket (at most e - 3): a bracket of the bucket
+// that holds few ids even where the sample misjudges e.
+constexpr int kBoundaries = 5;
+constexpr int kNearBoundaries = 4;
+constexpr int64_t kSafetyFactor = 4;
+// Candidate keys of a whole row one block holds after the exchange.
+constexpr int kMergedCapacity = 8192;
+static_assert(kMergedCapacity >= kTopkBins, "the merged list's space also holds a share of a histogram");
+// Dynamic shared memory, at fixed offsets (one block per SM): histograms of
+// digits 0 (over a bracket of buckets), 1 and 2 (the sample's goes in the
+// third first), the slice's score bits, the candidates' keys and positions,
+// and the merged candidate keys of the row (or, in rows that do not
+// exchange candidates, this block's share of a merged histogram).
+constexpr int64_t kResidentSharedBytes =
+    sizeof(uint32_t) * (3 * kTopkBins + kTopkResidentMaxSlice + 2 * int64_t{kTopkResidentCandidates} +
+                        kMergedCapacity);
+static_assert(kResidentSharedBytes + 4096 <= 227 * 1024, "fits the opt-in shared memory of sm_90");
+
+struct ResidentArgs {
+  const float* scores;    // [S, R]
+  const int32_t* sealed;  // [S]
+  int32_t* selected;      // [S, k]
+  int32_t records;        // R <= kTopkMaxRecords
+  int32_t top_k;          // k, 1 <= k <= R
+  int32_t slice;          // ids per block: a multiple of kStepIds, <= kTopkResidentMaxSlice
+  int32_t capacity;       // candidates a block may gather: a multiple of 4, <= kTopkResidentCandidates
+  bool vec4;              // every row of scores starts 16-byte aligned (16-byte copies)
+};
+
+// What a block's threads share. Peers read `counts`, `share_total`, `totals`.
+struct ResidentShared {
+  unsigned long long scan[kResidentWarps];            // warp sums of a block scan
+  unsigned long long warp_out[kResidentWarps];        // per warp: ids above T (high), equal (low)
+  uint32_t warp_counts[kResidentWarps][kBoundaries];  // per warp: ids at or above each boundary
+  uint32_t counts[kBoundaries];                       // their sums over the block
+  uint32_t share_total[kTopkDigits];                  // per digit: this block's share of the merged histogram
+  unsigned long long totals;                          // ids above T (high), equal (low), no exchange
+  int32_t estimate[2];  // top-digit buckets where the sample's estimate reaches k, kSafetyFactor x k
+  // The decision after the counts' exchange, the same in every block of the row.
+  int32_t range_lo, range_hi;  // the bracket of T's top-digit bucket: [range_lo, range_hi)
+  uint32_t above;              // ids with top digit >= range_hi
+  int32_t gather;              // boundary at range_lo (candidates: top digit >= range_lo), -1: none
+  bool exchange;               // every block's candidates fit and are merged in every block
+  uint32_t merged_size;
+  uint32_t rank_count[kTopkResidentMaxCluster];   // candidates of each block
+  uint32_t rank_offset[kTopkResidentMaxCluster];  // their place in the merged list
+  // Results of a choice, broadcast to the block.
+  uint32_t share, share_above;  // the block whose share of bins holds the key, ids above that share
+  uint32_t bin, bin_above;      // the bin holding the key, ids in the bins above it
+  unsigned long long before;    // ids above T (high), equal (low) in lower-ranked blocks
+};
+
+// Starts copying 16 (4) bytes of global memory into shared memory.
+__device__ __forceinline__ void CopyToShared16(uint32_t* dst, const float* src) {
+  __pipeline_memcpy_async(dst, src, 16);
+}
+__device__ __forceinline__ void CopyToShared4(uint32_t* dst, const float* src) {
+  __pipeline_memcpy_async(dst, src, 4);
+}
+// Waits for this thread's copies; a block barrier then shows every thread's.
+__device__ __forceinline__ void CopiesWait() {
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+}
+
+template <typename T>
+__device__ __forceinline__ T WarpSum(T v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// Exclusive prefix sum of v over the lanes, and the warp's total.
+__device__ __forceinline__ uint32_t WarpExclusiveSum(uint32_t v, int lane, uint32_t* total) {
+  uint32_t inclusive = v;
+#pragma unroll
+  for (int offset = 1; offset < kWarp; offset <<= 1) {
+    const uint32_t x = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += x;
+  }
+  *total = __shfl_sync(kFullMask, inclusive, kWarp - 1);
+  return inclusive - v;
+}
+
+// Exclusive prefix sum of v over the block's threads in thread order, and the
+// block's total. Block-collective (two barriers; `scratch` is free again on
+// return).
+__device__ __forceinline__ unsigned long long ResidentBlockSum(unsigned long long v,
+                                                               unsigned long long* scratch,
+                                                               unsigned long long* total, int warp,
+                                                               int lane) {
+  unsigned long long inclusive = v;
+#pragma unroll
+  for (int offset = 1; offset < kWarp; offset <<= 1) {
+    const unsigned long long x = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += x;
+  }
+  if (lane == kWarp - 1) scratch[warp] = inclusive;
+  __syncthreads();
+  // Lane w holds warp w's sum; scan those across the lanes.
+  const unsigned long long warp_sum = scratch[lane];
+  unsigned long long warps_inclusive = warp_sum;
+#pragma unroll
+  for (int offset = 1; offset < kWarp; offset <<= 1) {
+    const unsigned long long x = __shfl_up_sync(kFullMask, warps_inclusive, offset);
+    if (lane >= offset) warps_inclusive += x;
+  }
+  const unsigned long long warps_before = __shfl_sync(kFullMask, warps_inclusive - warp_sum, warp);
+  *total = __shfl_sync(kFullMask, warps_inclusive, kWarp - 1);
+  __syncthreads();
+  return warps_before + inclusive - v;
+}
+
+// The ids a pass visits, in ascending id order: the slice's sealed ids (keys
+// made from the score bits) or the candidates.
+struct Source {
+  const uint32_t* bits;      // [slice] score bits, when !candidates
+  const uint32_t* cand_key;  // [kTopkResidentCandidates] keys, when candidates
+  const uint32_t* cand_pos;  // [kTopkResidentCandidates] positions in the slice (id - first id)
+  int size;                  // entries
+  bool candidates;
+};
+
+// A lane's 4 consecutive entries of a step.
+struct Entries {
+  uint32_t key[4];
+  int pos[4];      // position in the slice
+  unsigned valid;  // bit j: entry j exists
+};
+
+// Visits the entries [0, src.size): warp w owns the w-th of 32 contiguous
+// ranges of whole steps (so a warp's entries follow those of lower warps)
+// and visits them step by step, lane l holding entries base + 4l .. + 3.
+// visit(entries) is called by whole warps; every pass over the same source
+// gives a warp the same range.
+template <typename Visit>
+__device__ __forceinline__ void ForEachStep(const Source& src, int warp, int lane, Visit&& visit) {
+  const int per_warp = (src.size + kResidentWarps * kStepIds - 1) / (kResidentWarps * kStepIds) * kStepIds;
+  const int begin = min(warp * per_warp, src.size);
+  const int end = min(begin + per_warp, src.size);
+  for (int base = begin; base < end; base += kStepIds) {
+    const int first = base + 4 * lane;
+    Entries e;
+    if (src.candidates) {
+      const uint4 keys = *reinterpret_cast<const uint4*>(src.cand_key + first);
+      const uint4 pos = *reinterpret_cast<const uint4*>(src.cand_pos + first);
+      e.key[0] = keys.x;
+      e.key[1] = keys.y;
+      e.key[2] = keys.z;
+      e.key[3] = keys.w;
+      e.pos[0] = static_cast<int>(pos.x);
+      e.pos[1] = static_cast<int>(pos.y);
+      e.pos[2] = static_cast<int>(pos.z);
+      e.pos[3] = static_cast<int>(pos.w);
+    } else {
+      const uint4 bits = *reinterpret_cast<const uint4*>(src.bits + first);
+      e.key[0] = TopkOrderedKey(bits.x);
+      e.key[1] = TopkOrderedKey(bits.y);
+      e.key[2] = TopkOrderedKey(bits.z);
+      e.key[3] = TopkOrderedKey(bits.w);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) e.pos[j] = first + j;
+    }
+    e.valid = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) e.valid |= first + j < end ? 1u << j : 0u;
+    visit(e);
+  }
+}
+
+__device__ __forceinline__ bool Valid(const Entries& e, int j) { return (e.valid >> j) & 1u; }
+__device__ __forceinline__ int TopBin(uint32_t key) { return static_cast<int>(TopkDigit(key, 0)); }
+
+// Adds every source entry that `match`es to hist[TopkDigit(key, level)].
+// Block-collective (no barrier).
+template <typename Match>
+__device__ __forceinline__ void HistogramPass(const Source& src, uint32_t* hist, int level, int warp,
+                                              int lane, Match&& match) {
+  ForEachStep(src, warp, lane, [&](const Entries& e) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      HistogramAdd(hist, TopkDigit(e.key[j], level), Valid(e, j) && match(e.key[j]), lane);
+  });
+}
+
+// From the sample's top-digit histogram: sh.estimate[t] = the highest bucket
+// b where the estimate of the ids at or above b, sampled x n / samples plus
+// the unsealed ids when b <= kUnsealedBin, reaches k (t = 0) and
+// min(kSafetyFactor x k, R) (t = 1). Left alone when nothing was sampled.
+// Block-collective; every block of a row computes the same buckets.
+__device__ void EstimateBuckets(const uint32_t* hist, int n, uint32_t unsealed, int k,
+                                ResidentShared& sh, int tid, int warp, int lane) {
+  const int high = kTopkBins - 1 - kResidentBinsPerThread * tid;  // bins high, high - 1
+  const uint2 c = *reinterpret_cast<const uint2*>(hist + high - 1);  // x: high - 1, y: high
+  unsigned long long total;
+  const uint32_t before = static_cast<uint32_t>(ResidentBlockSum(c.x + c.y, sh.scan, &total, warp, lane));
+  const int64_t samples = static_cast<int64_t>(total);
+  if (samples == 0) return;
+  auto reaches = [&](int bin, uint32_t sampled, int64_t target) {
+    const int64_t need = target - (bin <= kUnsealedBin ? int64_t{unsealed} : 0);
+    return need <= 0 || int64_t{sampled} * n >= need * samples;
+  };
+  const int64_t R = int64_t{n} + unsealed;
+  const int64_t targets[2] = {k, min(kSafetyFactor * k, R)};
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    // reaches() holds at bin 0 (target <= R), fails above bin 2047, and
+    // holds from one bin down: exactly one thread sees the step.
+    const bool at_high = reaches(high, before + c.y, targets[t]);
+    if (at_high && !reaches(high + 1, before, targets[t])) sh.estimate[t] = high;
+    if (!at_high && reaches(high - 1, before + c.y + c.x, targets[t])) sh.estimate[t] = high - 1;
+  }
+}
+
+// After the barrier that completed every block's counts: warp 0 sums them
+// (lane r reads block r's) into the bracket of T's bucket and the
+// candidates' places, the same in every block. Warp-collective (warp 0).
+template <int kCluster>
+__device__ void DecideBracket(ResidentShared& sh, const int (&bound)[kBoundaries], uint32_t unsealed,
+                              int k, int capacity, int lane) {
+  uint32_t mine[kBoundaries];
+#pragma unroll
+  for (int b = 0; b < kBoundaries; ++b)
+    mine[b] = lane < kCluster ? *Cluster<kCluster>::Map(&sh.counts[b], static_cast<unsigned>(lane)) : 0u;
+  int range_lo = 0, range_hi = kTopkBins, gather = -1;
+  uint32_t above = 0, count = 0;
+#pragma unroll
+  for (int b = 0; b < kBoundaries; ++b) {
+    const uint32_t at_or_above = WarpSum(mine[b]) + (kUnsealedBin >= bound[b] ? unsealed : 0u);
+    if (gather < 0) {
+      if (at_or_above >= static_cast<uint32_t>(k)) {
+        gather = b;
+        range_lo = max(bound[b], 0);
+        count = mine[b];
+      } else {
+        range_hi = bound[b];
+        above = at_or_above;
+      }
+    }
+  }
+  uint32_t total;
+  const uint32_t offset = WarpExclusiveSum(count, lane, &total);
+  const bool fits = __all_sync(kFullMask, count <= static_cast<uint32_t>(capacity));
+  if (lane < kCluster) {
+    sh.rank_count[lane] = count;
+    sh.rank_offset[lane] = offset;
+  }
+  if (lane == 0) {
+    sh.range_lo = range_lo;
+    sh.range_hi = range_hi;
+    sh.above = above;
+    sh.gather = gather;
+    sh.merged_size = total;
+    sh.exchange = gather >= 0 && fits && total <= kMergedCapacity;
+  }
+}
+
+// Copies every block's candidate keys into `merged`, block after block.
+// Block-collective (no barrier); reads the peers' shared memory.
+template <int kCluster>
+__device__ void MergeCandidates(uint32_t* merged, uint32_t* cand_key, const ResidentShared& sh, int warp,
+                                int lane) {
+  constexpr int kWarpsPerRank = kResidentWarps / kCluster;
+  constexpr int kStride = kWarpsPerRank * kWarp;
+  const unsigned r = static_cast<unsigned>(warp / kWarpsPerRank);
+  const int count = static_cast<int>(sh.rank_count[r]);
+  uint32_t* const to = merged + sh.rank_offset[r];
+  const uint32_t* const from = Cluster<kCluster>::Map(cand_key, r);
+  for (int j0 = (warp % kWarpsPerRank) * kWarp + lane; j0 < count; j0 += 4 * kStride) {
+    uint32_t v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = j0 + u * kStride < count ? from[j0 + u * kStride] : 0u;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (j0 + u * kStride < count) to[j0 + u * kStride] = v[u];
+  }
+}
+
+// The bin of a complete local histogram (plus `extra` ids in `extra_bin`)
+// holding the remaining-th largest key, and the ids in the bins above it.
+// Block-collective; call after a block barrier.
+__device__ uint2 LocalChooseBucket(const uint32_t* hist, int extra_bin, uint32_t extra, uint32_t remaining,
+                                   ResidentShared& sh, int tid, int warp, int lane) {
+  const int high = kTopkBins - 1 - kResidentBinsPerThread * tid;  // bins high, high - 1
+  const uint2 v = *reinterpret_cast<const uint2*>(hist + high - 1);
+  const uint32_t count_high = v.y + (extra_bin == high ? extra : 0u);
+  const uint32_t count_low = v.x + (extra_bin == high - 1 ? extra : 0u);
+  unsigned long long total;
+  const uint32_t before =
+      static_cast<uint32_t>(ResidentBlockSum(count_high + count_low, sh.scan, &total, warp, lane));
+  // Exactly one bin holds the remaining-th largest key: the level's ids
+  // number >= remaining >= 1.
+  if (before < remaining && before + count_high >= remaining) {
+    sh.bin = static_cast<uint32_t>(high);
+    sh.bin_above = before;
+  } else if (before + count_high < remaining && before + count_high + count_low >= remaining) {
+    sh.bin = static_cast<uint32_t>(high - 1);
+    sh.bin_above = before + count_high;
+  }
+  __syncthreads();
+  return make_uint2(sh.bin, sh.bin_above);  // written again only after a later barrier
+}
+
+// The same over the cluster's histograms (hist, complete in every block: call
+// after the cluster barrier that ends their passes), by reduce-scatter: block
+// r sums bins [r x share, (r + 1) x share) over the cluster into `share_bins`
+// (and `extra` into extra_bin), one more cluster barrier publishes the share
+// totals, and every block reads the bins of the one share that holds the key.
+// Each block moves about 8 KB across the cluster instead of the C x 8 KB of
+// every peer's whole histogram. Cluster-collective. `share_bins` and
+// sh.share_total[level] are read by peers until their next cluster barrier.
+template <int kCluster>
+__device__ uint2 ClusterChooseBucket(const uint32_t* hist, int level, int extra_bin, uint32_t extra,
+                                     uint32_t remaining, uint32_t* share_bins, ResidentShared& sh,
+                                     unsigned rank, int tid, int warp, int lane) {
+  constexpr int kShare = kTopkBins / kCluster;
+  constexpr int kPerThread = kShare > kTopkResidentThreads ? kShare / kTopkResidentThreads : 1;
+  const int first = static_cast<int>(rank) * kShare;
+  uint32_t local = 0;
+  for (int i = tid; i < kShare; i += kTopkResidentThreads) {
+    uint32_t sum = first + i == extra_bin ? extra : 0u;
+#pragma unroll 4
+    for (int r = 0; r < kCluster; ++r)
+      sum += Cluster<kCluster>::Map(hist, static_cast<unsigned>(r))[first + i];
+    share_bins[i] = sum;
+    local += sum;
+  }
+  local = WarpSum(local);
+  if (lane == 0 && local > 0) atomicAdd(&sh.share_total[level], local);
+  Cluster<kCluster>::Sync();
+  if (warp == 0) {
+    // Lane r: block r's share; shares ascend with r, so the ids above share
+    // r are those of shares r + 1 ...
+    const uint32_t total =
+        lane < kCluster ? *Cluster<kCluster>::Map(&sh.share_total[level], static_cast<unsigned>(lane)) : 0u;
+    uint32_t at_or_above = total;
+#pragma unroll
+    for (int offset = 1; offset < kWarp; offset <<= 1) {
+      const uint32_t x = __shfl_down_sync(kFullMask, at_or_above, offset);
+      if (lane + offset < kWarp) at_or_above += x;
+    }
+    const uint32_t above = at_or_above - total;
+    if (lane < kCluster && above < remaining && at_or_above >= remaining) {
+      sh.share = static_cast<uint32_t>(lane);
+      sh.share_above = above;
+    }
+  }
+  __syncthreads();
+  const unsigned share = sh.share;
+  const uint32_t share_above = sh.share_above;
+  const uint32_t* const bins = Cluster<kCluster>::Map(share_bins, share);
+  // Thread t holds the share's bins top - kPerThread t down to top - kPerThread t - kPerThread + 1.
+  const int top = kShare - 1 - kPerThread * tid;
+  uint32_t count[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) count[i] = top - i >= 0 ? bins[top - i] : 0u;
+  uint32_t sum = 0;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) sum += count[i];
+  unsigned long long block_total;
+  uint32_t before =
+      share_above + static_cast<uint32_t>(ResidentBlockSum(sum, sh.scan, &block_total, warp, lane));
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    if (top - i >= 0 && before < remaining && before + count[i] >= remaining) {
+      sh.bin = share * kShare + static_cast<uint32_t>(top - i);
+      sh.bin_above = before;
+    }
+    before += count[i];
+  }
+  __syncthreads();
+  return make_uint2(sh.bin, sh.bin_above);  // written again only after a later barrier
+}
+
+template <int kCluster>
+__global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(const ResidentArgs a) {
+  extern __shared__ __align__(16) uint32_t topk_dynamic_shared[];
+  __shared__ ResidentShared sh;
+  uint32_t* const hist0 = topk_dynamic_shared;                    // [kTopkBins] each
+  uint32_t* const hist1 = hist0 + kTopkBins;
+  uint32_t* const hist2 = hist1 + kTopkBins;
+  uint32_t* const bits = hist2 + kTopkBins;                       // [kTopkResidentMaxSlice]
+  uint32_t* const cand_key = bits + kTopkResidentMaxSlice;        // [kTopkResidentCandidates]
+  uint32_t* const cand_pos = cand_key + kTopkResidentCandidates;  // [kTopkResidentCandidates]
+  uint32_t* const merged = cand_pos + kTopkResidentCandidates;    // [kMergedCapacity]
+
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / kWarp, lane = tid % kWarp;
+  const unsigned rank = Cluster<kCluster>::Rank();
+  const int64_t row = blockIdx.x / kCluster;
+  const int R = a.records, k = a.top_k;
+  // This block's ids [lo, hi); blocks past R (tiny rows) own nothing.
+  const int lo = min(static_cast<int>(rank) * a.slice, R);
+  const int hi = min(lo + a.slice, R);
+  const float* const scores = a.scores + row * R;
+
+  // 1. The slice's scores into shared memory (all of [lo, hi): the copies need
+  // not wait for `sealed`), and the sample: quad q of the row's R / 4 quads
+  // spread evenly over the threads, the same in every block.
+  if (a.vec4) {
+    for (int i = 4 * tid; i < hi - lo; i += 4 * kTopkResidentThreads)
+      CopyToShared16(bits + i, scores + lo + i);
+  } else {
+    for (int i = tid; i < hi - lo; i += kTopkResidentThreads) CopyToShared4(bits + i, scores + lo + i);
+  }
+  const int quads = (R + 3) / 4;
+  const int sample_first =
+      4 * (quads <= kTopkResidentThreads ? tid
+                                         : static_cast<int>(int64_t{tid} * quads / kTopkResidentThreads));
+  const Quad sample = LoadQuad(scores, sample_first, R, a.vec4);
+  const int n = min(max(a.sealed[row], 0), R);
+  const uint32_t unsealed = static_cast<uint32_t>(R - n);
+  const int sealed_in_slice = max(0, min(hi, n) - lo);  // bits[0, sealed_in_slice)
+
+  for (int i = tid; i < 3 * kTopkBins; i += kTopkResidentThreads) hist0[i] = 0;  // hist0, 1, 2
+  if (tid < kBoundaries) sh.counts[tid] = 0;
+  if (tid < kTopkDigits) sh.share_total[tid] = 0;
+  if (tid == 0) {
+    // Without samples (nothing sealed) the unsealed ids' bucket is the guess.
+    sh.estimate[0] = kUnsealedBin;
+    sh.estimate[1] = 0;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    HistogramAdd(hist2, TopkDigit(sample.key[j], 0), sample_first + j < n, lane);
+  __syncthreads();
+  EstimateBuckets(hist2, n, unsealed, k, sh, tid, warp, lane);
+  __syncthreads();
+  const int estimate = sh.estimate[0];
+  int bound[kBoundaries];
+#pragma unroll
+  for (int b = 0; b < kNearBoundaries; ++b) bound[b] = estimate + 1 - b;
+  bound[kBoundaries - 1] = min(estimate - kNearBoundaries + 1, sh.estimate[1]);
+  for (int i = tid; i < kTopkBins; i += kTopkResidentThreads) hist2[i] = 0;  // for digit 2
+  CopiesWait();
+  __syncthreads();
+
+  // 2. Exact counts at the boundaries; the cluster's sums bracket T's bucket.
+  const Source slice{bits, cand_key, cand_pos, sealed_in_slice, false};
+  {
+    uint32_t count[kBoundaries] = {};
+    ForEachStep(slice, warp, lane, [&](const Entries& e) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int bin = TopBin(e.key[j]);
+#pragma unroll
+        for (int b = 0; b < kBoundaries; ++b) count[b] += (Valid(e, j) && bin >= bound[b]) ? 1u : 0u;
+      }
+    });
+#pragma unroll
+    for (int b = 0; b < kBoundaries; ++b) {
+      count[b] = WarpSum(count[b]);
+      if (lane == 0) {
+        sh.warp_counts[warp][b] = count[b];
+        atomicAdd(&sh.counts[b], count[b]);
+      }
+    }
+  }
+  Cluster<kCluster>::Sync();
+  if (warp == 0) DecideBracket<kCluster>(sh, bound, unsealed, k, a.capacity, lane);
+  __syncthreads();
+  const int range_lo = sh.range_lo, range_hi = sh.range_hi, gather = sh.gather;
+  const bool exchange = sh.exchange;
+  uint32_t remaining = static_cast<uint32_t>(k) - sh.above;
+  uint32_t prefix = static_cast<uint32_t>(range_lo) << TopkDigitShift(0);
+
+  // 3. Candidates: the ids with top digit >= range_lo (every id the selection
+  // can take), in id order, when this block's fit.
+  const uint32_t gathered = gather >= 0 ? sh.rank_count[rank] : 0u;
+  const bool use_candidates = gather >= 0 && gathered <= static_cast<uint32_t>(a.capacity);
+  if (use_candidates) {
+    const uint32_t per_warp = sh.warp_counts[lane][gather];  // lane w: warp w's count
+    uint32_t at = WarpSum(lane < warp ? per_warp : 0u);
+    if (__shfl_sync(kFullMask, per_warp, warp) > 0) {
+      ForEachStep(slice, warp, lane, [&](const Entries& e) {
+        unsigned take = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) take |= (Valid(e, j) && TopBin(e.key[j]) >= range_lo) ? 1u << j : 0u;
+        uint32_t step_total;
+        uint32_t slot = at + WarpExclusiveSum(static_cast<uint32_t>(__popc(take)), lane, &step_total);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if ((take >> j) & 1u) {
+            cand_key[slot] = e.key[j];
+            cand_pos[slot] = static_cast<uint32_t>(e.pos[j]);
+            ++slot;
+          }
+        }
+        at += step_total;
+      });
+    }
+  }
+  const Source src = use_candidates ? Source{bits, cand_key, cand_pos, static_cast<int>(gathered), true}
+                                    : slice;
+  if (use_candidates && !exchange) __syncthreads();  // passes read other warps' candidates
+
+  // 4. The digits.
+  uint32_t threshold, ties;
+  unsigned long long before = 0;  // ids above T (high) and equal (low) in lower-ranked blocks
+  if (exchange) {
+    // Typical rows: the row's candidates fit in one block. Every block merges
+    // them and finishes alone.
+    Cluster<kCluster>::Sync();  // every block's candidates are in place
+    MergeCandidates<kCluster>(merged, cand_key, sh, warp, lane);
+    Cluster<kCluster>::Arrive();  // no peer's shared memory is read after this
+    __syncthreads();
+    const int size = static_cast<int>(sh.merged_size);
+    // Digit 0 needs a histogram only when the bracket spans several buckets.
+    for (int level = range_hi - range_lo > 1 ? 0 : 1; level < kTopkDigits; ++level) {
+      uint32_t* const hist = level == 0 ? hist0 : (level == 1 ? hist1 : hist2);
+      auto match = [&](uint32_t key) {
+        return level == 0 ? TopBin(key) >= range_lo && TopBin(key) < range_hi
+                          : TopkPrefixMatches(key, prefix, level);
+      };
+      for (int base = warp * kWarp; base < size; base += kTopkResidentThreads) {
+        const int i = base + lane;
+        const uint32_t key = i < size ? merged[i] : 0u;
+        HistogramAdd(hist, TopkDigit(key, level), i < size && match(key), lane);
+      }
+      __syncthreads();
+      const uint2 chosen = LocalChooseBucket(hist, static_cast<int>(TopkDigit(kTopkUnsealedKey, level)),
+                                             match(kTopkUnsealedKey) ? unsealed : 0u, remaining, sh, tid,
+                                             warp, lane);
+      prefix = (level == 0 ? 0u : prefix) | chosen.x << TopkDigitShift(level);
+      remaining -= chosen.y;
+    }
+    threshold = prefix;
+    ties = remaining;
+    // The lower-ranked blocks' candidates lead the merged list.
+    uint32_t g = 0, e = 0;
+    for (int i = tid; i < static_cast<int>(sh.rank_offset[rank]); i += kTopkResidentThreads) {
+      g += merged[i] > threshold ? 1u : 0u;
+      e += merged[i] == threshold ? 1u : 0u;
+    }
+    ResidentBlockSum((static_cast<unsigned long long>(g) << 32) | e, sh.scan, &before, warp, lane);
+  } else {
+    // Otherwise histograms of the digits, merged by reduce-scatter. Digit 0
+    // needs one only when the bracket spans several buckets.
+    if (range_hi - range_lo > 1) {
+      HistogramPass(src, hist0, 0, warp, lane,
+                    [&](uint32_t key) { return TopBin(key) >= range_lo && TopBin(key) < range_hi; });
+      Cluster<kCluster>::Sync();
+      const bool unsealed_in = kUnsealedBin >= range_lo && kUnsealedBin < range_hi;
+      const uint2 chosen = ClusterChooseBucket<kCluster>(hist0, 0, kUnsealedBin, unsealed_in ? unsealed : 0u,
+                                                         remaining, merged, sh, rank, tid, warp, lane);
+      prefix = chosen.x << TopkDigitShift(0);
+      remaining -= chosen.y;
+    }
+    for (int level = 1; level < kTopkDigits; ++level) {
+      uint32_t* const hist = level == 1 ? hist1 : hist2;
+      HistogramPass(src, hist, level, warp, lane,
+                    [&](uint32_t key) { return TopkPrefixMatches(key, prefix, level); });
+      Cluster<kCluster>::Sync();
+      const bool unsealed_in = TopkPrefixMatches(kTopkUnsealedKey, prefix, level);
+      const uint2 chosen =
+          ClusterChooseBucket<kCluster>(hist, level, static_cast<int>(TopkDigit(kTopkUnsealedKey, level)),
+                                        unsealed_in ? unsealed : 0u, remaining, merged, sh, rank, tid,
+                                        warp, lane);
+      prefix |= chosen.x << TopkDigitShift(level);
+      remaining -= chosen.y;
+    }
+    threshold = prefix;
+    ties = remaining;
+  }
+
+  // 5. Output: every id above T, and the first `ties` equal to T, at its
+  // place in ascending id order.
+  uint32_t g_warp = 0, e_warp = 0;
+  ForEachStep(src, warp, lane, [&](const Entries& e) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      g_warp += (Valid(e, j) && e.key[j] > threshold) ? 1u : 0u;
+      e_warp += (Valid(e, j) && e.key[j] == threshold) ? 1u : 0u;
+    }
+  });
+  g_warp = WarpSum(g_warp);
+  e_warp = WarpSum(e_warp);
+  if (lane == 0) sh.warp_out[warp] = (static_cast<unsigned long long>(g_warp) << 32) | e_warp;
+  __syncthreads();
+  const unsigned long long per_warp = sh.warp_out[lane];  // lane w: warp w's counts
+  const unsigned long long warps_before = WarpSum(lane < warp ? per_warp : 0ull);
+  const unsigned long long block_total = WarpSum(per_warp);
+  if (!exchange) {
+    if (tid == 0) sh.totals = block_total;
+    Cluster<kCluster>::Sync();  // every block's totals are in place
+    if (warp == 0) {
+      const unsigned long long lower =
+          lane < static_cast<int>(rank)
+              ? *Cluster<kCluster>::Map(&sh.totals, static_cast<unsigned>(lane))
+              : 0ull;
+      const unsigned long long sum = WarpSum(lower);
+      if (lane == 0) sh.before = sum;
+    }
+    Cluster<kCluster>::Arrive();  // no peer's shared memory is read after this
+    __syncthreads();
+    before = sh.before;
+  }
+  const uint32_t g_before = static_cast<uint32_t>(before >> 32), e_before = static_cast<uint32_t>(before);
+  int32_t* const out = a.selected + row * k;
+  if (g_warp + e_warp > 0) {
+    // Selected ids before an id: every id above T, the first `ties` equal to T.
+    uint32_t g_seen = g_before + static_cast<uint32_t>(warps_before >> 32);
+    uint32_t e_seen = e_before + static_cast<uint32_t>(warps_before);
+    ForEachStep(src, warp, lane, [&](const Entries& e) {
+      unsigned greater = 0, equal = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        greater |= (Valid(e, j) && e.key[j] > threshold) ? 1u << j : 0u;
+        equal |= (Valid(e, j) && e.key[j] == threshold) ? 1u << j : 0u;
+      }
+      uint32_t step_total;  // ids above T in the high half, equal to T in the low half
+      const uint32_t lane_before = WarpExclusiveSum(
+          (static_cast<uint32_t>(__popc(greater)) << 16) | static_cast<uint32_t>(__popc(equal)), lane,
+          &step_total);
+      uint32_t g_at = g_seen + (lane_before >> 16), e_at = e_seen + (lane_before & 0xffffu);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if ((greater >> j) & 1u) {
+          const uint32_t pos = g_at + min(ties, e_at);
+          if (pos < static_cast<uint32_t>(k)) out[pos] = lo + e.pos[j];
+          ++g_at;
+        } else if ((equal >> j) & 1u) {
+          if (e_at < ties && g_at + e_at < static_cast<uint32_t>(k)) out[g_at + e_at] = lo + e.pos[j];
+          ++e_at;
+        }
+      }
+      g_seen += step_total >> 16;
+      e_seen += step_total & 0xffffu;
+    });
+  }
+  if (rank == kCluster - 1) {
+    const uint32_t g_all = g_before + static_cast<uint32_t>(block_total >> 32);
+    const uint32_t e_all = e_before + static_cast<uint32_t>(block_total);
+    const uint32_t total = g_all + min(ties, e_all);
+    for (uint32_t i = total + tid; i < static_cast<uint32_t>(k); i += kTopkResidentThreads) out[i] = -1;
+  }
+  Cluster<kCluster>::Wait();
+}
+
+}  // namespace
+}  // namespace hisparse
+
+#endif  // HISPARSE_FFI_TOPK_RESIDENT_KERNELS_CUH_
