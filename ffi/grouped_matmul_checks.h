@@ -73,7 +73,7 @@ inline GroupedMatmulBuffers GroupedMatmulIo(ffi::AnyBuffer x, ffi::AnyBuffer w, 
   return io;
 }
 
-// The operand list of the target (the Python side names it in hisparse_jax/_targets.py).
+// The operand list of the target (the Python side names it in hisparse_jax/targets.py).
 template <typename Binding>
 auto BindGroupedMatmulOperands(Binding binding) {
   return std::move(binding).template Arg<ffi::AnyBuffer>()  // x           [M, K] bf16, rows sorted by group

@@ -97,7 +97,7 @@ inline IndexerBuffers IndexScoresIo(const IndexerDims& d, ffi::AnyBuffer query, 
   return io;
 }
 
-// The operand list of the target (the Python side names it in hisparse_jax/_targets.py).
+// The operand list of the target (the Python side names it in hisparse_jax/targets.py).
 template <typename Binding>
 auto BindIndexScoresOperands(Binding binding) {
   return std::move(binding).template Arg<ffi::AnyBuffer>()  // q         [b, H, d] bf16 or f32

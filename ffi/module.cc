@@ -1,6 +1,6 @@
 // The nanobind extension: capsules of the FFI handlers, nothing else.
 // Python registers each of them with jax.ffi.register_ffi_target at import
-// (hisparse_jax/_ffi.py); the target names live in hisparse_jax/_targets.py.
+// (hisparse_jax/_ffi.py); the target names live in hisparse_jax/targets.py.
 #include <nanobind/nanobind.h>
 
 #include "xla/ffi/api/c_api.h"

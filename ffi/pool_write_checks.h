@@ -1,6 +1,6 @@
 // The pool write's operand list and its shape and dtype checks, shared by the
 // CPU and CUDA handlers (the Python side names the operands in
-// hisparse_jax/_targets.py).
+// hisparse_jax/targets.py).
 #ifndef HISPARSE_FFI_POOL_WRITE_CHECKS_H_
 #define HISPARSE_FFI_POOL_WRITE_CHECKS_H_
 

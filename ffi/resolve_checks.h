@@ -17,7 +17,7 @@
 namespace hisparse {
 
 // The 16 buffers of one RESOLVE call, in binding order (BindResolveOperands;
-// the Python side names them in hisparse_jax/_targets.py). `*_in` are the
+// the Python side names them in hisparse_jax/targets.py). `*_in` are the
 // state operands, aliased to the results of the same name.
 struct ResolveOperands {
   ffi::AnyBuffer pool;            // host_pool   [L, *S, R, ...rec] pinned host
