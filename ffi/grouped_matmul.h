@@ -50,7 +50,7 @@
 //
 // Non-finite x or w propagate as in float32 arithmetic. The fp8 NaN codes
 // (0x7f, 0xff) are not decoded: the CUDA kernel reads them as +-480.
-// quantize_weights_fp8 (hisparse_jax/grouped_matmul.py) never writes one; a
+// fp8.quantize_rows (hisparse_jax/fp8.py) never writes one; a
 // weight row it cannot quantize gets a NaN scale and zero codes instead.
 #ifndef HISPARSE_FFI_GROUPED_MATMUL_H_
 #define HISPARSE_FFI_GROUPED_MATMUL_H_

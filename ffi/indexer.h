@@ -51,7 +51,7 @@
 // Non-finite inputs give non-finite scores at the tokens they touch; whether a
 // given one comes out as NaN or +-inf may differ between implementations. The
 // fp8 NaN code (0x7f / 0xff) is not decoded by the CUDA kernel (it would read
-// as +-480): quantize_keys_fp8 (hisparse_jax/indexer.py) never writes one
+// as +-480): fp8.quantize_rows (hisparse_jax/fp8.py) never writes one
 // next to a finite scale; a row it cannot quantize gets a NaN scale instead,
 // which makes that token's score NaN everywhere.
 #ifndef HISPARSE_FFI_INDEXER_H_
