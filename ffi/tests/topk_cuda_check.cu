@@ -393,11 +393,7 @@ Tally RunCase(const Case& c, const std::vector<Variant>& variants, uint64_t seed
 }  // namespace
 
 int main(int argc, char** argv) {
-  const harness::CheckOptions options = harness::ParseCheckOptions(argc, argv, /*default_seed=*/1234);
-  const bool quick = options.quick, verbose = options.verbose;
-  const uint64_t seed = options.seed;
-  const std::string& only = options.only;
-  harness::PrintCheckDevice(options);
+  const harness::CheckOptions options = harness::StartCheck(argc, argv, /*default_seed=*/1234);
 
   // The automatic plans of the benchmark's shapes (k = 2048), for the record.
   for (int64_t R : {32768, 131072, 262144}) {
@@ -411,11 +407,11 @@ int main(int argc, char** argv) {
 
   const std::vector<Variant> variants = Variants();
   Tally all;
-  uint64_t case_seed = seed;
-  for (const Case& c : TopkCases(quick)) {
+  uint64_t case_seed = options.seed;
+  for (const Case& c : TopkCases(options.quick)) {
     ++case_seed;
-    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
-    const Tally t = RunCase(c, variants, case_seed, verbose);
+    if (options.Skips(c.name)) continue;
+    const Tally t = RunCase(c, variants, case_seed, options.verbose);
     all.passed += t.passed;
     all.failed += t.failed;
     all.skipped += t.skipped;
