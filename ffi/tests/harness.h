@@ -19,6 +19,7 @@
 //   Rng, Uniform, Unit  the checkers' seeded host random numbers
 //   Format              printf into a std::string (failure messages)
 //   GuardsHold          whether the guard bytes around a checked device buffer are intact
+//   DeviceBuffer        a checked kernel's device buffer between guard bytes
 #ifndef HISPARSE_FFI_TESTS_HARNESS_H_
 #define HISPARSE_FFI_TESTS_HARNESS_H_
 
@@ -273,6 +274,49 @@ inline CheckOptions StartCheck(int argc, char** argv, uint64_t default_seed) {
   PrintCheckDevice(options);
   return options;
 }
+
+// A checked kernel's device buffer of `count` T between guard bytes, the
+// payload `misalign_bytes` past 256-byte alignment.
+template <typename T>
+class DeviceBuffer {
+ public:
+  static constexpr size_t kGuardBytes = 256;  // keeps 256-byte alignment of the payload
+  static constexpr uint8_t kGuardByte = 0xA5;
+
+  explicit DeviceBuffer(size_t count, size_t misalign_bytes = 0)
+      : count_(count), lead_(kGuardBytes + misalign_bytes) {
+    total_ = lead_ + count * sizeof(T) + kGuardBytes;
+    CUDA_OK(cudaMalloc(&base_, total_));
+    CUDA_OK(cudaMemset(base_, kGuardByte, total_));
+  }
+  ~DeviceBuffer() { cudaFree(base_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() const { return reinterpret_cast<T*>(base_ + lead_); }
+  size_t bytes() const { return count_ * sizeof(T); }
+  void Upload(const T* host) {
+    if (bytes() > 0) CUDA_OK(cudaMemcpy(get(), host, bytes(), cudaMemcpyHostToDevice));
+    // A pageable cudaMemcpy may return before its DMA lands, and the kernels run on a
+    // non-blocking stream that does not wait for the legacy stream.
+    CUDA_OK(cudaDeviceSynchronize());
+  }
+  void Download(T* host) const {
+    if (bytes() > 0) CUDA_OK(cudaMemcpy(host, get(), bytes(), cudaMemcpyDeviceToHost));
+  }
+  // Sets every payload byte to `byte` (the guards keep theirs), queued on the legacy stream.
+  void Poison(uint8_t byte) { CUDA_OK(cudaMemset(get(), byte, bytes())); }
+  // Poison, and wait until it is done.
+  void Fill(uint8_t byte) {
+    Poison(byte);
+    CUDA_OK(cudaDeviceSynchronize());
+  }
+  // True when both guard areas still hold the guard pattern.
+  bool GuardsIntact() const { return GuardsHold(base_, lead_, base_ + lead_ + bytes(), kGuardBytes, kGuardByte); }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t count_, lead_, total_ = 0;
+};
 
 }  // namespace harness
 

@@ -52,56 +52,13 @@ using hisparse::ResolveBuffers;
 using hisparse::ResolveDims;
 using hisparse::ResolveLaunchPlan;
 
+using harness::DeviceBuffer;
 using harness::Rng;
 using harness::Uniform;
 using harness::Unit;
 
 // ---------------------------------------------------------------------------
-// Device buffers with guard bytes on both sides.
-
-constexpr size_t kGuardBytes = 256;  // keeps 256-byte alignment of the payload
-constexpr uint8_t kGuardByte = 0xA5;
-
-template <typename T>
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(size_t count, size_t misalign_bytes = 0) { Allocate(count, misalign_bytes); }
-  ~DeviceBuffer() {
-    if (base_ != nullptr) cudaFree(base_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  void Allocate(size_t count, size_t misalign_bytes = 0) {
-    count_ = count;
-    lead_ = kGuardBytes + misalign_bytes;
-    total_ = lead_ + count * sizeof(T) + kGuardBytes;
-    CUDA_OK(cudaMalloc(&base_, total_));
-    CUDA_OK(cudaMemset(base_, kGuardByte, total_));
-  }
-  T* get() const { return reinterpret_cast<T*>(base_ + lead_); }
-  size_t size() const { return count_; }
-  size_t bytes() const { return count_ * sizeof(T); }
-  void Upload(const T* host) {
-    if (bytes() > 0) CUDA_OK(cudaMemcpy(get(), host, bytes(), cudaMemcpyHostToDevice));
-    // A pageable cudaMemcpy may return before its DMA lands, and the kernels run on a
-    // non-blocking stream that does not wait for the legacy stream.
-    CUDA_OK(cudaDeviceSynchronize());
-  }
-  void Download(T* host) const {
-    if (bytes() > 0) CUDA_OK(cudaMemcpy(host, get(), bytes(), cudaMemcpyDeviceToHost));
-  }
-  void Poison(uint8_t byte) { CUDA_OK(cudaMemset(get(), byte, bytes())); }
-  // True when both guard areas still hold the guard pattern.
-  bool GuardsIntact() const {
-    return harness::GuardsHold(base_, lead_, base_ + lead_ + bytes(), kGuardBytes, kGuardByte);
-  }
-
- private:
-  uint8_t* base_ = nullptr;
-  size_t count_ = 0, lead_ = 0, total_ = 0;
-};
+// Host buffers.
 
 // Pinned host memory, mapped (the kernels use the host pointer through UVA).
 class PinnedBuffer {

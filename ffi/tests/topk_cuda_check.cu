@@ -56,6 +56,7 @@ using hisparse::TopkKernelKind;
 using hisparse::TopkLaunchOptions;
 using hisparse::TopkLaunchPlan;
 
+using harness::DeviceBuffer;
 using harness::Rng;
 using harness::Uniform;
 using harness::Unit;
@@ -65,47 +66,6 @@ float FromBits(uint32_t bits) {
   std::memcpy(&f, &bits, sizeof(f));
   return f;
 }
-
-// ---------------------------------------------------------------------------
-// Device buffers with guard bytes on both sides.
-
-constexpr size_t kGuardBytes = 256;  // keeps 256-byte alignment of the payload
-constexpr uint8_t kGuardByte = 0xA5;
-
-template <typename T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t count, size_t misalign_bytes = 0)
-      : count_(count), lead_(kGuardBytes + misalign_bytes) {
-    total_ = lead_ + count * sizeof(T) + kGuardBytes;
-    CUDA_OK(cudaMalloc(&base_, total_));
-    CUDA_OK(cudaMemset(base_, kGuardByte, total_));
-  }
-  ~DeviceBuffer() { cudaFree(base_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  T* get() const { return reinterpret_cast<T*>(base_ + lead_); }
-  size_t bytes() const { return count_ * sizeof(T); }
-  void Upload(const T* host) {
-    if (bytes() > 0) CUDA_OK(cudaMemcpy(get(), host, bytes(), cudaMemcpyHostToDevice));
-    // The kernel runs on a non-blocking stream that does not wait for the legacy stream.
-    CUDA_OK(cudaDeviceSynchronize());
-  }
-  void Download(T* host) const {
-    if (bytes() > 0) CUDA_OK(cudaMemcpy(host, get(), bytes(), cudaMemcpyDeviceToHost));
-  }
-  void Fill(uint8_t byte) {
-    CUDA_OK(cudaMemset(get(), byte, bytes()));
-    CUDA_OK(cudaDeviceSynchronize());
-  }
-  bool GuardsIntact() const {
-    return harness::GuardsHold(base_, lead_, base_ + lead_ + bytes(), kGuardBytes, kGuardByte);
-  }
-
- private:
-  uint8_t* base_ = nullptr;
-  size_t count_, lead_, total_ = 0;
-};
 
 // ---------------------------------------------------------------------------
 // Inputs.
