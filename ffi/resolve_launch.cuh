@@ -169,24 +169,6 @@ static_assert(!ChecksStateFirst(4 * kResolveThreads, kMaxResolveHotSlots) &&
                   ChecksStateFirst(4 * kResolveThreads + 1, 8 * kResolveThreads + 1),
               "ChecksStateFirst matches the kernel variant");
 
-// What ResolveArgs and FetchArgs both carry: the operands of the miss copy
-// (host pool, layer, the miss lists, hot) and the shape.
-template <typename Args>
-void SetFetchOperands(Args& a, const ResolveDims& d, const int32_t* layer, const ResolveBuffers& io) {
-  a.host_pool = io.host_pool;
-  a.layer = layer;
-  a.miss_records = io.miss_records;
-  a.miss_slots = io.miss_slots;
-  a.misses = io.misses;
-  a.hot = io.hot;
-  a.layers = d.layers;
-  a.streams = d.streams;
-  a.record_bytes = d.record_bytes;
-  a.top_k = static_cast<int32_t>(d.top_k);
-  a.hot_slots = static_cast<int32_t>(d.hot_slots);
-  a.pool_records = static_cast<int32_t>(d.pool_records);
-}
-
 cudaError_t Fail(cudaError_t err, const char* kernel, const char** failed_kernel) {
   if (err != cudaSuccess && failed_kernel != nullptr) *failed_kernel = kernel;
   return err;
@@ -230,14 +212,25 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   const bool split = ChooseResolvePlan(plan, d.streams) == ResolveLaunchPlan::kSplit;
 
   ResolveArgs a;
-  SetFetchOperands(a, d, layer, io);
+  a.host_pool = io.host_pool;
   a.selection = io.selection;
   a.sealed = io.sealed;
+  a.layer = layer;
+  a.hot = io.hot;
   a.slot_record = io.slot_record;
   a.lru = io.lru;
   a.slots = io.slots;
+  a.miss_records = io.miss_records;
+  a.miss_slots = io.miss_slots;
+  a.misses = io.misses;
   a.invalid = io.invalid;
   a.malformed = io.malformed;
+  a.layers = d.layers;
+  a.streams = d.streams;
+  a.record_bytes = d.record_bytes;
+  a.top_k = static_cast<int32_t>(d.top_k);
+  a.hot_slots = static_cast<int32_t>(d.hot_slots);
+  a.pool_records = static_cast<int32_t>(d.pool_records);
   const int64_t capacity = TableCapacity(d.top_k, d.hot_slots);
   a.table_mask = static_cast<uint32_t>(capacity - 1);
   a.table_shift = 32;
@@ -272,7 +265,18 @@ cudaError_t LaunchResolveFetch(const ResolveDims& d, const int32_t* layer, const
     return Fail(cudaErrorMisalignedAddress, kFetchName, failed_kernel);
   const int vector = vec16 ? 16 : 8;
   FetchArgs f;
-  SetFetchOperands(f, d, layer, io);
+  f.host_pool = io.host_pool;
+  f.layer = layer;
+  f.miss_records = io.miss_records;
+  f.miss_slots = io.miss_slots;
+  f.misses = io.misses;
+  f.hot = io.hot;
+  f.layers = d.layers;
+  f.streams = d.streams;
+  f.record_bytes = d.record_bytes;
+  f.top_k = static_cast<int32_t>(d.top_k);
+  f.hot_slots = static_cast<int32_t>(d.hot_slots);
+  f.pool_records = static_cast<int32_t>(d.pool_records);
   f.row_batch = RowBatch(d.record_bytes / vector, kFetchCopyUnroll);
   // Enough blocks in all to keep the link busy, but no more per stream than
   // k misses at one row per warp could use.
