@@ -5,7 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "common.h"
 #include "xla/ffi/api/ffi.h"
@@ -34,6 +37,15 @@ inline bool SameDims(ffi::AnyBuffer::Dimensions a, size_t a0, ffi::AnyBuffer::Di
   for (size_t i = 0; i < n; ++i)
     if (a[a0 + i] != b[b0 + i]) return false;
   return true;
+}
+
+// The kind an operand's dtype stands for in `kinds` (dtype, kind pairs);
+// std::nullopt when its dtype is none of them.
+template <typename Kind>
+std::optional<Kind> KindOf(ffi::DataType dtype, std::initializer_list<std::pair<ffi::DataType, Kind>> kinds) {
+  for (const auto& [type, kind] : kinds)
+    if (type == dtype) return kind;
+  return std::nullopt;
 }
 
 }  // namespace hisparse

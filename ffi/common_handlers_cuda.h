@@ -16,6 +16,13 @@ inline auto BindWithStream() {
   return xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>();
 }
 
+// Defines the exported handler `symbol` for platform "CUDA": `impl` bound to
+// XLA's stream, then to the op's operands (`bind_operands`, a Bind*Operands),
+// and safe to record into a command buffer (a CUDA graph).
+#define HISPARSE_DEFINE_CUDA_HANDLER(symbol, impl, bind_operands)                            \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, impl, bind_operands(::hisparse::BindWithStream()), \
+                                {xla::ffi::Traits::kCmdBufferCompatible})
+
 // Without donation XLA hands a handler fresh output buffers: starts `out` from
 // `in` (nothing when they are one buffer). Stream-ordered; cudaMemcpyDefault
 // lets UVA pick the direction, so the same call carries device state and the

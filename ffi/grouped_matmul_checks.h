@@ -6,6 +6,7 @@
 #define HISPARSE_FFI_GROUPED_MATMUL_CHECKS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -31,16 +32,11 @@ inline ffi::ErrorOr<GroupedMatmulDims> CheckGroupedMatmul(ffi::AnyBuffer x, ffi:
   using grouped_matmul_checks::Invalid;
   GroupedMatmulDims d;
   if (x.element_type() != ffi::DataType::BF16) return Invalid("x must be bfloat16");
-  switch (w.element_type()) {
-    case ffi::DataType::BF16:
-      d.weight_type = GroupedWeightType::kBf16;
-      break;
-    case ffi::DataType::F8E4M3FN:
-      d.weight_type = GroupedWeightType::kFp8E4m3;
-      break;
-    default:
-      return Invalid("w must be bfloat16 or float8_e4m3fn");
-  }
+  const std::optional<GroupedWeightType> weight_type = KindOf<GroupedWeightType>(
+      w.element_type(),
+      {{ffi::DataType::BF16, GroupedWeightType::kBf16}, {ffi::DataType::F8E4M3FN, GroupedWeightType::kFp8E4m3}});
+  if (!weight_type) return Invalid("w must be bfloat16 or float8_e4m3fn");
+  d.weight_type = *weight_type;
   if (scale.element_type() != ffi::DataType::F32) return Invalid("scale must be float32");
   if (group_sizes.element_type() != ffi::DataType::S32) return Invalid("group_sizes must be int32");
   if (y_type != ffi::DataType::F32) return Invalid("y must be float32");

@@ -33,7 +33,5 @@ ffi::Error GroupedMatmulCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Any
 }  // namespace
 }  // namespace hisparse
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    HisparseGroupedMatmulCuda, hisparse::GroupedMatmulCudaImpl,
-    hisparse::BindGroupedMatmulOperands(hisparse::BindWithStream()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+HISPARSE_DEFINE_CUDA_HANDLER(HisparseGroupedMatmulCuda, hisparse::GroupedMatmulCudaImpl,
+                             hisparse::BindGroupedMatmulOperands);

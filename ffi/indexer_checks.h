@@ -6,6 +6,7 @@
 #define HISPARSE_FFI_INDEXER_CHECKS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -32,26 +33,14 @@ inline ffi::ErrorOr<IndexerDims> CheckIndexScores(ffi::AnyBuffer query, ffi::Any
                                                   ffi::AnyBuffer::Dimensions scores_dims) {
   using indexer_checks::Invalid;
   IndexerDims d;
-  switch (query.element_type()) {
-    case ffi::DataType::BF16:
-      d.query_type = IndexQueryType::kBf16;
-      break;
-    case ffi::DataType::F32:
-      d.query_type = IndexQueryType::kF32;
-      break;
-    default:
-      return Invalid("q", "must be bfloat16 or float32");
-  }
-  switch (keys.element_type()) {
-    case ffi::DataType::BF16:
-      d.key_type = IndexKeyType::kBf16;
-      break;
-    case ffi::DataType::F8E4M3FN:
-      d.key_type = IndexKeyType::kFp8E4m3;
-      break;
-    default:
-      return Invalid("keys", "must be bfloat16 or float8_e4m3fn");
-  }
+  const std::optional<IndexQueryType> query_type = KindOf<IndexQueryType>(
+      query.element_type(), {{ffi::DataType::BF16, IndexQueryType::kBf16}, {ffi::DataType::F32, IndexQueryType::kF32}});
+  if (!query_type) return Invalid("q", "must be bfloat16 or float32");
+  d.query_type = *query_type;
+  const std::optional<IndexKeyType> key_type = KindOf<IndexKeyType>(
+      keys.element_type(), {{ffi::DataType::BF16, IndexKeyType::kBf16}, {ffi::DataType::F8E4M3FN, IndexKeyType::kFp8E4m3}});
+  if (!key_type) return Invalid("keys", "must be bfloat16 or float8_e4m3fn");
+  d.key_type = *key_type;
   if (weights.element_type() != ffi::DataType::F32) return Invalid("weights", "must be float32");
   if (key_scale.element_type() != ffi::DataType::F32) return Invalid("key_scale", "must be float32");
   if (lengths.element_type() != ffi::DataType::S32) return Invalid("lengths", "must be int32");

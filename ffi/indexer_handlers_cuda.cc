@@ -35,7 +35,5 @@ ffi::Error IndexScoresCudaImpl(cudaStream_t stream, ffi::AnyBuffer query, ffi::A
 }  // namespace
 }  // namespace hisparse
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    HisparseIndexScoresCuda, hisparse::IndexScoresCudaImpl,
-    hisparse::BindIndexScoresOperands(hisparse::BindWithStream()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+HISPARSE_DEFINE_CUDA_HANDLER(HisparseIndexScoresCuda, hisparse::IndexScoresCudaImpl,
+                             hisparse::BindIndexScoresOperands);

@@ -34,6 +34,5 @@ ffi::Error PoolWriteCudaImpl(cudaStream_t stream, ffi::AnyBuffer pool_in, ffi::A
 }  // namespace
 }  // namespace hisparse
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HisparsePoolWriteCuda, hisparse::PoolWriteCudaImpl,
-                              hisparse::BindPoolWriteOperands(hisparse::BindWithStream()),
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+HISPARSE_DEFINE_CUDA_HANDLER(HisparsePoolWriteCuda, hisparse::PoolWriteCudaImpl,
+                             hisparse::BindPoolWriteOperands);

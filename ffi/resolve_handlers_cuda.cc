@@ -82,7 +82,6 @@ ffi::Error ResolveCudaImpl(cudaStream_t stream, ResolveOperands& ops, bool fetch
 }  // namespace
 }  // namespace hisparse
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    HisparseResolveCuda, hisparse::WithResolveOperands<cudaStream_t>(hisparse::ResolveCudaImpl),
-    hisparse::BindResolveOperands(hisparse::BindWithStream()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+HISPARSE_DEFINE_CUDA_HANDLER(HisparseResolveCuda,
+                             hisparse::WithResolveOperands<cudaStream_t>(hisparse::ResolveCudaImpl),
+                             hisparse::BindResolveOperands);

@@ -61,6 +61,17 @@ struct Cluster {
   }
 };
 
+// Inclusive prefix sum of v over the warp's lanes (lane 0 first); warp-collective.
+__device__ __forceinline__ unsigned long long WarpInclusiveSum(unsigned long long v, int lane) {
+  unsigned long long inclusive = v;
+#pragma unroll
+  for (int offset = 1; offset < kWarp; offset <<= 1) {
+    const unsigned long long x = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += x;
+  }
+  return inclusive;
+}
+
 __device__ __forceinline__ uint32_t KeyOf(float score) {
   return TopkOrderedKey(__float_as_uint(score));
 }

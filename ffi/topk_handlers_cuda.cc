@@ -36,7 +36,4 @@ ffi::Error TopkCudaImpl(cudaStream_t stream, ffi::AnyBuffer scores, ffi::AnyBuff
 }  // namespace
 }  // namespace hisparse
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    HisparseTopkCuda, hisparse::TopkCudaImpl,
-    hisparse::BindTopkOperands(hisparse::BindWithStream()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+HISPARSE_DEFINE_CUDA_HANDLER(HisparseTopkCuda, hisparse::TopkCudaImpl, hisparse::BindTopkOperands);

@@ -54,6 +54,25 @@ struct DeviceSetup {
   int resident_clusters[kResidentSizes] = {};
 };
 
+// The launch of `grid` blocks of `threads` in clusters of `cluster` blocks
+// along x; the config points at `attribute` (the cluster dimension), which
+// must outlive it.
+cudaLaunchConfig_t ClusterLaunchConfig(unsigned grid, int threads, size_t shared_bytes, int cluster,
+                                       cudaStream_t stream, cudaLaunchAttribute& attribute) {
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid, 1, 1);
+  config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
 // How many resident clusters of `cluster` blocks the device runs at once; 0
 // when it cannot run them (its failure is cleared, not reported).
 int ResidentActiveClusters(int index, int sms) {
@@ -73,17 +92,10 @@ int ResidentActiveClusters(int index, int sms) {
                                                         static_cast<size_t>(kResidentSharedBytes));
     active *= sms;
   } else {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);
-    config.blockDim = dim3(kTopkResidentThreads, 1, 1);
-    config.dynamicSmemBytes = static_cast<size_t>(kResidentSharedBytes);
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config =
+        ClusterLaunchConfig(static_cast<unsigned>(cluster), kTopkResidentThreads,
+                            static_cast<size_t>(kResidentSharedBytes), cluster, /*stream=*/nullptr, attribute);
     err = cudaOccupancyMaxActiveClusters(&active, fn, &config);
   }
   if (err != cudaSuccess) {
@@ -195,18 +207,8 @@ cudaError_t LaunchClusters(void (*fn)(Args), const Args& args, int64_t rows, int
     fn<<<grid, threads, shared_bytes, stream>>>(args);
     return cudaGetLastError();
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(grid, 1, 1);
-  config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = ClusterLaunchConfig(grid, threads, shared_bytes, cluster, stream, attribute);
   cudaError_t err = cudaLaunchKernelEx(&config, fn, args);
   if (err == cudaSuccess) err = cudaGetLastError();
   return err;

@@ -114,22 +114,12 @@ __device__ __forceinline__ unsigned long long ResidentBlockSum(unsigned long lon
                                                                unsigned long long* scratch,
                                                                unsigned long long* total, int warp,
                                                                int lane) {
-  unsigned long long inclusive = v;
-#pragma unroll
-  for (int offset = 1; offset < kWarp; offset <<= 1) {
-    const unsigned long long x = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += x;
-  }
+  const unsigned long long inclusive = WarpInclusiveSum(v, lane);
   if (lane == kWarp - 1) scratch[warp] = inclusive;
   __syncthreads();
   // Lane w holds warp w's sum; scan those across the lanes.
   const unsigned long long warp_sum = scratch[lane];
-  unsigned long long warps_inclusive = warp_sum;
-#pragma unroll
-  for (int offset = 1; offset < kWarp; offset <<= 1) {
-    const unsigned long long x = __shfl_up_sync(kFullMask, warps_inclusive, offset);
-    if (lane >= offset) warps_inclusive += x;
-  }
+  const unsigned long long warps_inclusive = WarpInclusiveSum(warp_sum, lane);
   const unsigned long long warps_before = __shfl_sync(kFullMask, warps_inclusive - warp_sum, warp);
   *total = __shfl_sync(kFullMask, warps_inclusive, kWarp - 1);
   __syncthreads();

@@ -117,12 +117,7 @@ __device__ __forceinline__ unsigned long long BlockExclusiveSum(unsigned long lo
                                                                 unsigned long long* scratch,
                                                                 unsigned long long* total,
                                                                 int warp, int lane) {
-  unsigned long long inclusive = v;
-#pragma unroll
-  for (int offset = 1; offset < kWarp; offset <<= 1) {
-    const unsigned long long x = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += x;
-  }
+  const unsigned long long inclusive = WarpInclusiveSum(v, lane);
   if (lane == kWarp - 1) scratch[warp] = inclusive;
   __syncthreads();
   unsigned long long before = 0, sum = 0;

@@ -282,25 +282,17 @@ int main(int argc, char** argv) {
     }
   }
   const harness::DeviceInfo info = harness::QueryDevice();
-  const cudaDeviceProp& prop = info.prop;
-  const int runtime = info.runtime, driver = info.driver;
-  std::printf("# MoE grouped matmul benchmark\n\ndevice: %s (sm_%d%d, %d SMs, %.0f MiB L2), CUDA runtime %d, "
-              "driver %d; E = %lld experts, x bf16, y f32; %d iterations (min / median / max)\n\n",
-              prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0, runtime,
-              driver, (long long)kExperts, iters);
+  std::printf("# MoE grouped matmul benchmark\n\ndevice: %s; E = %lld experts, x bf16, y f32; %d iterations "
+              "(min / median / max)\n\n", harness::DeviceLine(info).c_str(), (long long)kExperts, iters);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   // --- HBM ceilings ---------------------------------------------------------
   const int64_t ceiling_bytes = quick ? kCeilingBytes / 4 : kCeilingBytes;
-  uint8_t *src = nullptr, *dst = nullptr;
-  CUDA_OK(cudaMalloc(&src, ceiling_bytes));
-  CUDA_OK(cudaMalloc(&dst, ceiling_bytes));
-  FillWeights<<<1024, 256, 0, stream>>>(src, ceiling_bytes / 2, false, 1, 1.0f);
   const harness::HbmCeilings hbm =
-      harness::MeasureHbmCeilings(stream, src, dst, ceiling_bytes, prop.multiProcessorCount);
-  CUDA_OK(cudaFree(src));
-  CUDA_OK(cudaFree(dst));
+      harness::MeasureHbmCeilingsOver(stream, ceiling_bytes, info.prop.multiProcessorCount, [&](uint8_t* src) {
+        FillWeights<<<1024, 256, 0, stream>>>(src, ceiling_bytes / 2, false, 1, 1.0f);
+      });
   const double copy_gbs = hbm.copy_gbs, read_gbs = hbm.read_gbs;
   std::printf("HBM: memcpy D2D of %.0f MiB %.0f GB/s (read + write), read kernel over it %.0f GB/s (medians); "
               "nominal %.0f GB/s\n\n", ceiling_bytes / 1048576.0, copy_gbs, read_gbs, kNominalGbs);
@@ -339,7 +331,7 @@ int main(int argc, char** argv) {
 
   FILE* f = harness::OpenJson(out_path);
   std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"cuda_runtime\": %d, \"driver\": %d, \"iters\": %d,\n",
-               prop.name, prop.multiProcessorCount, runtime, driver, iters);
+               info.prop.name, info.prop.multiProcessorCount, info.runtime, info.driver, iters);
   std::fprintf(f, "  \"hbm\": {\"memcpy_d2d_gbs\": %.1f, \"read_kernel_gbs\": %.1f, \"nominal_gbs\": %.0f, "
                "\"bytes\": %lld},\n", copy_gbs, read_gbs, kNominalGbs, (long long)ceiling_bytes);
   std::fprintf(f, "  \"experts\": %lld,\n  \"results\": [\n", (long long)kExperts);

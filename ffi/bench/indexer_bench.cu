@@ -338,25 +338,18 @@ int main(int argc, char** argv) {
     }
   }
   const harness::DeviceInfo info = harness::QueryDevice();
-  const cudaDeviceProp& prop = info.prop;
-  const int runtime = info.runtime, driver = info.driver;
-  std::printf("# Lightning indexer benchmark\n\ndevice: %s (sm_%d%d, %d SMs, %.0f MiB L2), CUDA runtime %d, "
-              "driver %d; H = %lld, d = %lld, q bf16, lengths = T; %d iterations (min / median / max)\n\n",
-              prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0,
-              runtime, driver, (long long)kHeads, (long long)kDim, iters);
+  std::printf("# Lightning indexer benchmark\n\ndevice: %s; H = %lld, d = %lld, q bf16, lengths = T; %d iterations "
+              "(min / median / max)\n\n", harness::DeviceLine(info).c_str(), (long long)kHeads, (long long)kDim, iters);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   // --- HBM ceilings ---------------------------------------------------------
   const int64_t ceiling_bytes = quick ? kCeilingBytes / 16 : kCeilingBytes;
-  uint8_t *src = nullptr, *dst = nullptr;
-  CUDA_OK(cudaMalloc(&src, ceiling_bytes));
-  CUDA_OK(cudaMalloc(&dst, ceiling_bytes));
-  FillF32<<<4 * prop.multiProcessorCount, 256, 0, stream>>>(reinterpret_cast<float*>(src), ceiling_bytes / 4, 1, 1.0f);
   const harness::HbmCeilings hbm =
-      harness::MeasureHbmCeilings(stream, src, dst, ceiling_bytes, prop.multiProcessorCount);
-  CUDA_OK(cudaFree(src));
-  CUDA_OK(cudaFree(dst));
+      harness::MeasureHbmCeilingsOver(stream, ceiling_bytes, info.prop.multiProcessorCount, [&](uint8_t* src) {
+        FillF32<<<4 * info.prop.multiProcessorCount, 256, 0, stream>>>(reinterpret_cast<float*>(src),
+                                                                        ceiling_bytes / 4, 1, 1.0f);
+      });
   const double copy_gbs = hbm.copy_gbs, read_gbs = hbm.read_gbs;
   std::printf("HBM: memcpy D2D of %.0f MiB %.0f GB/s (read + write), read kernel over it %.0f GB/s "
               "(medians)\n\n", ceiling_bytes / 1048576.0, copy_gbs, read_gbs);
@@ -378,7 +371,7 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaMalloc(&b.scales, b.fp8_tokens * 4));
   CUDA_OK(cudaMalloc(&b.lengths, kMaxRows * 4));
   CUDA_OK(cudaMalloc(&b.scores, kMaxRows * kMaxTokens * 4));
-  const int grid = 8 * prop.multiProcessorCount;
+  const int grid = 8 * info.prop.multiProcessorCount;
   FillBf16<<<grid, 256, 0, stream>>>(b.query, kMaxRows * kHeads * kDim, 11, 2.0f);
   FillF32<<<grid, 256, 0, stream>>>(b.weights, kMaxRows * kHeads, 12, 1.0f / std::sqrt(float(kHeads * kDim)));
   FillBf16<<<grid, 256, 0, stream>>>(b.keys_bf16, b.bf16_tokens * kDim, 13, 1.0f);
@@ -457,7 +450,7 @@ int main(int argc, char** argv) {
   // --- JSON --------------------------------------------------------------------
   FILE* f = harness::OpenJson(json_path);
   std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"cuda_runtime\": %d, \"driver\": %d,\n",
-               prop.name, prop.multiProcessorCount, runtime, driver);
+               info.prop.name, info.prop.multiProcessorCount, info.runtime, info.driver);
   std::fprintf(f, "  \"heads\": %lld, \"dim\": %lld, \"iters\": %d,\n", (long long)kHeads, (long long)kDim, iters);
   std::fprintf(f, "  \"hbm\": {\"memcpy_d2d_gbs\": %.1f, \"read_kernel_gbs\": %.1f, \"bytes\": %lld},\n", copy_gbs,
                read_gbs, (long long)ceiling_bytes);

@@ -353,9 +353,7 @@ bool RefusesBadArguments() {
 
 int main(int argc, char** argv) {
   const harness::CheckOptions options = harness::ParseCheckOptions(argc, argv, /*default_seed=*/1);
-  const bool quick = options.quick, quiet = !options.verbose;
-  const uint64_t seed = options.seed;
-  const std::string& only = options.only;
+  const bool quiet = !options.verbose;
   int passed = 0, failed = 0;
   if (RefusesBadArguments()) {
     ++passed;
@@ -364,9 +362,9 @@ int main(int argc, char** argv) {
     std::printf("FAIL launcher/bad_arguments: not refused with cudaErrorInvalidValue\n");
   }
   for (const Case& c : Cases()) {
-    if (quick && !c.quick) continue;
-    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
-    Rng rng(seed * 1000003 + std::hash<std::string>{}(c.name));
+    if (options.quick && !c.quick) continue;
+    if (options.Skips(c.name)) continue;
+    Rng rng(options.seed * 1000003 + std::hash<std::string>{}(c.name));
     const Outcome o = RunCase(c, rng, !quiet);
     if (o.ok) {
       ++passed;

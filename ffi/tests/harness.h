@@ -8,14 +8,18 @@
 //   EventTimes          microseconds of each launch between two events, after warm-ups
 //   TimeLaunches        EventTimes queued behind one 20 ms Spin, summarized
 //   QueryDevice         the device, its properties and the CUDA versions
+//   DeviceLine          the device, as a benchmark's header names it
 //   OpenJson            a benchmark's JSON output (exit 2 when it cannot be written)
 //   Spin                hold the GPU so the host can queue timed work behind it
 //   Mix, Uniform        splitmix64 and a value in [-1, 1) from an index and a seed (random fills)
 //   ReadAll, HbmCeilings  the HBM ceilings: a device-to-device memcpy and a read kernel
+//   MeasureHbmCeilingsOver  the same over fresh memory a benchmark's fill kernel fills
 //   CheckOptions        the checkers' flags (--quick --quiet --seed N --only SUBSTRING)
+//   StartCheck          parse those flags and print the device line
 //   Rng, Uniform, Unit  the checkers' seeded host random numbers
 //   Format              printf into a std::string (failure messages)
 //   GuardsHold          whether the guard bytes around a checked device buffer are intact
+//   DeviceBuffer        a checked kernel's device buffer between guard bytes
 #ifndef HISPARSE_FFI_TESTS_HARNESS_H_
 #define HISPARSE_FFI_TESTS_HARNESS_H_
 
@@ -173,6 +177,20 @@ inline HbmCeilings MeasureHbmCeilings(cudaStream_t stream, const uint8_t* src, u
   return {2.0 * bytes / (copy.median_us * 1e3), bytes / (read.median_us * 1e3)};
 }
 
+// MeasureHbmCeilings over `bytes` of fresh device memory that fill(src) fills
+// on `stream` (a benchmark's own fill kernel); frees the memory after.
+template <typename Fill>
+HbmCeilings MeasureHbmCeilingsOver(cudaStream_t stream, int64_t bytes, int sms, Fill&& fill) {
+  uint8_t *src = nullptr, *dst = nullptr;
+  CUDA_OK(cudaMalloc(&src, bytes));
+  CUDA_OK(cudaMalloc(&dst, bytes));
+  fill(src);
+  const HbmCeilings hbm = MeasureHbmCeilings(stream, src, dst, bytes, sms);
+  CUDA_OK(cudaFree(src));
+  CUDA_OK(cudaFree(dst));
+  return hbm;
+}
+
 // The checkers' command line: --quick (fewer cases), --quiet (failures only),
 // --seed N, --only SUBSTRING (cases whose name holds it). Anything else prints
 // the usage line and exits 2.
@@ -180,6 +198,9 @@ struct CheckOptions {
   bool quick = false, verbose = true;
   uint64_t seed = 0;
   std::string only;
+
+  // Whether --only leaves the case `name` out.
+  bool Skips(const std::string& name) const { return !only.empty() && name.find(only) == std::string::npos; }
 };
 
 inline CheckOptions ParseCheckOptions(int argc, char** argv, uint64_t default_seed) {
@@ -231,6 +252,12 @@ inline bool GuardsHold(const uint8_t* head, size_t head_bytes, const uint8_t* ta
          std::all_of(t.begin(), t.end(), [&](uint8_t b) { return b == guard; });
 }
 
+// A benchmark header's device: name (sm_XY, SMs, MiB of L2), CUDA runtime R, driver D.
+inline std::string DeviceLine(const DeviceInfo& d) {
+  return Format("%s (sm_%d%d, %d SMs, %.0f MiB L2), CUDA runtime %d, driver %d", d.prop.name, d.prop.major,
+                d.prop.minor, d.prop.multiProcessorCount, d.prop.l2CacheSize / 1048576.0, d.runtime, d.driver);
+}
+
 // The device line a checker starts with.
 inline void PrintCheckDevice(const CheckOptions& o) {
   int device = 0;
@@ -240,6 +267,56 @@ inline void PrintCheckDevice(const CheckOptions& o) {
   std::printf("device %d: %s (sm_%d%d, %d SMs); seed %llu%s\n", device, prop.name, prop.major,
               prop.minor, prop.multiProcessorCount, (unsigned long long)o.seed, o.quick ? "; quick" : "");
 }
+
+// A checker's start: its command line, then its device line.
+inline CheckOptions StartCheck(int argc, char** argv, uint64_t default_seed) {
+  const CheckOptions options = ParseCheckOptions(argc, argv, default_seed);
+  PrintCheckDevice(options);
+  return options;
+}
+
+// A checked kernel's device buffer of `count` T between guard bytes, the
+// payload `misalign_bytes` past 256-byte alignment.
+template <typename T>
+class DeviceBuffer {
+ public:
+  static constexpr size_t kGuardBytes = 256;  // keeps 256-byte alignment of the payload
+  static constexpr uint8_t kGuardByte = 0xA5;
+
+  explicit DeviceBuffer(size_t count, size_t misalign_bytes = 0)
+      : count_(count), lead_(kGuardBytes + misalign_bytes) {
+    total_ = lead_ + count * sizeof(T) + kGuardBytes;
+    CUDA_OK(cudaMalloc(&base_, total_));
+    CUDA_OK(cudaMemset(base_, kGuardByte, total_));
+  }
+  ~DeviceBuffer() { cudaFree(base_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() const { return reinterpret_cast<T*>(base_ + lead_); }
+  size_t bytes() const { return count_ * sizeof(T); }
+  void Upload(const T* host) {
+    if (bytes() > 0) CUDA_OK(cudaMemcpy(get(), host, bytes(), cudaMemcpyHostToDevice));
+    // A pageable cudaMemcpy may return before its DMA lands, and the kernels run on a
+    // non-blocking stream that does not wait for the legacy stream.
+    CUDA_OK(cudaDeviceSynchronize());
+  }
+  void Download(T* host) const {
+    if (bytes() > 0) CUDA_OK(cudaMemcpy(host, get(), bytes(), cudaMemcpyDeviceToHost));
+  }
+  // Sets every payload byte to `byte` (the guards keep theirs), queued on the legacy stream.
+  void Poison(uint8_t byte) { CUDA_OK(cudaMemset(get(), byte, bytes())); }
+  // Poison, and wait until it is done.
+  void Fill(uint8_t byte) {
+    Poison(byte);
+    CUDA_OK(cudaDeviceSynchronize());
+  }
+  // True when both guard areas still hold the guard pattern.
+  bool GuardsIntact() const { return GuardsHold(base_, lead_, base_ + lead_ + bytes(), kGuardBytes, kGuardByte); }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t count_, lead_, total_ = 0;
+};
 
 }  // namespace harness
 

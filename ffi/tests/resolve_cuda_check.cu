@@ -52,56 +52,13 @@ using hisparse::ResolveBuffers;
 using hisparse::ResolveDims;
 using hisparse::ResolveLaunchPlan;
 
+using harness::DeviceBuffer;
 using harness::Rng;
 using harness::Uniform;
 using harness::Unit;
 
 // ---------------------------------------------------------------------------
-// Device buffers with guard bytes on both sides.
-
-constexpr size_t kGuardBytes = 256;  // keeps 256-byte alignment of the payload
-constexpr uint8_t kGuardByte = 0xA5;
-
-template <typename T>
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(size_t count, size_t misalign_bytes = 0) { Allocate(count, misalign_bytes); }
-  ~DeviceBuffer() {
-    if (base_ != nullptr) cudaFree(base_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  void Allocate(size_t count, size_t misalign_bytes = 0) {
-    count_ = count;
-    lead_ = kGuardBytes + misalign_bytes;
-    total_ = lead_ + count * sizeof(T) + kGuardBytes;
-    CUDA_OK(cudaMalloc(&base_, total_));
-    CUDA_OK(cudaMemset(base_, kGuardByte, total_));
-  }
-  T* get() const { return reinterpret_cast<T*>(base_ + lead_); }
-  size_t size() const { return count_; }
-  size_t bytes() const { return count_ * sizeof(T); }
-  void Upload(const T* host) {
-    if (bytes() > 0) CUDA_OK(cudaMemcpy(get(), host, bytes(), cudaMemcpyHostToDevice));
-    // A pageable cudaMemcpy may return before its DMA lands, and the kernels run on a
-    // non-blocking stream that does not wait for the legacy stream.
-    CUDA_OK(cudaDeviceSynchronize());
-  }
-  void Download(T* host) const {
-    if (bytes() > 0) CUDA_OK(cudaMemcpy(host, get(), bytes(), cudaMemcpyDeviceToHost));
-  }
-  void Poison(uint8_t byte) { CUDA_OK(cudaMemset(get(), byte, bytes())); }
-  // True when both guard areas still hold the guard pattern.
-  bool GuardsIntact() const {
-    return harness::GuardsHold(base_, lead_, base_ + lead_ + bytes(), kGuardBytes, kGuardByte);
-  }
-
- private:
-  uint8_t* base_ = nullptr;
-  size_t count_ = 0, lead_ = 0, total_ = 0;
-};
+// Host buffers.
 
 // Pinned host memory, mapped (the kernels use the host pointer through UVA).
 class PinnedBuffer {
@@ -263,6 +220,17 @@ void DistinctIds(Rng& rng, int64_t k, int64_t lo, int64_t hi, int32_t* out) {
     std::swap(pool[j], pool[pick]);
     out[j] = pool[j];
   }
+}
+
+// Call c selects, in every stream of layer 0, k ids no earlier call used:
+// [c * k, (c + 1) * k) in random order, so every call misses on every id.
+void AllNewIds(int call, Rng& rng, const State& st, CallInput& in) {
+  const Shape& d = st.shape;
+  in.layer = 0;
+  in.sealed.assign(d.streams, static_cast<int32_t>(d.pool_records));
+  in.selection.resize(d.streams * d.top_k);
+  for (int64_t s = 0; s < d.streams; ++s)
+    DistinctIds(rng, d.top_k, call * d.top_k, (call + 1) * d.top_k, in.selection.data() + s * d.top_k);
 }
 
 // Ways to break a row of the state (resolve.h, "Malformed state").
@@ -631,30 +599,12 @@ std::vector<Case> ResolveCases(bool quick) {
       })
       .expect_no_misses_after_first = true;
   // All misses: every call selects k ids no earlier call used.
-  add("all_misses", MakeShape(1, 3, 96, 128, 96 * 5, 24), 5,
-      [](int call, Rng& rng, const State& st, CallInput& in) {
-        const Shape& d = st.shape;
-        in.layer = 0;
-        in.sealed.assign(d.streams, static_cast<int32_t>(d.pool_records));
-        in.selection.resize(d.streams * d.top_k);
-        for (int64_t s = 0; s < d.streams; ++s)
-          DistinctIds(rng, d.top_k, call * d.top_k, (call + 1) * d.top_k,
-                      in.selection.data() + s * d.top_k);
-      });
+  add("all_misses", MakeShape(1, 3, 96, 128, 96 * 5, 24), 5, AllNewIds);
   {
     Mix m;
     m.resident = 0.4;
     add("b_equals_k", MakeShape(2, 4, 200, 200, 700, 56), n, MixGenerator(m));
-    add("b_equals_k_all_new", MakeShape(1, 2, 64, 64, 64 * 4, 16), 4,
-        [](int call, Rng& rng, const State& st, CallInput& in) {
-          const Shape& d = st.shape;
-          in.layer = 0;
-          in.sealed.assign(d.streams, static_cast<int32_t>(d.pool_records));
-          in.selection.resize(d.streams * d.top_k);
-          for (int64_t s = 0; s < d.streams; ++s)
-            DistinctIds(rng, d.top_k, call * d.top_k, (call + 1) * d.top_k,
-                        in.selection.data() + s * d.top_k);
-        });
+    add("b_equals_k_all_new", MakeShape(1, 2, 64, 64, 64 * 4, 16), 4, AllNewIds);
   }
   add("padding_only", MakeShape(2, 3, 50, 80, 300, 16), 3,
       [](int call, Rng& rng, const State& st, CallInput& in) {
@@ -893,17 +843,14 @@ std::vector<PoolWriteCase> PoolWriteCases(bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const harness::CheckOptions options = harness::ParseCheckOptions(argc, argv, /*default_seed=*/1234);
-  const bool quick = options.quick, verbose = options.verbose;
-  const uint64_t seed = options.seed;
-  const std::string& only = options.only;
-  harness::PrintCheckDevice(options);
+  const harness::CheckOptions options = harness::StartCheck(argc, argv, /*default_seed=*/1234);
+  const bool verbose = options.verbose;
 
   int passed = 0, failed = 0;
-  uint64_t case_seed = seed;
-  for (const Case& c : ResolveCases(quick)) {
+  uint64_t case_seed = options.seed;
+  for (const Case& c : ResolveCases(options.quick)) {
     ++case_seed;
-    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+    if (options.Skips(c.name)) continue;
     const Shape& d = c.shape;
     Rng pool_rng(case_seed * 7919);
     PinnedBuffer pool(d.layers * d.streams * d.pool_records * d.record_bytes, c.pool_misalign);
@@ -917,9 +864,9 @@ int main(int argc, char** argv) {
       }
     }
   }
-  for (const PoolWriteCase& c : PoolWriteCases(quick)) {
+  for (const PoolWriteCase& c : PoolWriteCases(options.quick)) {
     ++case_seed;
-    if (!only.empty() && ("pool_write_" + c.name).find(only) == std::string::npos) continue;
+    if (options.Skips("pool_write_" + c.name)) continue;
     if (RunPoolWrite(c, case_seed, verbose)) {
       ++passed;
     } else {

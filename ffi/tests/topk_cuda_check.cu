@@ -56,6 +56,7 @@ using hisparse::TopkKernelKind;
 using hisparse::TopkLaunchOptions;
 using hisparse::TopkLaunchPlan;
 
+using harness::DeviceBuffer;
 using harness::Rng;
 using harness::Uniform;
 using harness::Unit;
@@ -65,47 +66,6 @@ float FromBits(uint32_t bits) {
   std::memcpy(&f, &bits, sizeof(f));
   return f;
 }
-
-// ---------------------------------------------------------------------------
-// Device buffers with guard bytes on both sides.
-
-constexpr size_t kGuardBytes = 256;  // keeps 256-byte alignment of the payload
-constexpr uint8_t kGuardByte = 0xA5;
-
-template <typename T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t count, size_t misalign_bytes = 0)
-      : count_(count), lead_(kGuardBytes + misalign_bytes) {
-    total_ = lead_ + count * sizeof(T) + kGuardBytes;
-    CUDA_OK(cudaMalloc(&base_, total_));
-    CUDA_OK(cudaMemset(base_, kGuardByte, total_));
-  }
-  ~DeviceBuffer() { cudaFree(base_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  T* get() const { return reinterpret_cast<T*>(base_ + lead_); }
-  size_t bytes() const { return count_ * sizeof(T); }
-  void Upload(const T* host) {
-    if (bytes() > 0) CUDA_OK(cudaMemcpy(get(), host, bytes(), cudaMemcpyHostToDevice));
-    // The kernel runs on a non-blocking stream that does not wait for the legacy stream.
-    CUDA_OK(cudaDeviceSynchronize());
-  }
-  void Download(T* host) const {
-    if (bytes() > 0) CUDA_OK(cudaMemcpy(host, get(), bytes(), cudaMemcpyDeviceToHost));
-  }
-  void Fill(uint8_t byte) {
-    CUDA_OK(cudaMemset(get(), byte, bytes()));
-    CUDA_OK(cudaDeviceSynchronize());
-  }
-  bool GuardsIntact() const {
-    return harness::GuardsHold(base_, lead_, base_ + lead_ + bytes(), kGuardBytes, kGuardByte);
-  }
-
- private:
-  uint8_t* base_ = nullptr;
-  size_t count_, lead_, total_ = 0;
-};
 
 // ---------------------------------------------------------------------------
 // Inputs.
@@ -393,11 +353,7 @@ Tally RunCase(const Case& c, const std::vector<Variant>& variants, uint64_t seed
 }  // namespace
 
 int main(int argc, char** argv) {
-  const harness::CheckOptions options = harness::ParseCheckOptions(argc, argv, /*default_seed=*/1234);
-  const bool quick = options.quick, verbose = options.verbose;
-  const uint64_t seed = options.seed;
-  const std::string& only = options.only;
-  harness::PrintCheckDevice(options);
+  const harness::CheckOptions options = harness::StartCheck(argc, argv, /*default_seed=*/1234);
 
   // The automatic plans of the benchmark's shapes (k = 2048), for the record.
   for (int64_t R : {32768, 131072, 262144}) {
@@ -411,11 +367,11 @@ int main(int argc, char** argv) {
 
   const std::vector<Variant> variants = Variants();
   Tally all;
-  uint64_t case_seed = seed;
-  for (const Case& c : TopkCases(quick)) {
+  uint64_t case_seed = options.seed;
+  for (const Case& c : TopkCases(options.quick)) {
     ++case_seed;
-    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
-    const Tally t = RunCase(c, variants, case_seed, verbose);
+    if (options.Skips(c.name)) continue;
+    const Tally t = RunCase(c, variants, case_seed, options.verbose);
     all.passed += t.passed;
     all.failed += t.failed;
     all.skipped += t.skipped;
