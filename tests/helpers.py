@@ -303,6 +303,28 @@ def assert_array_identical(got, want, what: str) -> None:
         np.testing.assert_array_equal(got, want, err_msg=what, strict=True)
 
 
+def check_inside_lax_scan(op, layers, assert_close, alone=None) -> None:
+    """Calls `op` once per layer inside one jitted lax.scan over the layers' stacked
+    inputs (an input that is None in the layers stays None), as a model's layer loop
+    calls a kernel; each layer's output must pass `assert_close(got, *inputs)` and,
+    given `alone` (the same op called outside any scan), match its bits: the
+    kernel's bits do not depend on where it is called from."""
+    stacked = [None if x is None else np.stack([layer[i] for layer in layers]) for i, x in enumerate(layers[0])]
+
+    @jax.jit
+    def run(*xs):
+        def step(carry, x):
+            return carry, op(*x)
+
+        return jax.lax.scan(step, 0, xs)[1]
+
+    out = np.asarray(run(*stacked))
+    for layer, got in zip(layers, out):
+        assert_close(got, *layer)
+        if alone is not None:
+            np.testing.assert_array_equal(got.view(np.uint32), np.asarray(alone(*layer)).view(np.uint32))
+
+
 def assert_matches_oracle(
     result: hs.ResolveResult, cache: hs.HotCache, want: oracle.Resolved, where=""
 ) -> State:

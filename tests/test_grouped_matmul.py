@@ -22,11 +22,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from jax import lax
 
 import hisparse_jax as hs
 from hisparse_jax import targets
 from hisparse_jax.grouped_matmul import clamped_group_sizes
+
+from helpers import check_inside_lax_scan
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -330,20 +331,8 @@ def test_inside_lax_scan(impl, dtypes):
     rng = np.random.default_rng(9)
     L, M, E, N, K = 3, 24, 4, 40, 64
     layers = [make_inputs(rng, M, E, N, K, x_dtype=dtypes[0], w_dtype=dtypes[1]) for _ in range(L)]
-    stacked = [np.stack([layer[i] for layer in layers]) for i in range(4)]
-
-    @jax.jit
-    def run(x, w, sizes, scale):
-        def step(carry, xs):
-            return carry, hs.grouped_matmul(*xs, implementation=impl)
-
-        return lax.scan(step, 0, (x, w, sizes, scale))[1]
-
-    out = np.asarray(run(*stacked))
-    for layer, got in zip(layers, out):
-        assert_matches(got, *layer)
-        if impl == "ffi":  # the kernel's bits do not depend on where it is called from
-            np.testing.assert_array_equal(got.view(np.uint32), np.asarray(matmul_of(impl, *layer)).view(np.uint32))
+    op = functools.partial(hs.grouped_matmul, implementation=impl)
+    check_inside_lax_scan(op, layers, assert_matches, functools.partial(matmul_of, impl) if impl == "ffi" else None)
 
 
 @pytest.mark.gpu

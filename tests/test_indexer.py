@@ -14,6 +14,7 @@ bfloat16 and fp8 values are exact in float32. The -inf past lengths[b] is compar
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -21,10 +22,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from jax import lax
 
 import hisparse_jax as hs
 from hisparse_jax import targets
+
+from helpers import check_inside_lax_scan
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -235,21 +237,11 @@ def test_inside_lax_scan(impl, key_dtype):
     rng = np.random.default_rng(13)
     L, b, H, T, d = 3, 2, 8, 45, 32
     layers = [make_inputs(rng, b, H, T, d, key_dtype=key_dtype) for _ in range(L)]
-    stacked = [np.stack([layer[i] for layer in layers]) if layers[0][i] is not None else None for i in range(5)]
 
-    @jax.jit
-    def run(q, w, keys, lengths, scale):
-        def step(carry, xs):
-            q, w, keys, lengths, scale = xs
-            return carry, hs.index_scores(q, w, keys, lengths, key_scale=scale, implementation=impl)
+    def op(q, w, keys, lengths, scale):
+        return hs.index_scores(q, w, keys, lengths, key_scale=scale, implementation=impl)
 
-        return lax.scan(step, 0, (q, w, keys, lengths, scale))[1]
-
-    out = np.asarray(run(*stacked))
-    for layer, got in zip(layers, out):
-        assert_scores(got, *layer)
-        if impl == "ffi":  # the kernel's bits do not depend on where it is called from
-            np.testing.assert_array_equal(got.view(np.uint32), np.asarray(scores_of(impl, *layer)).view(np.uint32))
+    check_inside_lax_scan(op, layers, assert_scores, functools.partial(scores_of, impl) if impl == "ffi" else None)
 
 
 @pytest.mark.gpu

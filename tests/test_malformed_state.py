@@ -59,31 +59,31 @@ BROKEN, LAYER = 1, 1
 # --------------------------------------------------------------------------- faults
 
 
+# The faults that write one out-of-range value at one position of a row:
+# fault -> (the row broken, the value given B and R).
+ONE_VALUE_FAULTS = {
+    "lru_1<<30": ("lru", lambda B, R: 1 << 30),
+    "lru_int32_max": ("lru", lambda B, R: INT32_MAX),
+    "lru_minus_one": ("lru", lambda B, R: -1),
+    "lru_int32_min": ("lru", lambda B, R: INT32_MIN),
+    "lru_holds_B": ("lru", lambda B, R: B),
+    "record_minus_two": ("rec", lambda B, R: -2),
+    "record_int32_min": ("rec", lambda B, R: INT32_MIN),
+    "record_R": ("rec", lambda B, R: R),
+    "record_int32_max": ("rec", lambda B, R: INT32_MAX),
+}
+
+
 def break_row(fault: str, rec: np.ndarray, lru: np.ndarray, R: int) -> int | None:
     """Breaks one stream's rows in place (rec, lru: [B] int32 views). Returns the
     record held twice for the record_twice faults (to select it or not), else None."""
     B = len(lru)
     i = 2 % B  # the position or slot changed
-    if fault == "lru_1<<30":
-        lru[i] = 1 << 30
-    elif fault == "lru_int32_max":
-        lru[i] = INT32_MAX
-    elif fault == "lru_minus_one":
-        lru[i] = -1
-    elif fault == "lru_int32_min":
-        lru[i] = INT32_MIN
-    elif fault == "lru_holds_B":
-        lru[i] = B
+    if fault in ONE_VALUE_FAULTS:
+        row, value = ONE_VALUE_FAULTS[fault]
+        {"lru": lru, "rec": rec}[row][i] = value(B, R)
     elif fault == "lru_repeats_a_slot":  # needs B >= 2
         lru[i] = lru[(i + 1) % B]
-    elif fault == "record_minus_two":
-        rec[i] = -2
-    elif fault == "record_int32_min":
-        rec[i] = INT32_MIN
-    elif fault == "record_R":
-        rec[i] = R
-    elif fault == "record_int32_max":
-        rec[i] = INT32_MAX
     elif fault.startswith("record_twice"):  # needs B >= 2
         record = int(rec[rec >= 0][0]) if (rec >= 0).any() else 5
         rec[0] = rec[B - 1] = record

@@ -25,6 +25,11 @@ needs_ffi = pytest.mark.skipif("ffi" not in IMPLEMENTATIONS, reason="no FFI hand
 REPO = Path(__file__).resolve().parents[1]
 
 
+def row(id: str, *values):
+    """One case of an error table, named first so the table reads as a list of names."""
+    return pytest.param(*values, id=id)
+
+
 @dataclasses.dataclass
 class Operands:
     """RESOLVE operands built by hand, so any one of them can be made wrong."""
@@ -72,52 +77,22 @@ def operands(L=3, streams=(2,), R=8, B=4, k=3, record=(1, 2), dtype=np.float32) 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        pytest.param(
-            dict(B=2, k=3),
-            r"CacheConfig.hot_slots \(B=2\) must be >= top_k \(k=3\).*raise hot_slots or lower top_k",
-            id="B_below_k",
-        ),
-        pytest.param(
-            dict(width=3),
-            r"a record is 12 bytes \(page_size x record_width x itemsize = 1 x 3 x 4\).*multiple of 8: pad record_width",
-            id="record_bytes",
-        ),
-        pytest.param(
-            dict(width=3, page_size=2, dtype=ml_dtypes.bfloat16),
-            r"a record is 12 bytes",
-            id="record_bytes_bf16_pages",
-        ),
-        pytest.param(dict(k=0), r"CacheConfig.top_k must be a positive int, got 0", id="k_zero"),
-        pytest.param(
-            dict(L=-1), r"CacheConfig.num_layers must be a positive int, got -1", id="negative_layers"
-        ),
-        pytest.param(
-            dict(page_size=2.0),
-            r"CacheConfig.page_size must be a positive int, got 2.0",
-            id="float_page_size",
-        ),
-        pytest.param(
-            dict(streams=(2, 0)),
-            r"CacheConfig.stream_shape must hold positive dims, got \(2, 0\)",
-            id="zero_stream_dim",
-        ),
-        pytest.param(
-            dict(B=16385, k=8),
+        row("B_below_k", dict(B=2, k=3),
+            r"CacheConfig.hot_slots \(B=2\) must be >= top_k \(k=3\).*raise hot_slots or lower top_k"),
+        row("record_bytes", dict(width=3),
+            r"a record is 12 bytes \(page_size x record_width x itemsize = 1 x 3 x 4\).*multiple of 8: pad record_width"),
+        row("record_bytes_bf16_pages", dict(width=3, page_size=2, dtype=ml_dtypes.bfloat16), r"a record is 12 bytes"),
+        row("k_zero", dict(k=0), r"CacheConfig.top_k must be a positive int, got 0"),
+        row("negative_layers", dict(L=-1), r"CacheConfig.num_layers must be a positive int, got -1"),
+        row("float_page_size", dict(page_size=2.0), r"CacheConfig.page_size must be a positive int, got 2.0"),
+        row("zero_stream_dim", dict(streams=(2, 0)), r"CacheConfig.stream_shape must hold positive dims, got \(2, 0\)"),
+        row("B_past_cuda_limit", dict(B=16385, k=8),
             r"CacheConfig.hot_slots \(B=16385\) exceeds 16384, the most slots the CUDA RESOLVE "
-            r"kernel holds per stream; lower hot_slots",
-            id="B_past_cuda_limit",
-        ),
-        pytest.param(
-            dict(B=16384, k=8193),
+            r"kernel holds per stream; lower hot_slots"),
+        row("k_past_cuda_limit", dict(B=16384, k=8193),
             r"CacheConfig.top_k \(k=8193\) exceeds 8192, the most records the CUDA RESOLVE kernel "
-            r"selects per stream; lower top_k",
-            id="k_past_cuda_limit",
-        ),
-        pytest.param(
-            dict(B=20000, k=10000),
-            r"CacheConfig.hot_slots \(B=20000\) exceeds 16384",
-            id="both_past_cuda_limits",
-        ),
+            r"selects per stream; lower top_k"),
+        row("both_past_cuda_limits", dict(B=20000, k=10000), r"CacheConfig.hot_slots \(B=20000\) exceeds 16384"),
     ],
 )
 def test_cache_config_errors(kwargs, message):
@@ -167,133 +142,48 @@ def test_valid_operands_pass(implementation):
 
 
 def _bad_resolve_operands():
-    # Long on purpose: a table, one bad operand per row, read top to bottom like the checks it tests.
+    # A table, one bad operand per row, read top to bottom like the checks it tests.
     ok = operands()
     bf16 = operands(dtype=ml_dtypes.bfloat16)
     return [
-        pytest.param(
-            operands(B=4, k=5),
-            ValueError,
-            r"resolve: hot_slots B=4 < top_k k=5.*hot_slots >= k",
-            id="B_below_k",
-        ),
-        pytest.param(
-            operands(record=(1, 3)),
-            ValueError,
-            r"resolve: a record of host_pool is 12 bytes \(shape \(1, 3\), float32\).*multiple of 8: pad record_width",
-            id="record_bytes",
-        ),
-        pytest.param(
-            ok.replace(selection=ok.selection.astype(jnp.int16)),
-            TypeError,
-            r"resolve: selection must be int32, got int16; cast it with .astype\(jnp.int32\)",
-            id="selection_int16",
-        ),
-        pytest.param(
-            ok.replace(selection=ok.selection.astype(jnp.float32)),
-            TypeError,
-            r"resolve: selection must be int32, got float32",
-            id="selection_float",
-        ),
-        pytest.param(
-            ok.replace(sealed=ok.sealed.astype(jnp.uint32)),
-            TypeError,
-            r"resolve: sealed must be int32, got uint32",
-            id="sealed_uint32",
-        ),
-        pytest.param(
-            ok.with_cache(slot_record=ok.cache.slot_record.astype(jnp.int16)),
-            TypeError,
-            r"resolve: cache.slot_record must be int32",
-            id="slot_record_dtype",
-        ),
-        pytest.param(
-            ok.with_cache(lru=ok.cache.lru.astype(jnp.uint8)),
-            TypeError,
-            r"resolve: cache.lru must be int32",
-            id="lru_dtype",
-        ),
-        pytest.param(
-            ok.with_cache(hot=bf16.cache.hot),
-            TypeError,
-            r"resolve: cache.hot is bfloat16 but host_pool is float32; records are copied bit for bit",
-            id="hot_vs_pool_dtype",
-        ),
-        pytest.param(
-            ok.replace(selection=jnp.int32(0)),
-            ValueError,
-            r"resolve: selection must be \[\*streams, k\], got a scalar",
-            id="selection_scalar",
-        ),
-        pytest.param(
-            ok.replace(sealed=jnp.zeros((3,), jnp.int32)),
-            ValueError,
-            r"resolve: sealed has shape \(3,\), expected the stream shape \(2,\) of selection",
-            id="sealed_shape",
-        ),
-        pytest.param(
-            ok.replace(selection=jnp.zeros((3, 3), jnp.int32), sealed=jnp.zeros((3,), jnp.int32)),
-            ValueError,
-            r"resolve: host_pool has shape \(3, 2, 8, 1, 2\), expected \[L, \*streams, R, \*record\] with streams = \(3,\)",
-            id="pool_streams",
-        ),
-        pytest.param(
-            ok.with_cache(slot_record=jnp.zeros((2, 2, 4), jnp.int32)),
-            ValueError,
-            r"resolve: cache.slot_record has shape \(2, 2, 4\), expected \[L, \*streams, B\] = \[3, 2, B\]",
-            id="slot_record_layers",
-        ),
-        pytest.param(
-            ok.with_cache(slot_record=jnp.zeros((3, 2, 4, 1), jnp.int32)),
-            ValueError,
-            r"resolve: cache.slot_record has shape \(3, 2, 4, 1\)",
-            id="slot_record_rank",
-        ),
-        pytest.param(
-            ok.with_cache(lru=jnp.zeros((3, 2, 5), jnp.int32)),
-            ValueError,
-            r"resolve: cache.lru has shape \(3, 2, 5\), expected \(3, 2, 4\)",
-            id="lru_shape",
-        ),
-        pytest.param(
-            ok.with_cache(hot=jnp.zeros((3, 2, 4, 1, 4), jnp.float32)),
-            ValueError,
-            r"resolve: cache.hot has shape \(3, 2, 4, 1, 4\), expected \[L, \*streams, B, \*record\] = \(3, 2, 4, 1, 2\)",
-            id="hot_record",
-        ),
-        pytest.param(
-            ok.with_cache(hot=jnp.zeros((3, 2, 5, 1, 2), jnp.float32)),
-            ValueError,
-            r"resolve: cache.hot has shape \(3, 2, 5, 1, 2\)",
-            id="hot_slots",
-        ),
-        pytest.param(
-            ok.replace(layer=3),
-            ValueError,
-            r"resolve: layer=3 is outside \[0, 3\) \(host_pool has L=3 layers\)",
-            id="layer_past_L",
-        ),
-        pytest.param(
-            ok.replace(layer=-1), ValueError, r"resolve: layer=-1 is outside \[0, 3\)", id="layer_negative"
-        ),
-        pytest.param(
-            ok.replace(layer=np.int64(7)),
-            ValueError,
-            r"resolve: layer=7 is outside \[0, 3\)",
-            id="layer_numpy_int",
-        ),
-        pytest.param(
-            ok.replace(layer=jnp.float32(0)),
-            TypeError,
-            r"resolve: layer must be int32, got float32",
-            id="layer_float",
-        ),
-        pytest.param(
-            ok.replace(layer=jnp.zeros((1,), jnp.int32)),
-            ValueError,
-            r"resolve: layer must be a scalar, got shape \(1,\)",
-            id="layer_vector",
-        ),
+        row("B_below_k", operands(B=4, k=5), ValueError, r"resolve: hot_slots B=4 < top_k k=5.*hot_slots >= k"),
+        row("record_bytes", operands(record=(1, 3)), ValueError,
+            r"resolve: a record of host_pool is 12 bytes \(shape \(1, 3\), float32\).*multiple of 8: pad record_width"),
+        row("selection_int16", ok.replace(selection=ok.selection.astype(jnp.int16)), TypeError,
+            r"resolve: selection must be int32, got int16; cast it with .astype\(jnp.int32\)"),
+        row("selection_float", ok.replace(selection=ok.selection.astype(jnp.float32)), TypeError,
+            r"resolve: selection must be int32, got float32"),
+        row("sealed_uint32", ok.replace(sealed=ok.sealed.astype(jnp.uint32)), TypeError,
+            r"resolve: sealed must be int32, got uint32"),
+        row("slot_record_dtype", ok.with_cache(slot_record=ok.cache.slot_record.astype(jnp.int16)), TypeError,
+            r"resolve: cache.slot_record must be int32"),
+        row("lru_dtype", ok.with_cache(lru=ok.cache.lru.astype(jnp.uint8)), TypeError,
+            r"resolve: cache.lru must be int32"),
+        row("hot_vs_pool_dtype", ok.with_cache(hot=bf16.cache.hot), TypeError,
+            r"resolve: cache.hot is bfloat16 but host_pool is float32; records are copied bit for bit"),
+        row("selection_scalar", ok.replace(selection=jnp.int32(0)), ValueError,
+            r"resolve: selection must be \[\*streams, k\], got a scalar"),
+        row("sealed_shape", ok.replace(sealed=jnp.zeros((3,), jnp.int32)), ValueError,
+            r"resolve: sealed has shape \(3,\), expected the stream shape \(2,\) of selection"),
+        row("pool_streams", ok.replace(selection=jnp.zeros((3, 3), jnp.int32), sealed=jnp.zeros((3,), jnp.int32)), ValueError,
+            r"resolve: host_pool has shape \(3, 2, 8, 1, 2\), expected \[L, \*streams, R, \*record\] with streams = \(3,\)"),
+        row("slot_record_layers", ok.with_cache(slot_record=jnp.zeros((2, 2, 4), jnp.int32)), ValueError,
+            r"resolve: cache.slot_record has shape \(2, 2, 4\), expected \[L, \*streams, B\] = \[3, 2, B\]"),
+        row("slot_record_rank", ok.with_cache(slot_record=jnp.zeros((3, 2, 4, 1), jnp.int32)), ValueError,
+            r"resolve: cache.slot_record has shape \(3, 2, 4, 1\)"),
+        row("lru_shape", ok.with_cache(lru=jnp.zeros((3, 2, 5), jnp.int32)), ValueError,
+            r"resolve: cache.lru has shape \(3, 2, 5\), expected \(3, 2, 4\)"),
+        row("hot_record", ok.with_cache(hot=jnp.zeros((3, 2, 4, 1, 4), jnp.float32)), ValueError,
+            r"resolve: cache.hot has shape \(3, 2, 4, 1, 4\), expected \[L, \*streams, B, \*record\] = \(3, 2, 4, 1, 2\)"),
+        row("hot_slots", ok.with_cache(hot=jnp.zeros((3, 2, 5, 1, 2), jnp.float32)), ValueError,
+            r"resolve: cache.hot has shape \(3, 2, 5, 1, 2\)"),
+        row("layer_past_L", ok.replace(layer=3), ValueError,
+            r"resolve: layer=3 is outside \[0, 3\) \(host_pool has L=3 layers\)"),
+        row("layer_negative", ok.replace(layer=-1), ValueError, r"resolve: layer=-1 is outside \[0, 3\)"),
+        row("layer_numpy_int", ok.replace(layer=np.int64(7)), ValueError, r"resolve: layer=7 is outside \[0, 3\)"),
+        row("layer_float", ok.replace(layer=jnp.float32(0)), TypeError, r"resolve: layer must be int32, got float32"),
+        row("layer_vector", ok.replace(layer=jnp.zeros((1,), jnp.int32)), ValueError,
+            r"resolve: layer must be a scalar, got shape \(1,\)"),
     ]
 
 
@@ -341,16 +231,10 @@ def test_reference_accepts_a_device_pool():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        pytest.param(
-            dict(implementation="cuda"),
-            r"implementation must be 'auto', 'ffi' or 'reference', got 'cuda'",
-            id="implementation",
-        ),
-        pytest.param(
-            dict(implementation="reference", launch="fast"),
-            r"launch must be 'auto', 'fused' or 'split', got 'fast'",
-            id="launch",
-        ),
+        row("implementation", dict(implementation="cuda"),
+            r"implementation must be 'auto', 'ffi' or 'reference', got 'cuda'"),
+        row("launch", dict(implementation="reference", launch="fast"),
+            r"launch must be 'auto', 'fused' or 'split', got 'fast'"),
     ],
 )
 def test_resolve_option_errors(kwargs, message):
@@ -389,10 +273,10 @@ def checked_resolve(implementation):
 @pytest.mark.parametrize(
     "selection, sealed, layer, invalid",
     [
-        pytest.param([[0, 1, -1], [7, -1, -1]], [8, 8], 0, 0, id="valid_and_padding"),
-        pytest.param([[0, 1, -1], [7, -1, -1]], [8, 7], 0, 1, id="not_sealed"),
-        pytest.param([[8, -2, -1], [0, 0, 0]], [8, 8], 1, 2, id="past_R_and_negative"),
-        pytest.param([[0, 1, 2], [3, -1, -1]], [8, 8], 3, 4, id="layer_out_of_range"),
+        row("valid_and_padding", [[0, 1, -1], [7, -1, -1]], [8, 8], 0, 0),
+        row("not_sealed", [[0, 1, -1], [7, -1, -1]], [8, 7], 0, 1),
+        row("past_R_and_negative", [[8, -2, -1], [0, 0, 0]], [8, 8], 1, 2),
+        row("layer_out_of_range", [[0, 1, 2], [3, -1, -1]], [8, 8], 3, 4),
     ],
 )
 def test_checked_mode(implementation, selection, sealed, layer, invalid):
@@ -461,60 +345,24 @@ def _pool_write_operands(dtype=np.float32, record=(1, 2)):
 def _bad_write_operands():
     pool, records, start, count = _pool_write_operands()
     return [
-        pytest.param(
-            (pool, records, start.astype(jnp.float32), count),
-            TypeError,
-            r"write_records: start must be int32, got float32",
-            id="start_dtype",
-        ),
-        pytest.param(
-            (pool, records, start, count.astype(jnp.int16)),
-            TypeError,
-            r"write_records: count must be int32, got int16",
-            id="count_dtype",
-        ),
-        pytest.param(
-            (pool, records, start, jnp.ones((2,), jnp.int32)),
-            ValueError,
-            r"write_records: count has shape \(2,\), expected the shape \(3,\) of start",
-            id="count_shape",
-        ),
-        pytest.param(
-            (pool, records[:, :2], start[:2], count[:2]),
-            ValueError,
-            r"write_records: host_pool has shape \(2, 3, 8, 1, 2\), expected \[L, \*streams, R, \*record\] with streams = \(2,\)",
-            id="pool_streams",
-        ),
-        pytest.param(
-            (pool, records[:1], start, count),
-            ValueError,
-            r"write_records: records has shape \(1, 3, 2, 1, 2\), expected \[L, \*streams, n, \*record\] = \[2, 3, n, 1, 2\]",
-            id="records_layers",
-        ),
-        pytest.param(
-            (pool, jnp.zeros((2, 3, 2, 1, 4)), start, count),
-            ValueError,
-            r"write_records: records has shape \(2, 3, 2, 1, 4\)",
-            id="records_width",
-        ),
-        pytest.param(
-            (pool, records.astype(jnp.bfloat16), start, count),
-            TypeError,
-            r"write_records: records is bfloat16 but host_pool is float32",
-            id="records_dtype",
-        ),
-        pytest.param(
-            (pool, jax.device_put(records, hs.pinned_host_sharding()), start, count),
-            ValueError,
-            r"write_records: records must be on device \(they come from the model\), not in host memory",
-            id="records_in_host_memory",
-        ),
-        pytest.param(
-            _pool_write_operands(record=(1, 3)),
-            ValueError,
-            r"write_records: a record of host_pool is 12 bytes.*pad record_width",
-            id="record_bytes",
-        ),
+        row("start_dtype", (pool, records, start.astype(jnp.float32), count), TypeError,
+            r"write_records: start must be int32, got float32"),
+        row("count_dtype", (pool, records, start, count.astype(jnp.int16)), TypeError,
+            r"write_records: count must be int32, got int16"),
+        row("count_shape", (pool, records, start, jnp.ones((2,), jnp.int32)), ValueError,
+            r"write_records: count has shape \(2,\), expected the shape \(3,\) of start"),
+        row("pool_streams", (pool, records[:, :2], start[:2], count[:2]), ValueError,
+            r"write_records: host_pool has shape \(2, 3, 8, 1, 2\), expected \[L, \*streams, R, \*record\] with streams = \(2,\)"),
+        row("records_layers", (pool, records[:1], start, count), ValueError,
+            r"write_records: records has shape \(1, 3, 2, 1, 2\), expected \[L, \*streams, n, \*record\] = \[2, 3, n, 1, 2\]"),
+        row("records_width", (pool, jnp.zeros((2, 3, 2, 1, 4)), start, count), ValueError,
+            r"write_records: records has shape \(2, 3, 2, 1, 4\)"),
+        row("records_dtype", (pool, records.astype(jnp.bfloat16), start, count), TypeError,
+            r"write_records: records is bfloat16 but host_pool is float32"),
+        row("records_in_host_memory", (pool, jax.device_put(records, hs.pinned_host_sharding()), start, count), ValueError,
+            r"write_records: records must be on device \(they come from the model\), not in host memory"),
+        row("record_bytes", _pool_write_operands(record=(1, 3)), ValueError,
+            r"write_records: a record of host_pool is 12 bytes.*pad record_width"),
     ]
 
 
@@ -580,31 +428,15 @@ def _direct_resolve(ops: Operands, selection=None, sealed=None):
 @pytest.mark.parametrize(
     "ops, kwargs, message",
     [
-        pytest.param(operands(B=4, k=5), {}, r"hisparse_resolve: hot_slots B must be >= k", id="B_below_k"),
-        pytest.param(
-            operands(record=(1, 3)),
-            {},
-            r"hisparse_resolve: record bytes must be a positive multiple of 8",
-            id="record_bytes",
-        ),
-        pytest.param(
-            operands(),
-            dict(selection=jnp.zeros((2, 3), jnp.float32)),
-            r"hisparse_resolve: selection must be int32",
-            id="selection_dtype",
-        ),
-        pytest.param(
-            operands(),
-            dict(sealed=jnp.zeros((3,), jnp.int32)),
-            r"hisparse_resolve: sealed must have the stream dims of selection",
-            id="sealed_dims",
-        ),
-        pytest.param(
-            operands(),
-            dict(selection=jnp.zeros((3, 3), jnp.int32), sealed=jnp.zeros((3,), jnp.int32)),
-            r"hisparse_resolve: host_pool \[3, 2, 8, 1, 2\] must be \[L, \*streams, R, ...record\]",
-            id="pool_dims",
-        ),
+        row("B_below_k", operands(B=4, k=5), {}, r"hisparse_resolve: hot_slots B must be >= k"),
+        row("record_bytes", operands(record=(1, 3)), {},
+            r"hisparse_resolve: record bytes must be a positive multiple of 8"),
+        row("selection_dtype", operands(), dict(selection=jnp.zeros((2, 3), jnp.float32)),
+            r"hisparse_resolve: selection must be int32"),
+        row("sealed_dims", operands(), dict(sealed=jnp.zeros((3,), jnp.int32)),
+            r"hisparse_resolve: sealed must have the stream dims of selection"),
+        row("pool_dims", operands(), dict(selection=jnp.zeros((3, 3), jnp.int32), sealed=jnp.zeros((3,), jnp.int32)),
+            r"hisparse_resolve: host_pool \[3, 2, 8, 1, 2\] must be \[L, \*streams, R, ...record\]"),
     ],
 )
 def test_handler_refuses_malformed_operands(ops, kwargs, message):
@@ -616,16 +448,10 @@ def test_handler_refuses_malformed_operands(ops, kwargs, message):
 @pytest.mark.parametrize(
     "ops, message",
     [
-        pytest.param(
-            operands(L=1, B=16385, k=3),
-            r"hisparse_resolve: slot_record B = 16385 exceeds the CUDA kernel's limit of 16384",
-            id="B",
-        ),
-        pytest.param(
-            operands(L=1, B=8193, k=8193),
-            r"hisparse_resolve: selection k = 8193 exceeds the CUDA kernel's limit of 8192",
-            id="k",
-        ),
+        row("B", operands(L=1, B=16385, k=3),
+            r"hisparse_resolve: slot_record B = 16385 exceeds the CUDA kernel's limit of 16384"),
+        row("k", operands(L=1, B=8193, k=8193),
+            r"hisparse_resolve: selection k = 8193 exceeds the CUDA kernel's limit of 8192"),
     ],
 )
 def test_cuda_handler_keeps_its_limits(ops, message):

@@ -200,32 +200,36 @@ QWEN3_30B_A3B = ModelCard(
 
 _MLA_DSA_NOTES = ("the slice's layers are MoE layers; the model's 3 dense-MLP layers are not in it",)
 
+
+def _dsa_ep8_h200(name: str, card: ModelCard, title: str, published: str, *notes: str) -> Deployment:
+    """An MLA + DSA model on 8 NVIDIA H200 with its experts over the 8 GPUs (EP8), sliced to 8
+    layers; `notes` follow the notes every such slice shares."""
+    return Deployment(
+        name=name, family="dsa", card=card, gpus=8, expert_parallel=8, gpu="NVIDIA H200",
+        hbm_bytes=H200_HBM, slice_layers=8, title=title, fields=shapes.DEPLOYMENT_SLICES[name],
+        published=published, notes=(*_MLA_DSA_NOTES, *notes),
+    )
+
 DEPLOYMENTS = {
     d.name: d
     for d in (
-        Deployment(
-            name="glm5-h200", family="dsa", card=GLM_5, gpus=8, expert_parallel=8, gpu="NVIDIA H200",
-            hbm_bytes=H200_HBM, slice_layers=8,
-            title="GLM-5.1-FP8 + DSA on 8 NVIDIA H200, data-parallel attention, experts over 8 GPUs (EP8)",
-            fields=shapes.DEPLOYMENT_SLICES["glm5-h200"],
-            published="HiSparse paper: 624 -> 1919 tok/s at 32K (3.1x), 232 -> 680 at 160K (2.9x); "
-                      "~240 GB of KV over 8 GPUs at 32K",
-            notes=(*_MLA_DSA_NOTES,
-                   "the indexer's query comes from the layer input, not from the q low-rank latent "
-                   "(its weights are 6144 x 32 x 128 instead of 2048 x 32 x 128)",
-                   "attention and indexer weights are bf16 (the checkpoint has fp8): the slice reads "
-                   "more attention bytes per layer than the deployment (listed above)"),
+        _dsa_ep8_h200(
+            "glm5-h200", GLM_5,
+            "GLM-5.1-FP8 + DSA on 8 NVIDIA H200, data-parallel attention, experts over 8 GPUs (EP8)",
+            "HiSparse paper: 624 -> 1919 tok/s at 32K (3.1x), 232 -> 680 at 160K (2.9x); "
+            "~240 GB of KV over 8 GPUs at 32K",
+            "the indexer's query comes from the layer input, not from the q low-rank latent "
+            "(its weights are 6144 x 32 x 128 instead of 2048 x 32 x 128)",
+            "attention and indexer weights are bf16 (the checkpoint has fp8): the slice reads "
+            "more attention bytes per layer than the deployment (listed above)",
         ),
-        Deployment(
-            name="dsv32-h200", family="dsa", card=DEEPSEEK_V32, gpus=8, expert_parallel=8, gpu="NVIDIA H200",
-            hbm_bytes=H200_HBM, slice_layers=8,
-            title="DeepSeek-V3.2 (fp8) on 8 NVIDIA H200, data-parallel attention, experts over 8 GPUs (EP8)",
-            fields=shapes.DEPLOYMENT_SLICES["dsv32-h200"],
-            published="no HiSparse figure published for this deployment; the paper's GLM-5.1 deployment "
-                      "is the closest",
-            notes=(*_MLA_DSA_NOTES,
-                   "the indexer's query comes from the layer input, not from the q low-rank latent",
-                   "attention and indexer weights are bf16 (the checkpoint has fp8)"),
+        _dsa_ep8_h200(
+            "dsv32-h200", DEEPSEEK_V32,
+            "DeepSeek-V3.2 (fp8) on 8 NVIDIA H200, data-parallel attention, experts over 8 GPUs (EP8)",
+            "no HiSparse figure published for this deployment; the paper's GLM-5.1 deployment "
+            "is the closest",
+            "the indexer's query comes from the layer input, not from the q low-rank latent",
+            "attention and indexer weights are bf16 (the checkpoint has fp8)",
         ),
         Deployment(
             name="qwen3-quest-h200", family="quest", card=QWEN3_30B_A3B, gpus=1, expert_parallel=1,

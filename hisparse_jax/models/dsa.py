@@ -325,8 +325,7 @@ def _decode_layer(config: Config, w: LayerWeights, store, located, pos, x, tail,
         parts, misses, store = paging.selected_parts(store, layer, located, tail, pos, mla.split_record(config))
         latent = layers.attend(q, parts, mla.scale(config))  # [b, H, dc]
         x = x + mla.attention_out(config, w, latent)
-    with jax.named_scope("mlp"):
-        x = x + moe.feed_forward(config, w, x)
+    x = moe.add_feed_forward(config, w, x)
     return x, tail, store, misses
 
 
@@ -394,20 +393,14 @@ def _prefill_layer(config: Config, w: LayerWeights, positions, chunk, x):
     with jax.named_scope("attention"):
         latent = layers.causal_attention(q_fn, record, record[..., : config.kv_lora_rank], mla.scale(config), chunk)
         x = x + mla.attention_out(config, w, latent)
-    with jax.named_scope("mlp"):
-        x = x + moe.feed_forward(config, w, x)
+    x = moe.add_feed_forward(config, w, x)
     return x, record
 
 
 def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, lengths: jax.Array):
-    """Dense causal prefill of ragged prompts into a fresh state.
-
-    Args:
-      prompts: [b, T] int32, row i valid up to lengths[i]; T <= max_context.
-      lengths: [b] int32 in [1, T].
-    Returns:
-      (state, logits [b, V] float32 of each prompt's last token).
-    """
+    """The protocol's prefill (hisparse_jax.models: prompts [b, T], lengths [b] -> (state, logits
+    [b, V] of each prompt's last token)), dense and causal: each indexer group first writes every
+    prompt token's index key, then its layers page their latent records into the store."""
     c = config
     x, lengths, positions, chunk, keep = layers.embed_prompts(c, weights.embed, prompts, lengths)
     written = (positions[:keep] < lengths[:, None])  # [b, keep]

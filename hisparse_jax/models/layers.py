@@ -66,6 +66,18 @@ class MLPWeights:
     w_down: jax.Array  # [F, D]
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ModelWeights:
+    """A model's weights around its layers: nsa's and quest's Weights (dsa's adds its indexers,
+    between the layers and the final norm, where its checkpoints have them)."""
+
+    embed: jax.Array  # [V, D]
+    layers: tuple[Any, ...]  # L, the family's LayerWeights (quest: dense_layers first)
+    final_norm: jax.Array  # [D]
+    unembed: jax.Array  # [D, V]
+
+
 def mlp_specs(config: Any, L: int) -> dict[str, tuple[tuple[int, ...], int]]:
     """{name: (shape, fan_in)} of the dense MLP matrices of L layers; none when the config has
     experts (hisparse_jax.models.moe draws those)."""

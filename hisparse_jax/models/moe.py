@@ -136,6 +136,13 @@ def feed_forward(config: ModelConfig, w: Any, x: jax.Array) -> jax.Array:
     return layers.mlp(w.mlp, x, config.norm_eps)
 
 
+def add_feed_forward(config: ModelConfig, w: Any, x: jax.Array) -> jax.Array:
+    """x + feed_forward(config, w, x): the second residual branch of every family's layer,
+    decode and prefill alike, under the named scope "mlp"."""
+    with jax.named_scope("mlp"):
+        return x + feed_forward(config, w, x)
+
+
 def route(config: ModelConfig, router: jax.Array, h: jax.Array) -> tuple[jax.Array, jax.Array]:
     """h [T, D] -> (chosen global expert ids [T, k] int32, routing weights [T, k] float32).
 

@@ -126,13 +126,7 @@ class LayerWeights:
     moe: moe.MoEWeights | None  # the mixture of experts (experts > 0), else None
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Weights:
-    embed: jax.Array  # [V, D]
-    layers: tuple[LayerWeights, ...]  # L
-    final_norm: jax.Array  # [D]
-    unembed: jax.Array  # [D, V]
+Weights = layers.ModelWeights
 
 
 @jax.tree_util.register_dataclass
@@ -314,8 +308,7 @@ def _decode_layer(config: Config, w: LayerWeights, store: RecordStore, forced, p
     gates = _branch_gates(gate_logits)  # [b, kvh, G, 3]
     heads = gates[..., 0:1] * out_cmp + gates[..., 1:2] * out_slc + gates[..., 2:3] * out_win
     x = x + gqa.attention_out(heads, w.w_o, config.dtype)
-    with jax.named_scope("mlp"):
-        x = x + moe.feed_forward(config, w, x)
+    x = moe.add_feed_forward(config, w, x)
     return x, (tail, ring, cmp), store, misses, selection
 
 
@@ -413,8 +406,7 @@ def _prefill_layer(config: Config, w: LayerWeights, mode: str, positions, chunk,
     gates = _branch_gates(gate_logits)  # [b, T, kvh, G, 3]
     heads = gates[..., 0:1] * out_cmp + gates[..., 1:2] * out_slc + gates[..., 2:3] * out_win
     x = x + gqa.attention_out(heads, w.w_o, config.dtype)
-    with jax.named_scope("mlp"):
-        x = x + moe.feed_forward(config, w, x)
+    x = moe.add_feed_forward(config, w, x)
     return x, records, compressed
 
 
@@ -427,14 +419,8 @@ def _prompt_window(config: Config, records: jax.Array, lengths: jax.Array) -> ja
 
 
 def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, lengths: jax.Array):
-    """NSA prefill of ragged prompts into a fresh state (all three branches for every token).
-
-    Args:
-      prompts: [b, T] int32, row i valid up to lengths[i]; T <= max_context.
-      lengths: [b] int32 in [1, T].
-    Returns:
-      (state, logits [b, V] float32 of each prompt's last token).
-    """
+    """The protocol's prefill (hisparse_jax.models: prompts [b, T], lengths [b] -> (state, logits
+    [b, V] of each prompt's last token)), with all three NSA branches for every token."""
     c = config
     x, lengths, positions, chunk, keep = layers.embed_prompts(c, weights.embed, prompts, lengths)
     records, compressed = [], []

@@ -94,13 +94,7 @@ class LayerWeights:
     moe: moe.MoEWeights | None  # the mixture of experts (experts > 0), else None
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Weights:
-    embed: jax.Array  # [V, D]
-    layers: tuple[LayerWeights, ...]  # L: dense_layers first, then the sparse layers
-    final_norm: jax.Array  # [D]
-    unembed: jax.Array  # [D, V]
+Weights = layers.ModelWeights
 
 
 @jax.tree_util.register_dataclass
@@ -213,8 +207,7 @@ def _decode_layer(config: Config, w: LayerWeights, store: RecordStore, select, p
         parts, misses, store = paging.selected_parts(store, layer, located, tail, pos_s, gqa.split(config))
         heads = layers.attend(q, parts, gqa.scale(config))  # [b, kvh, G, hd]
         x = x + gqa.attention_out(heads, w.w_o, config.dtype)
-    with jax.named_scope("mlp"):
-        x = x + moe.feed_forward(config, w, x)
+    x = moe.add_feed_forward(config, w, x)
     return x, tail, store, misses
 
 
@@ -293,20 +286,14 @@ def _prefill_layer(config: Config, w: LayerWeights, positions, chunk, x):
     with jax.named_scope("attention"):
         heads = layers.causal_attention(q_fn, keys, values, gqa.scale(config), chunk)  # [b, T, kvh, G, hd]
         x = x + gqa.attention_out(heads, w.w_o, config.dtype)
-    with jax.named_scope("mlp"):
-        x = x + moe.feed_forward(config, w, x)
+    x = moe.add_feed_forward(config, w, x)
     return x, record
 
 
 def prefill(config: Config, weights: Weights, state: State, prompts: jax.Array, lengths: jax.Array):
-    """Dense causal prefill of ragged prompts into a fresh state.
-
-    Args:
-      prompts: [b, T] int32, row i valid up to lengths[i]; T <= max_context.
-      lengths: [b] int32 in [1, T].
-    Returns:
-      (state, logits [b, V] float32 of each prompt's last token).
-    """
+    """The protocol's prefill (hisparse_jax.models: prompts [b, T], lengths [b] -> (state, logits
+    [b, V] of each prompt's last token)), dense and causal: the dense layers' pages go to
+    dense_store, the sparse layers' to the store with the key bounds of each sealed page."""
     c, Ld, hd = config, config.dense_layers, config.head_dim
     x, lengths, positions, chunk, keep = layers.embed_prompts(c, weights.embed, prompts, lengths)
     records = []

@@ -282,34 +282,39 @@ class _Policy:
         """After the fill: what the policy learns from the step's hits and fills."""
 
 
-class _Lru(_Policy):
+class _Ordered(_Policy):
+    """A policy that keeps `order`, a list of the slots per row (initially 0..B-1), and evicts
+    along it (RESOLVE's rule 3): lru, fifo and lfu."""
+
+    def __init__(self, ids, capacity, seed):
+        super().__init__(ids, capacity, seed)
+        self.order = _initial_order(self.rows, capacity)
+
+    def first_evictable(self, hit_slots, m):
+        """The first m[r] slots of `order` that are not hit: (hit and victim rank, both read
+        along `order`, and the [rows, K] victims)."""
+        hit, rank = _first_evictable(self.order, hit_slots, m)
+        return hit, rank, _victims_from_rank(rank, self.order, m)
+
+
+class _Lru(_Ordered):
     """RESOLVE exactly (docs/contract.md rules 3-4): `order` lists the slots least recently used
     first (initially 0..B-1); miss m takes the m-th slot of `order` that is not hit. An empty
     slot is just an evictable slot of the order; empty slots stay at its front, so they go first."""
 
-    def __init__(self, ids, capacity, seed):
-        super().__init__(ids, capacity, seed)
-        self.order = _initial_order(self.rows, capacity)
-
     def victims(self, t, cache, hit_slots, m):
-        hit, rank = _first_evictable(self.order, hit_slots, m)
-        victims = _victims_from_rank(rank, self.order, m)
+        hit, rank, victims = self.first_evictable(hit_slots, m)
         self.order = _promote(self.order, hit, rank, m)
         return victims
 
 
-class _Fifo(_Policy):
+class _Fifo(_Ordered):
     """`order` lists the slots by insertion, oldest first (empty slots first, in slot order); the
     victims are its first slots that are not hit; hits do not move; filled slots go to the end in
     miss order (the order they were filled breaks ties within a step)."""
 
-    def __init__(self, ids, capacity, seed):
-        super().__init__(ids, capacity, seed)
-        self.order = _initial_order(self.rows, capacity)
-
     def victims(self, t, cache, hit_slots, m):
-        _, rank = _first_evictable(self.order, hit_slots, m)
-        victims = _victims_from_rank(rank, self.order, m)
+        _, rank, victims = self.first_evictable(hit_slots, m)
         stay = rank < 0
         position = np.where(stay, np.cumsum(stay, axis=1) - 1, (self.capacity - m)[:, None] + rank)
         new = np.empty_like(self.order)
@@ -333,13 +338,12 @@ class _Random(_Policy):
         return _smallest(np.where(hit_slots, np.inf, key), m)
 
 
-class _Lfu(_Policy):
+class _Lfu(_Ordered):
     """Fewest uses since insertion (the insertion counts as one use, each hit adds one); ties to
     the least recently used in RESOLVE's order (rule 4, maintained as for "lru"); empty slots first."""
 
     def __init__(self, ids, capacity, seed):
         super().__init__(ids, capacity, seed)
-        self.order = _initial_order(self.rows, capacity)
         self.uses = np.zeros((self.rows, capacity), np.int64)
 
     def victims(self, t, cache, hit_slots, m):

@@ -28,6 +28,11 @@ FORMAT = "hisparse-selection-trace"
 VERSION = 1
 
 
+def _ids_axis(axis: int, doc: str) -> property:
+    """A read-only property: the length of one axis of a trace's ids."""
+    return property(lambda self: self.ids.shape[axis], doc=doc)
+
+
 @dataclasses.dataclass(frozen=True)
 class RecordedTrace:
     """Selections of `layers` selecting layers over `streams` streams at `steps` decode steps.
@@ -64,21 +69,11 @@ class RecordedTrace:
         object.__setattr__(self, "sealed", sealed.astype(np.int32))
         json.dumps(self.source)  # raises on a source that cannot be stored
 
-    @property
-    def steps(self) -> int:
-        return self.ids.shape[0]
-
-    @property
-    def layers(self) -> int:
-        return self.ids.shape[1]
-
-    @property
-    def streams(self) -> int:
-        return self.ids.shape[2]
-
-    @property
-    def k(self) -> int:
-        return self.ids.shape[3]
+    # The four axes of ids, by name.
+    steps = _ids_axis(0, "Decode steps.")
+    layers = _ids_axis(1, "Selecting layers.")
+    streams = _ids_axis(2, "Streams.")
+    k = _ids_axis(3, "Ids per selection (-1 padding included).")
 
     @property
     def num_records(self) -> int:
