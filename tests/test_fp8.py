@@ -47,7 +47,9 @@ def test_tiny_row_keeps_a_normal_scale():
 def test_huge_row_maps_its_max_to_448():
     x = np.array([[3e38, -1e38, 1.0, 0.0]], np.float32)
     codes, scale = quantize(x)
-    assert np.isfinite(scale[0]) and scale[0] == np.float32(np.float32(3e38) / np.float32(448))
+    # XLA on a GPU divides by the constant 448 as a multiply by its reciprocal: within one ulp.
+    exact = np.float32(np.float32(3e38) / np.float32(448))
+    assert np.isfinite(scale[0]) and np.nextafter(exact, 0) <= scale[0] <= np.nextafter(exact, np.inf)
     assert codes[0, 0].astype(np.float32) == 448 and np.all(np.isfinite(codes.astype(np.float32)))
 
 
