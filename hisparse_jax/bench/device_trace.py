@@ -10,7 +10,6 @@ import gzip
 import json
 import os
 import re
-import re
 from typing import Iterable
 
 from .kernel_categories import CATEGORIES, Instruction, classify
@@ -113,6 +112,20 @@ def io_overlap(kernels: Iterable[KernelTime], instructions: dict[str, Instructio
     total, hidden = _length(copy), _length(_union(hidden_spans))
     return dict(io_seconds=total / steps, hidden_seconds=hidden / steps,
                 hidden_fraction=hidden / total if total > 0 else 0.0)
+
+
+def timeline(kernels: Iterable[KernelTime], steps: int) -> dict:
+    """How busy the device was over the profiled call: kernels launched per step, and the time per
+    step between the first kernel's start and the last one's end during which no kernel of the
+    call ran on any stream (launch gaps, host waits). The profiler itself widens these gaps, so
+    the decode report also sets the kernels' sum against the unprofiled step time.
+    Returns {"kernels_per_step", "idle_seconds"} (zeros for an empty trace)."""
+    spans = [(k.start, k.start + k.seconds) for k in kernels]
+    if not spans:
+        return dict(kernels_per_step=0.0, idle_seconds=0.0)
+    busy = _length(_union(spans))
+    span = max(b for _, b in spans) - min(a for a, _ in spans)
+    return dict(kernels_per_step=len(spans) / steps, idle_seconds=max(span - busy, 0.0) / steps)
 
 
 def instruction_of(kernel: KernelTime, instructions: dict[str, Instruction]) -> Instruction | None:

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from .. import decode, hlo
-from .device_trace import device_kernels, io_overlap, summarize
+from .device_trace import device_kernels, io_overlap, summarize, timeline
 from .kernel_categories import CATEGORIES, hlo_instructions
 from .roofline import measure_bandwidths, roofline_seconds, step_bytes
 
@@ -36,6 +36,9 @@ class StepProfile:
       bandwidths: "hbm", "host link" -> measured bytes/s.
       top_kernels: the 12 kernels with the most device time per step: (category, kernel, seconds).
       io_overlap: `io_overlap`'s copy time and the part hidden behind other kernels, or None.
+      kernels_per_step: kernel launches per step.
+      idle_seconds: per step, device time between the call's first and last kernel with no kernel
+        running (`device_trace.timeline`; the profiler widens it).
     """
 
     seconds: dict[str, float]
@@ -45,6 +48,8 @@ class StepProfile:
     bandwidths: dict[str, float]
     top_kernels: list[tuple[str, str, float]]
     io_overlap: dict | None = None
+    kernels_per_step: float = 0.0
+    idle_seconds: float = 0.0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -79,11 +84,26 @@ def profile_decode(family, config, weights, state, first_tokens, steps: int, *, 
     kernels = device_kernels(trace_dir, program.name)
     seconds, top = summarize(kernels, instructions, steps)
     overlap = io_overlap(kernels, instructions, steps)
+    busy = timeline(kernels, steps)
     if bandwidths is None:
         bandwidths = measure_bandwidths(config.record_bytes)
     moved = step_bytes(family, config, weights, batch, context, float(np.asarray(misses).sum()) / steps)
     roofline = roofline_seconds(moved, bandwidths)
-    return StepProfile(seconds, wall, roofline, moved, dict(bandwidths), top, overlap), out, state
+    return StepProfile(seconds, wall, roofline, moved, dict(bandwidths), top, overlap, **busy), out, state
+
+
+def launch_gaps(row: dict) -> str:
+    """One line on the time a step spends outside kernels: kernels per step, the device idle time
+    the trace shows, and (with the unprofiled step time `tpot_seconds` of the same run, which the
+    decode command adds) that step minus the kernels' sum, as a share of the step: the launch-gap
+    figure, free of the profiler's own overhead."""
+    line = (f"{row.get('kernels_per_step', 0.0):.0f} kernels per step, device idle "
+            f"{row.get('idle_seconds', 0.0) * 1e3:.3f} ms per step in the profiled call")
+    tpot = row.get("tpot_seconds")
+    if tpot:
+        gap = tpot - sum(row["seconds"].values())
+        line += f"; timed step {tpot * 1e3:.3f} ms minus the kernels' sum: {gap * 1e3:.3f} ms ({gap / tpot:.1%})"
+    return line
 
 
 def format_profile(rows: list[dict]) -> str:
@@ -106,6 +126,7 @@ def format_profile(rows: list[dict]) -> str:
         bw = ", ".join(f"{k} {v / 1e9:.0f} GB/s" for k, v in r["bandwidths"].items())
         run = " (prefetch)" if r.get("run") == "prefetch" else ""
         lines.append(f"- {r['mode']}{run} @ {r['context']}: {parts}; {bw}")
+        lines.append("  " + launch_gaps(r))
         overlap = r.get("io_overlap")
         if overlap:
             lines.append(f"  record copy (fetch kernels) {overlap['io_seconds'] * 1e3:.3f} ms per step, "

@@ -69,6 +69,16 @@ def test_io_overlap_counts_the_copy_beside_other_streams(tmp_path):
     assert device_trace.io_overlap([k for k in kernels if "gemm" in k.kernel], {}, steps=1) is None
 
 
+def test_timeline_counts_kernels_and_idle_time_across_streams(tmp_path):
+    kernels = device_trace.device_kernels(str(_two_stream_trace(tmp_path)), module="m")
+    # Busy 1000-1210 us without a break (stream 9 covers 1100-1150), so no idle time; one step.
+    assert device_trace.timeline(kernels, steps=1) == dict(kernels_per_step=4.0, idle_seconds=0.0)
+    gemms = [k for k in kernels if "gemm" in k.kernel]  # 1000-1100 and 1150-1200: 50 us idle
+    busy = device_trace.timeline(gemms, steps=2)
+    assert busy["kernels_per_step"] == 1.0 and busy["idle_seconds"] == pytest.approx(25e-6)
+    assert device_trace.timeline([], steps=3) == dict(kernels_per_step=0.0, idle_seconds=0.0)
+
+
 def test_prefetch_timeline_script(tmp_path, capsys):
     import importlib.util
     from pathlib import Path

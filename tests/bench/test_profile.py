@@ -10,3 +10,14 @@ def test_format_profile_names_every_category():
                             {"hbm": 4e12, "host link": 5e10}, [])
     table = profile.format_profile([dict(mode="hisparse", context=64, batch=2, **p.as_dict())])
     assert all(c in table for c in kernel_categories.CATEGORIES) and "| 3.00 |" in table
+
+
+def test_launch_gaps_set_the_kernels_against_the_timed_step():
+    p = profile.StepProfile(dict.fromkeys(kernel_categories.CATEGORIES, 1e-3), 9e-3, 3e-3, {"weights": 2**20},
+                            {"hbm": 4e12, "host link": 5e10}, [], kernels_per_step=412.0, idle_seconds=4e-4)
+    row = dict(mode="hisparse", context=64, batch=2, **p.as_dict())
+    n = len(kernel_categories.CATEGORIES)  # kernels sum to n ms per step
+    assert profile.launch_gaps(row) == "412 kernels per step, device idle 0.400 ms per step in the profiled call"
+    row["tpot_seconds"] = (n + 0.25) * 1e-3
+    assert profile.launch_gaps(row).endswith(f"minus the kernels' sum: 0.250 ms ({0.25 / (n + 0.25):.1%})")
+    assert "412 kernels per step" in profile.format_profile([row])

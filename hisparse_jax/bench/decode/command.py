@@ -98,7 +98,8 @@ def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> 
                 label += f"-{r.trace.name}"
             trace_dir = None if args.profile_dir is None else str(Path(args.profile_dir) / label)
             profiled = profile_run(run, bandwidths, trace_dir)
-            profiles.append(dict(profiled, trace=None if r.trace is None else r.trace.name, run=r.kind))
+            profiles.append(dict(profiled, trace=None if r.trace is None else r.trace.name, run=r.kind,
+                                 tpot_seconds=timings[r.key].step_seconds))
             progress.advance(f"profiled {name(r)}")
         if args.no_io and r.mode == "hisparse" and r.kind == "capacity":
             quiet = without_io(run)
