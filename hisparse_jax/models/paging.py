@@ -113,7 +113,8 @@ def select(config, store: RecordStore, scores: Callable[[], jax.Array], forced: 
       forced: per-step ids of a selection trace, or None. When given, the indexer and top-k still
         run at full cost and a runtime select replaces their ids by forced.ids[selector] (forced
         .enabled is a runtime value, so XLA cannot drop the indexer): benchmarks with realistic
-        locality cost what a real step costs.
+        locality cost what a real step costs. With forced.skip_indexer, scores is never called
+        and the ids are forced.ids[selector] outright.
       selector: index of this selecting layer among the family's selecting layers.
     Returns:
       [*S, k] int32 ids ascending, -1 padding at the end (top-k of the sealed records, ties to
@@ -121,6 +122,8 @@ def select(config, store: RecordStore, scores: Callable[[], jax.Array], forced: 
     """
     if store.mode == "dense":
         ids = None
+    elif forced is not None and forced.skip_indexer:
+        ids = forced.ids[selector]  # the diagnostic: neither the indexer nor top-k runs
     else:
         ids = select_topk(scores(), store.sealed, config.top_k, implementation=config.implementation)
         if forced is not None:

@@ -32,3 +32,21 @@ def test_sampling():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(ValueError, match="sampling"):
         decode.next_tokens(logits, "beam", key)
+
+
+def test_skip_indexer_selects_the_forced_ids_without_scoring():
+    import types
+
+    store = types.SimpleNamespace(mode="device", sealed=jnp.array([6, 6], jnp.int32))
+    config = types.SimpleNamespace(top_k=2, implementation="reference")
+    ids = jnp.array([[[0, 3], [1, -1]]], jnp.int32)  # [selectors, streams, k]
+
+    def scores():
+        raise AssertionError("skip_indexer computed the indexer's scores")
+
+    forced = paging.ForcedSelection(ids, jnp.asarray(True), skip_indexer=True)
+    np.testing.assert_array_equal(np.asarray(paging.select(config, store, scores, forced, 0)), ids[0])
+    # Without skip_indexer the scores are computed (and the forced ids still win at run time).
+    ranked = jnp.tile(jnp.arange(6, dtype=jnp.float32), (2, 1))
+    forced = paging.ForcedSelection(ids, jnp.asarray(True))
+    np.testing.assert_array_equal(np.asarray(paging.select(config, store, lambda: ranked, forced, 0)), ids[0])
