@@ -34,9 +34,15 @@ def bitwise_config(family, preset: str, context: int, steps: int, reps: int, num
     needed = tokens_needed(context, steps, reps + 1) + 1
     try:
         page = family.Config.preset(preset, num_layers=num_layers).page_size
-        return family.Config.preset(preset, num_layers=num_layers, max_context=-(-needed // page) * page)
     except ValueError as err:
         raise BenchError(f"--preset {preset} --num-layers {num_layers}: {err}") from None
+    max_context = -(-needed // page) * page
+    try:
+        return family.Config.preset(preset, num_layers=num_layers, max_context=max_context)
+    except ValueError as err:
+        # max_context follows from --context, --steps and --reps: name them, not only the field.
+        raise BenchError(f"--preset {preset} --context {context} --steps {steps} --reps {reps} "
+                         f"(max_context {max_context}): {err}") from None
 
 
 def ragged_prompts(config, batch: int, context: int, seed: int = 0):

@@ -41,3 +41,9 @@ def test_a_preset_that_cannot_be_built_is_a_one_line_error(one_line_error):
     # Quest keeps its first two layers dense: two layers leave no sparse one.
     err = one_line_error(["bitwise", "--family", "quest", *TINY])
     assert err.startswith("hisparse-bench: error: --preset tiny --num-layers 2")
+
+
+def test_a_context_too_short_for_the_top_k_names_context(one_line_error):
+    # dsa/tiny selects 16 pages: 5 tokens of context leave far fewer pages than that.
+    err = one_line_error(["bitwise", "--preset", "tiny", "--context", "5", "--steps", "1", "--reps", "1"])
+    assert err.startswith("hisparse-bench: error: --preset tiny --context 5 --steps 1 --reps 1 (max_context")
