@@ -21,3 +21,26 @@ def test_launch_gaps_set_the_kernels_against_the_timed_step():
     row["tpot_seconds"] = (n + 0.25) * 1e-3
     assert profile.launch_gaps(row).endswith(f"minus the kernels' sum: 0.250 ms ({0.25 / (n + 0.25):.1%})")
     assert "412 kernels per step" in profile.format_profile([row])
+
+
+def test_launch_gaps_script_joins_old_reports_to_their_timing_rows(tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "benchmarks" / "launch_gaps.py"
+    spec = importlib.util.spec_from_file_location("launch_gaps", script)
+    gaps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gaps)
+    profile_row = dict(mode="hisparse", context=64, trace="t", batch=3, step_seconds=5e-3,
+                       seconds={"attention": 1e-3, "other": 3e-3})
+    report = dict(deployment="slice", profiles=[profile_row, dict(profile_row, mode="device", tpot_seconds=4.4e-3)],
+                  rows=[dict(mode="hisparse", context=64, trace="t", run="capacity", tpot_ms_median=4.2),
+                        dict(mode="hisparse", context=64, trace="t", run="equal batch", tpot_ms_median=9.0)])
+    found = gaps.gaps(report)
+    assert [(g["mode"], round(g["gap"] * 1e6)) for g in found] == [("hisparse", 200), ("device", 400)]
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps(report))
+    assert gaps.main([str(path)]) == 0
+    assert "| slice | device | 64 | t | 3 | 5.000 | 4.000 | 4.400 | 0.400 | 9.1% |" in capsys.readouterr().out
+    assert gaps.main([]) == 2

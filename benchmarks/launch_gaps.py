@@ -1,0 +1,52 @@
+"""Launch gaps of profiled decode runs: the timed step minus the sum of the step's kernels.
+
+    python benchmarks/launch_gaps.py DECODE_JSON...
+
+Reads `hisparse-bench decode --profile` reports (decode.json) and prints, per profiled run, the
+profiled step, the kernels' sum, the unprofiled TPOT of the same run (its median; the profiler
+widens the gaps between kernels, so the profiled step overstates them) and the gap, in ms and as a
+share of the TPOT. Reports written before the profile carried `tpot_seconds` are joined to their
+timing row by mode, context, trace and run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def gaps(report: dict) -> list[dict]:
+    rows = report.get("rows", [])
+    out = []
+    for p in report.get("profiles", []):
+        tpot = p.get("tpot_seconds")
+        if tpot is None:
+            match = [r for r in rows if (r["mode"], r["context"], r.get("trace"), r["run"])
+                     == (p["mode"], p["context"], p.get("trace"), p.get("run", "capacity"))]
+            if len(match) != 1:
+                continue
+            tpot = match[0]["tpot_ms_median"] * 1e-3
+        kernels = sum(p["seconds"].values())
+        out.append(dict(mode=p["mode"], context=p["context"], trace=p.get("trace"), batch=p["batch"],
+                        profiled=p["step_seconds"], kernels=kernels, tpot=tpot, gap=tpot - kernels))
+    return out
+
+
+def main(paths: list[str]) -> int:
+    if not paths:
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    print("| report | mode | context | trace | batch | profiled step ms | kernels' sum ms | TPOT ms | gap ms | gap / TPOT |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for path in paths:
+        with open(path) as f:
+            report = json.load(f)
+        name = report.get("deployment") or report.get("family")
+        for g in gaps(report):
+            print(f"| {name} | {g['mode']} | {g['context']} | {g['trace']} | {g['batch']} | {g['profiled'] * 1e3:.3f} "
+                  f"| {g['kernels'] * 1e3:.3f} | {g['tpot'] * 1e3:.3f} | {g['gap'] * 1e3:.3f} | {g['gap'] / g['tpot']:.1%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
