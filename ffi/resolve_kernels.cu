@@ -135,7 +135,6 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   __shared__ int warp_invalid[kWarps];
   __shared__ int warp_evictable[kWarps];
   __shared__ int warp_misses[kWarps];
-  __shared__ int state_malformed;  // 0, or 1 once any lane finds the state malformed
 
   const int stream = blockIdx.x;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -156,6 +155,11 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
     return reinterpret_cast<unsigned short*>(reinterpret_cast<char*>(shared) + a.check_offset +
                                              SlotBitmapInts(a.hot_slots) * 4);
   };
+  auto unseen_records = [&held] {  // [R bits] record bitmap mode: records not yet seen held
+    return reinterpret_cast<uint32_t*>(held());
+  };
+  // This lane found the state malformed; the block's verdict is the OR at bar 3.
+  bool bad_state = false;
 
   // Lane-owned positions (see the file comment).
   const int sel_rounds = (k + kThreads - 1) / kThreads;
@@ -188,7 +192,6 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   const int sealed = a.sealed[stream];
   const int layer = *a.layer;
   for (uint32_t q = tid; q < capacity / 4; q += kThreads) shared[q] = make_int4(-1, -1, -1, -1);
-  if (tid == 0) state_malformed = 0;
   if constexpr (!kCheckFirst) {
     int4* check = reinterpret_cast<int4*>(unseen());  // the bitmap, then the held set
     for (int q = tid; q < a.check_vectors; q += kThreads) check[q] = make_int4(-1, -1, -1, -1);
@@ -251,8 +254,7 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
 #pragma unroll
     for (int c = 0; c < kRounds; ++c) {
       const int i = i0 + c * kWarp;
-      if (c < lru_rounds && i < B && !MarkSlotSeen(unseen(), order.Get(c), B))
-        atomicOr(&state_malformed, 1);  // an atomic: lanes may race to report
+      if (c < lru_rounds && i < B && !MarkSlotSeen(unseen(), order.Get(c), B)) bad_state = true;
     }
   }
   WaitStaged();
@@ -280,6 +282,21 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
       }
       if (rec[u] >= 0 && rec[u] < limit) probe |= 1u << u;
     }
+    if constexpr (!kCheckFirst) {
+      // Record bitmap mode: the record of each listed slot, in [-1, R) and,
+      // if >= 0, seen for the first time. A permutation lists every slot
+      // once, so this covers slot_record; any other lru is malformed anyway
+      // (then a slot listed twice may read as a record held twice: the
+      // verdict is the same).
+      if (a.record_bitmap) {
+#pragma unroll
+        for (int u = 0; u < kLruBatch; ++u) {
+          if (((listed >> u) & 1u) && rec[u] != -1 &&
+              !MarkSlotSeen(unseen_records(), rec[u], a.pool_records))
+            bad_state = true;
+        }
+      }
+    }
     const unsigned hit = FindRecords(keys, mask, a.table_shift, rec, probe, at);
 #pragma unroll
     for (int u = 0; u < kLruBatch; ++u) {
@@ -288,10 +305,11 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
     }
     evictable |= (listed & ~hit) << c0;
   }
-  if constexpr (!kCheckFirst) {
-    // slot_record: every record in [-1, R), none >= 0 held by two slots. A
-    // rolled loop over the slots, apart from the probes, so that it holds no
-    // more registers than one batch of inserts.
+  if (!kCheckFirst && !a.record_bitmap) {
+    // Held-set mode (pools too large for the record bitmap): every record
+    // in [-1, R), none >= 0 held by two slots. A rolled loop over the slots,
+    // apart from the probes, so that it holds no more registers than one
+    // batch of inserts.
 #pragma unroll 1
     for (int b0 = tid; b0 < B; b0 += kHeldBatch * kThreads) {
       int rec[kHeldBatch], slot[kHeldBatch];
@@ -304,15 +322,16 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
         if (rec[u] >= 0 && rec[u] < a.pool_records) todo |= 1u << u;
       }
       wrong |= InsertHeld(held(), a.held_mask, a.held_shift, staged_record, rec, slot, todo);
-      if (wrong) atomicOr(&state_malformed, 1);
+      if (wrong) bad_state = true;
     }
   }
 #pragma unroll
   for (int c = 0; c < kRounds; ++c)
     evictables_in_warp += __popc(__ballot_sync(kFullMask, (evictable >> c) & 1u));
   if (lane == 0) warp_evictable[warp] = evictables_in_warp;
-  __syncthreads();  // 3: words final (first position or hit slot), the state's verdict
-  const bool malformed = !kCheckFirst && state_malformed != 0;  // else checked apart
+  // 3: words final (first position or hit slot), the state's verdict (the
+  // ChecksStateFirst variant checked apart: bad_state stays false).
+  const bool malformed = __syncthreads_or(bad_state) != 0;
 
   // 3. Totals. In a well-formed state every lru position is a hit or an
   // evictable slot and distinct slots hold distinct records, so the hit
