@@ -282,6 +282,12 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
       }
       if (rec[u] >= 0 && rec[u] < limit) probe |= 1u << u;
     }
+    const unsigned hit = FindRecords(keys, mask, a.table_shift, rec, probe, at);
+#pragma unroll
+    for (int u = 0; u < kLruBatch; ++u) {
+      // The smallest slot wins if a malformed state holds a record twice.
+      if ((hit >> u) & 1u) atomicMin(&words[at[u]], SlotWord(order.Get(c0 + u)));
+    }
     if constexpr (!kCheckFirst) {
       // Record bitmap mode: the record of each listed slot, in [-1, R) and,
       // if >= 0, seen for the first time. A permutation lists every slot
@@ -296,12 +302,6 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
             bad_state = true;
         }
       }
-    }
-    const unsigned hit = FindRecords(keys, mask, a.table_shift, rec, probe, at);
-#pragma unroll
-    for (int u = 0; u < kLruBatch; ++u) {
-      // The smallest slot wins if a malformed state holds a record twice.
-      if ((hit >> u) & 1u) atomicMin(&words[at[u]], SlotWord(order.Get(c0 + u)));
     }
     evictable |= (listed & ~hit) << c0;
   }
