@@ -71,7 +71,8 @@ inline constexpr int64_t kAutoSplitBelowStreams = 4;
 // region stay within 96 KiB, else >= 2k), then max(B, 2k) int32 (slot_record
 // staged, later the miss plan), then the malformed-state check: a bitmap of B
 // bits and, unless B > 8192 with k > 4096 (those shapes lay it over the
-// table), a set of uint16 slot ids of capacity pow2 >= 2B.
+// table), a set of uint16 slot ids of capacity pow2 >= 2B, whose memory holds
+// a bitmap of R bits instead where that fits.
 // At most kMaxResolveSharedBytes (225 KiB, at k = 8192 and B = 8192: 128 +
 // 64 + 1 + 32 KiB; resolve_kernels.cu asserts it over every shape); above
 // 48 KiB in all the launcher opts the kernels in once per device.

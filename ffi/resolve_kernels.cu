@@ -31,31 +31,40 @@
 //    copies its own misses;
 //  - block totals and exclusive warp offsets are single __reduce_add_sync
 //    over the warp totals, computed by every warp (no scan, no extra barrier);
-//  - the malformed-state check (resolve.h) rides on the loads and barriers
-//    the block has anyway: in phase 1 each lane marks its lru slots in a
-//    bitmap (outside [0, B) or marked twice: malformed); in phase 2 every
-//    staged record is range-checked and its slot inserted into a set keyed
-//    by the record (one there already: held twice). Any lane that finds a
-//    fault sets a shared flag, read after barrier 3, before anything is
-//    written. Cost per block: clearing B/8 bytes plus a set of 4B to 8B
-//    bytes of shared memory, one shared atomicAnd per lru position, one
-//    shared load and one 16-bit atomicCAS per slot (one more load and CAS
-//    per collision, the set at load <= 1/2), in a rolled loop of two slots
-//    per lane and round (a wider lock step spilled registers in the
-//    variants of 8 lru rounds); no extra barrier. The ChecksStateFirst shapes (B >
-//    8192 with k > 4096) have no shared memory left for the set: they check
-//    in a pass of their own before the table is built, with the set laid
-//    over the table's memory, at the price of two more barriers, clearing
-//    the table twice and a second read of the lru and slot_record rows.
+//  - the malformed-state check (resolve.h) rides on the loads, passes and
+//    barriers the block has anyway: in phase 1 each lane marks its lru slots
+//    in a bitmap (outside [0, B) or marked twice: malformed); in phase 2 the
+//    lru pass, which reads the record of every listed slot for its probe
+//    anyway, marks that record in a bitmap of R bits (outside [-1, R) or
+//    marked twice: malformed). A permutation lists each slot once, so this
+//    covers slot_record; any other lru is malformed already. The verdict is
+//    the __syncthreads_or of barrier 3, before anything is written. Cost per
+//    block: clearing B/8 + R/8 bytes of shared memory and one shared atomic
+//    per lru position and per listed record; no extra pass, load or barrier.
+//    The record bitmap lies over the memory of a held-record set (4B to 8B
+//    bytes) and is used while it fits (R <= 16 x the set's capacity, e.g.
+//    R <= 131072 at B = 4096). Larger pools insert every staged record into
+//    the set instead (uint16 slot ids keyed by the record; one there already:
+//    held twice), in a rolled loop of two slots per lane and round after the
+//    probes: a hash, a 16-bit atomicCAS and a load per collision per slot
+//    (with the set for every pool, the check took the no-IO call from 13.0
+//    to 24.2 us at 64 streams, B = 4096: BENCHMARKS.md). The
+//    ChecksStateFirst shapes (B > 8192 with k > 4096) have no shared memory
+//    left for either: they check in a pass of their own before the table is
+//    built, with a set laid over the table's memory, at the price of two
+//    more barriers, clearing the table twice and a second read of the lru
+//    and slot_record rows.
 //
 // Shared memory: keys[cap] (-1 = empty) and words[cap] of an open-addressing
 // table of the selected ids (cap = power of two, see TableCapacity); then a
 // region of max(B, 2k) ints holding the staged slot_record until the probes
 // are done, then the miss plan (plan_slot[k], plan_record[k]); then the
-// state check's bitmap of slots not yet seen in lru (B bits) and its set of
-// held records (uint16 slot ids keyed by the record each slot holds,
-// capacity a power of two >= 2B; not for ChecksStateFirst shapes). A word holds
-// either 0xffff << 16 | (first position of its id in the selection) or
+// state check's bitmap of slots not yet seen in lru (B bits) and the memory
+// of its set of held records (uint16 slot ids keyed by the record each slot
+// holds, capacity a power of two >= 2B), which holds the bitmap of records
+// not yet seen held (R bits) where that fits; not for ChecksStateFirst
+// shapes. A word holds either 0xffff << 16 | (first position of its id in
+// the selection) or
 // slot << 16 | 0xffff for the slot holding the id; both are merged with
 // atomicMin, where a slot always wins (slot < 0xffff). Only the keys are
 // cleared: the item that inserts an id writes its word. Ids hash by the high
@@ -75,9 +84,10 @@
 //      bitmap (outside [0, B) or already marked: malformed)           [bar 2]
 //   2. later copies of an id: atomicMin(word, their position). Lru side: the
 //      record of slot lru[i]; found in the table -> hit, atomicMin(word,
-//      slot), else evictable; count evictables per warp. Slot side: each
-//      record in [-1, R), and, if >= 0, the first of its value in the held
-//      set (else malformed)                                          [bar 3]
+//      slot), else evictable; count evictables per warp. State check: the
+//      record of each listed slot in [-1, R) and, if >= 0, the first of its
+//      value in the record bitmap (or, past it, in the held set; else
+//      malformed)                                    [bar 3: OR of verdicts]
 //   M. malformed: slots and miss plan -1, misses 0, invalid as counted; done
 //      (nothing of the state was written).
 //   3. totals; M = distinct - (B - evictables). New lru (rule 4): evictable
