@@ -45,7 +45,9 @@ inline constexpr int64_t kMaxResolveHotSlots = 16384;
 // SMs and up to kResolveSmallBlockMaxSlots hot slots (<= 8 lru items per
 // lane) a block has kResolveThreadsSmall threads and two blocks share an SM.
 // Building with -DHISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS=0 keeps 1024-thread
-// blocks everywhere (A/B comparison in ffi/bench/resolve_bench.cu).
+// blocks everywhere, and with -DHISPARSE_RESOLVE_SMALL_BLOCKS_FROM_STREAMS=N
+// takes small blocks from N streams on instead of from SMs + 1 (A/B
+// comparisons in ffi/bench/resolve_bench.cu).
 inline constexpr int kResolveThreads = 1024;
 inline constexpr int kResolveThreadsSmall = 512;
 #ifdef HISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS

@@ -72,6 +72,9 @@ int CeilLog2(int64_t n) {
 // (at most 8 lru items per lane). Otherwise large blocks: with an SM each, 32
 // warps hide more latency than 16 with twice the items per lane.
 ResolveVariant ResolveKernelFor(int64_t top_k, int64_t hot_slots, int64_t streams, int sms) {
+#ifdef HISPARSE_RESOLVE_SMALL_BLOCKS_FROM_STREAMS
+  sms = HISPARSE_RESOLVE_SMALL_BLOCKS_FROM_STREAMS - 1;  // an A/B build (resolve_cuda.h)
+#endif
   const bool small = streams > sms && hot_slots <= kResolveSmallBlockMaxSlots;
   const int threads = small ? kResolveThreadsSmall : kResolveThreads;
   const int r = CeilLog2((hot_slots + threads - 1) / threads);

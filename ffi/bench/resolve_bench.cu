@@ -34,7 +34,10 @@
 // A/B of the resolve block size: build with
 //   make -C ffi/bench resolve -B EXTRA=-DHISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS=0
 // for 1024-thread blocks everywhere (the default uses 512-thread blocks when
-// streams > SMs and B <= 4096; the header line says which).
+// streams > SMs and B <= 4096; the header line says which), or with
+//   make -C ffi/bench resolve -B EXTRA=-DHISPARSE_RESOLVE_SMALL_BLOCKS_FROM_STREAMS=1
+// for 512-thread blocks at every stream count up to B = 4096 (the header line
+// does not know: it names the default).
 #include <cuda_runtime.h>
 
 #include <algorithm>
