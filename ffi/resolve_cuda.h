@@ -45,7 +45,9 @@ inline constexpr int64_t kMaxResolveHotSlots = 16384;
 // SMs and up to kResolveSmallBlockMaxSlots hot slots (<= 8 lru items per
 // lane) a block has kResolveThreadsSmall threads and two blocks share an SM.
 // Building with -DHISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS=0 keeps 1024-thread
-// blocks everywhere (A/B comparison in ffi/bench/resolve_bench.cu).
+// blocks everywhere, and with -DHISPARSE_RESOLVE_SMALL_BLOCKS_FROM_STREAMS=N
+// takes small blocks from N streams on instead of from SMs + 1 (A/B
+// comparisons in ffi/bench/resolve_bench.cu).
 inline constexpr int kResolveThreads = 1024;
 inline constexpr int kResolveThreadsSmall = 512;
 #ifdef HISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS
@@ -71,7 +73,8 @@ inline constexpr int64_t kAutoSplitBelowStreams = 4;
 // region stay within 96 KiB, else >= 2k), then max(B, 2k) int32 (slot_record
 // staged, later the miss plan), then the malformed-state check: a bitmap of B
 // bits and, unless B > 8192 with k > 4096 (those shapes lay it over the
-// table), a set of uint16 slot ids of capacity pow2 >= 2B.
+// table), a set of uint16 slot ids of capacity pow2 >= 2B, whose memory holds
+// a bitmap of R bits instead where that fits.
 // At most kMaxResolveSharedBytes (225 KiB, at k = 8192 and B = 8192: 128 +
 // 64 + 1 + 32 KiB; resolve_kernels.cu asserts it over every shape); above
 // 48 KiB in all the launcher opts the kernels in once per device.

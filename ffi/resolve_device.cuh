@@ -24,8 +24,8 @@ static_assert(kResolveThreads == 1024 && kResolveThreadsSmall % kWarp == 0 &&
               "warp totals are read one per lane of a warp");
 // Above this, static plus dynamic shared memory, a kernel must opt in.
 constexpr int kLargeSharedBytes = 48 * 1024;
-// Static shared memory of a resolve block: four int per warp and a flag.
-constexpr int ResolveStaticSharedBytes(int threads) { return (4 * (threads / kWarp) + 1) * 4; }
+// Static shared memory of a resolve block: four int per warp.
+constexpr int ResolveStaticSharedBytes(int threads) { return 4 * (threads / kWarp) * 4; }
 constexpr int kResolveStaticSharedBytes = ResolveStaticSharedBytes(kResolveThreads);
 constexpr int kMaxDevices = 64;
 
@@ -86,6 +86,23 @@ __host__ __device__ constexpr int64_t HeldCapacity(int64_t top_k, int64_t hot_sl
   return capacity;
 }
 
+// Ints of a bitmap of the records [0, R) not yet seen held.
+__host__ __device__ constexpr int64_t RecordBitmapInts(int64_t pool_records) {
+  return RoundUp4((pool_records + 31) / 32);
+}
+
+// Whether the slot_record check marks records in a bitmap of R bits laid
+// over the held-record set's memory (it fits while R <= 16 x the set's
+// capacity, e.g. R <= 131072 at B = 4096) instead of inserting them into the
+// set: one shared atomic per slot instead of a hash, a probe run of emulated
+// 16-bit CAS and a load per collision, and a smaller clear. Larger pools keep
+// the set, whose size depends on B only.
+__host__ __device__ constexpr bool UsesRecordBitmap(int64_t top_k, int64_t hot_slots,
+                                                    int64_t pool_records) {
+  return !ChecksStateFirst(top_k, hot_slots) &&
+         RecordBitmapInts(pool_records) <= HeldCapacity(top_k, hot_slots) / 2;
+}
+
 // Table words: 16-bit slot (high) and first position (low) fields.
 constexpr uint32_t kNoSlot = 0xffffu;
 static_assert(kMaxResolveHotSlots < kNoSlot && kMaxResolveTopK < kNoSlot,
@@ -115,7 +132,9 @@ struct ResolveArgs {
   uint32_t held_mask;    // held-record set capacity - 1 (0: ChecksStateFirst shape)
   uint32_t held_shift;   // 32 - log2(held-record set capacity)
   int32_t check_offset;  // bytes from the start of shared memory to the slot bitmap
-  int32_t check_vectors; // int4 of the slot bitmap and the held set (cleared together)
+  int32_t check_vectors; // int4 of the slot bitmap and the held set or record bitmap
+                         // (cleared together)
+  bool record_bitmap;    // UsesRecordBitmap: records go into a bitmap, not the held set
   int32_t copy_vector;  // 16 or 8: bytes per lane access
   int32_t row_batch;    // rows a warp keeps in flight (fused copy)
   bool fused_fetch;     // copy misses inside the resolve kernel

@@ -31,31 +31,40 @@
 //    copies its own misses;
 //  - block totals and exclusive warp offsets are single __reduce_add_sync
 //    over the warp totals, computed by every warp (no scan, no extra barrier);
-//  - the malformed-state check (resolve.h) rides on the loads and barriers
-//    the block has anyway: in phase 1 each lane marks its lru slots in a
-//    bitmap (outside [0, B) or marked twice: malformed); in phase 2 every
-//    staged record is range-checked and its slot inserted into a set keyed
-//    by the record (one there already: held twice). Any lane that finds a
-//    fault sets a shared flag, read after barrier 3, before anything is
-//    written. Cost per block: clearing B/8 bytes plus a set of 4B to 8B
-//    bytes of shared memory, one shared atomicAnd per lru position, one
-//    shared load and one 16-bit atomicCAS per slot (one more load and CAS
-//    per collision, the set at load <= 1/2), in a rolled loop of two slots
-//    per lane and round (a wider lock step spilled registers in the
-//    variants of 8 lru rounds); no extra barrier. The ChecksStateFirst shapes (B >
-//    8192 with k > 4096) have no shared memory left for the set: they check
-//    in a pass of their own before the table is built, with the set laid
-//    over the table's memory, at the price of two more barriers, clearing
-//    the table twice and a second read of the lru and slot_record rows.
+//  - the malformed-state check (resolve.h) rides on the loads, passes and
+//    barriers the block has anyway: in phase 1 each lane marks its lru slots
+//    in a bitmap (outside [0, B) or marked twice: malformed); in phase 2 the
+//    lru pass, which reads the record of every listed slot for its probe
+//    anyway, marks that record in a bitmap of R bits (outside [-1, R) or
+//    marked twice: malformed). A permutation lists each slot once, so this
+//    covers slot_record; any other lru is malformed already. The verdict is
+//    the __syncthreads_or of barrier 3, before anything is written. Cost per
+//    block: clearing B/8 + R/8 bytes of shared memory and one shared atomic
+//    per lru position and per listed record; no extra pass, load or barrier.
+//    The record bitmap lies over the memory of a held-record set (4B to 8B
+//    bytes) and is used while it fits (R <= 16 x the set's capacity, e.g.
+//    R <= 131072 at B = 4096). Larger pools insert every staged record into
+//    the set instead (uint16 slot ids keyed by the record; one there already:
+//    held twice), in a rolled loop of two slots per lane and round after the
+//    probes: a hash, a 16-bit atomicCAS and a load per collision per slot
+//    (with the set for every pool, the check took the no-IO call from 13.0
+//    to 24.2 us at 64 streams, B = 4096: BENCHMARKS.md). The
+//    ChecksStateFirst shapes (B > 8192 with k > 4096) have no shared memory
+//    left for either: they check in a pass of their own before the table is
+//    built, with a set laid over the table's memory, at the price of two
+//    more barriers, clearing the table twice and a second read of the lru
+//    and slot_record rows.
 //
 // Shared memory: keys[cap] (-1 = empty) and words[cap] of an open-addressing
 // table of the selected ids (cap = power of two, see TableCapacity); then a
 // region of max(B, 2k) ints holding the staged slot_record until the probes
 // are done, then the miss plan (plan_slot[k], plan_record[k]); then the
-// state check's bitmap of slots not yet seen in lru (B bits) and its set of
-// held records (uint16 slot ids keyed by the record each slot holds,
-// capacity a power of two >= 2B; not for ChecksStateFirst shapes). A word holds
-// either 0xffff << 16 | (first position of its id in the selection) or
+// state check's bitmap of slots not yet seen in lru (B bits) and the memory
+// of its set of held records (uint16 slot ids keyed by the record each slot
+// holds, capacity a power of two >= 2B), which holds the bitmap of records
+// not yet seen held (R bits) where that fits; not for ChecksStateFirst
+// shapes. A word holds either 0xffff << 16 | (first position of its id in
+// the selection) or
 // slot << 16 | 0xffff for the slot holding the id; both are merged with
 // atomicMin, where a slot always wins (slot < 0xffff). Only the keys are
 // cleared: the item that inserts an id writes its word. Ids hash by the high
@@ -75,9 +84,10 @@
 //      bitmap (outside [0, B) or already marked: malformed)           [bar 2]
 //   2. later copies of an id: atomicMin(word, their position). Lru side: the
 //      record of slot lru[i]; found in the table -> hit, atomicMin(word,
-//      slot), else evictable; count evictables per warp. Slot side: each
-//      record in [-1, R), and, if >= 0, the first of its value in the held
-//      set (else malformed)                                          [bar 3]
+//      slot), else evictable; count evictables per warp. State check: the
+//      record of each listed slot in [-1, R) and, if >= 0, the first of its
+//      value in the record bitmap (or, past it, in the held set; else
+//      malformed)                                    [bar 3: OR of verdicts]
 //   M. malformed: slots and miss plan -1, misses 0, invalid as counted; done
 //      (nothing of the state was written).
 //   3. totals; M = distinct - (B - evictables). New lru (rule 4): evictable
@@ -135,7 +145,6 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   __shared__ int warp_invalid[kWarps];
   __shared__ int warp_evictable[kWarps];
   __shared__ int warp_misses[kWarps];
-  __shared__ int state_malformed;  // 0, or 1 once any lane finds the state malformed
 
   const int stream = blockIdx.x;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -156,6 +165,11 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
     return reinterpret_cast<unsigned short*>(reinterpret_cast<char*>(shared) + a.check_offset +
                                              SlotBitmapInts(a.hot_slots) * 4);
   };
+  auto unseen_records = [&held] {  // [R bits] record bitmap mode: records not yet seen held
+    return reinterpret_cast<uint32_t*>(held());
+  };
+  // This lane found the state malformed; the block's verdict is the OR at bar 3.
+  bool bad_state = false;
 
   // Lane-owned positions (see the file comment).
   const int sel_rounds = (k + kThreads - 1) / kThreads;
@@ -188,7 +202,6 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   const int sealed = a.sealed[stream];
   const int layer = *a.layer;
   for (uint32_t q = tid; q < capacity / 4; q += kThreads) shared[q] = make_int4(-1, -1, -1, -1);
-  if (tid == 0) state_malformed = 0;
   if constexpr (!kCheckFirst) {
     int4* check = reinterpret_cast<int4*>(unseen());  // the bitmap, then the held set
     for (int q = tid; q < a.check_vectors; q += kThreads) check[q] = make_int4(-1, -1, -1, -1);
@@ -251,8 +264,7 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
 #pragma unroll
     for (int c = 0; c < kRounds; ++c) {
       const int i = i0 + c * kWarp;
-      if (c < lru_rounds && i < B && !MarkSlotSeen(unseen(), order.Get(c), B))
-        atomicOr(&state_malformed, 1);  // an atomic: lanes may race to report
+      if (c < lru_rounds && i < B && !MarkSlotSeen(unseen(), order.Get(c), B)) bad_state = true;
     }
   }
   WaitStaged();
@@ -286,12 +298,28 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
       // The smallest slot wins if a malformed state holds a record twice.
       if ((hit >> u) & 1u) atomicMin(&words[at[u]], SlotWord(order.Get(c0 + u)));
     }
+    if constexpr (!kCheckFirst) {
+      // Record bitmap mode: the record of each listed slot, in [-1, R) and,
+      // if >= 0, seen for the first time. A permutation lists every slot
+      // once, so this covers slot_record; any other lru is malformed anyway
+      // (then a slot listed twice may read as a record held twice: the
+      // verdict is the same).
+      if (a.record_bitmap) {
+#pragma unroll
+        for (int u = 0; u < kLruBatch; ++u) {
+          if (((listed >> u) & 1u) && rec[u] != -1 &&
+              !MarkSlotSeen(unseen_records(), rec[u], a.pool_records))
+            bad_state = true;
+        }
+      }
+    }
     evictable |= (listed & ~hit) << c0;
   }
-  if constexpr (!kCheckFirst) {
-    // slot_record: every record in [-1, R), none >= 0 held by two slots. A
-    // rolled loop over the slots, apart from the probes, so that it holds no
-    // more registers than one batch of inserts.
+  if (!kCheckFirst && !a.record_bitmap) {
+    // Held-set mode (pools too large for the record bitmap): every record
+    // in [-1, R), none >= 0 held by two slots. A rolled loop over the slots,
+    // apart from the probes, so that it holds no more registers than one
+    // batch of inserts.
 #pragma unroll 1
     for (int b0 = tid; b0 < B; b0 += kHeldBatch * kThreads) {
       int rec[kHeldBatch], slot[kHeldBatch];
@@ -304,15 +332,16 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
         if (rec[u] >= 0 && rec[u] < a.pool_records) todo |= 1u << u;
       }
       wrong |= InsertHeld(held(), a.held_mask, a.held_shift, staged_record, rec, slot, todo);
-      if (wrong) atomicOr(&state_malformed, 1);
+      if (wrong) bad_state = true;
     }
   }
 #pragma unroll
   for (int c = 0; c < kRounds; ++c)
     evictables_in_warp += __popc(__ballot_sync(kFullMask, (evictable >> c) & 1u));
   if (lane == 0) warp_evictable[warp] = evictables_in_warp;
-  __syncthreads();  // 3: words final (first position or hit slot), the state's verdict
-  const bool malformed = !kCheckFirst && state_malformed != 0;  // else checked apart
+  // 3: words final (first position or hit slot), the state's verdict (the
+  // ChecksStateFirst variant checked apart: bad_state stays false).
+  const bool malformed = __syncthreads_or(bad_state) != 0;
 
   // 3. Totals. In a well-formed state every lru position is a hit or an
   // evictable slot and distinct slots hold distinct records, so the hit

@@ -72,6 +72,9 @@ int CeilLog2(int64_t n) {
 // (at most 8 lru items per lane). Otherwise large blocks: with an SM each, 32
 // warps hide more latency than 16 with twice the items per lane.
 ResolveVariant ResolveKernelFor(int64_t top_k, int64_t hot_slots, int64_t streams, int sms) {
+#ifdef HISPARSE_RESOLVE_SMALL_BLOCKS_FROM_STREAMS
+  sms = HISPARSE_RESOLVE_SMALL_BLOCKS_FROM_STREAMS - 1;  // an A/B build (resolve_cuda.h)
+#endif
   const bool small = streams > sms && hot_slots <= kResolveSmallBlockMaxSlots;
   const int threads = small ? kResolveThreadsSmall : kResolveThreads;
   const int r = CeilLog2((hot_slots + threads - 1) / threads);
@@ -240,7 +243,10 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   a.held_shift = 32;
   for (int64_t c = held_capacity; c > 1; c /= 2) --a.held_shift;
   a.check_offset = static_cast<int32_t>((capacity * 2 + RegionInts(d.top_k, d.hot_slots)) * 4);
-  a.check_vectors = static_cast<int32_t>((SlotBitmapInts(d.hot_slots) + held_capacity / 2) / 4);
+  a.record_bitmap = UsesRecordBitmap(d.top_k, d.hot_slots, d.pool_records);
+  const int64_t record_check_ints =
+      a.record_bitmap ? RecordBitmapInts(d.pool_records) : held_capacity / 2;
+  a.check_vectors = static_cast<int32_t>((SlotBitmapInts(d.hot_slots) + record_check_ints) / 4);
   a.copy_vector = vector;
   a.row_batch = RowBatch(d.record_bytes / vector, kFusedCopyUnroll);
   a.fused_fetch = fetch && !split;

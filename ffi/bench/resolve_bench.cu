@@ -34,7 +34,10 @@
 // A/B of the resolve block size: build with
 //   make -C ffi/bench resolve -B EXTRA=-DHISPARSE_RESOLVE_SMALL_BLOCK_MAX_SLOTS=0
 // for 1024-thread blocks everywhere (the default uses 512-thread blocks when
-// streams > SMs and B <= 4096; the header line says which).
+// streams > SMs and B <= 4096; the header line says which), or with
+//   make -C ffi/bench resolve -B EXTRA=-DHISPARSE_RESOLVE_SMALL_BLOCKS_FROM_STREAMS=1
+// for 512-thread blocks at every stream count up to B = 4096 (the header line
+// does not know: it names the default).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -135,7 +138,8 @@ struct Events {
       cudaEventDestroy(stop[i]);
     }
   }
-  // Median of the per-rep elapsed times, in microseconds.
+  // Median of the per-rep elapsed times, in microseconds; their min and max
+  // are kept in min_us and max_us (the spread of one configuration).
   double MedianMicros(int reps) {
     std::vector<double> us(reps);
     for (int i = 0; i < reps; ++i) {
@@ -143,8 +147,11 @@ struct Events {
       CUDA_OK(cudaEventElapsedTime(&ms, start[i], stop[i]));
       us[i] = 1000.0 * ms;
     }
+    min_us = *std::min_element(us.begin(), us.end());
+    max_us = *std::max_element(us.begin(), us.end());
     return Median(us);
   }
+  double min_us = NAN, max_us = NAN;
 };
 
 // ---------------------------------------------------------------------------
@@ -172,6 +179,7 @@ struct Result {
   int64_t misses_per_stream = 0;
   bool misses_exact = true;
   double us_fused = NAN, us_split = NAN, us_no_io = NAN;
+  double us_no_io_min = NAN, us_no_io_max = NAN;  // spread of the no-IO reps
   double ceiling_gbps = NAN;
   ResolveLaunchPlan auto_plan = ResolveLaunchPlan::kAuto;
   int64_t rows() const { return misses_per_stream * config.streams; }
@@ -299,6 +307,8 @@ Result RunConfig(const Buffers& b, const Config& c, int reps, Events& ev, std::m
   r.auto_plan = hisparse::ChooseResolvePlan(ResolveLaunchPlan::kAuto, S);
   if (no_io) {
     r.us_no_io = TimeResolve(b, c, ResolveLaunchPlan::kFused, false, reps, ev, stream);
+    r.us_no_io_min = ev.min_us;
+    r.us_no_io_max = ev.max_us;
     return r;
   }
   if (!src.empty()) {
@@ -310,6 +320,8 @@ Result RunConfig(const Buffers& b, const Config& c, int reps, Events& ev, std::m
   r.us_fused = TimeResolve(b, c, ResolveLaunchPlan::kFused, true, reps, ev, stream);
   r.us_split = TimeResolve(b, c, ResolveLaunchPlan::kSplit, true, reps, ev, stream);
   r.us_no_io = TimeResolve(b, c, ResolveLaunchPlan::kFused, false, reps, ev, stream);
+  r.us_no_io_min = ev.min_us;
+  r.us_no_io_max = ev.max_us;
   return r;
 }
 
@@ -354,7 +366,8 @@ void JsonResult(FILE* f, const Result& r, bool last) {
   std::fprintf(f,
                "    {\"top_k\": %lld, \"hot_slots\": %lld, \"record_bytes\": %lld, \"streams\": %lld, "
                "\"miss_rate\": %.4f, \"misses_per_stream\": %lld, \"misses_exact\": %s, "
-               "\"us_fused\": %s, \"us_split\": %s, \"us_no_io\": %s, \"auto_plan\": \"%s\", "
+               "\"us_fused\": %s, \"us_split\": %s, \"us_no_io\": %s, \"us_no_io_min\": %s, "
+               "\"us_no_io_max\": %s, \"auto_plan\": \"%s\", "
                "\"us_auto\": %s, \"ceiling_gbps\": %s, \"io_gbps_fused\": %s, "
                "\"io_gbps_split\": %s, \"ceiling_fraction_fused\": %s, "
                "\"ceiling_fraction_split\": %s, \"misses_per_s_fused\": %s, "
@@ -362,7 +375,8 @@ void JsonResult(FILE* f, const Result& r, bool last) {
                (long long)kTopK, (long long)c.hot_slots, (long long)c.record_bytes,
                (long long)c.streams, c.miss_rate, (long long)r.misses_per_stream,
                r.misses_exact ? "true" : "false", num(r.us_fused).c_str(), num(r.us_split).c_str(),
-               num(r.us_no_io).c_str(), PlanName(r.auto_plan), num(r.us_auto()).c_str(),
+               num(r.us_no_io).c_str(), num(r.us_no_io_min).c_str(), num(r.us_no_io_max).c_str(),
+               PlanName(r.auto_plan), num(r.us_auto()).c_str(),
                num(r.ceiling_gbps).c_str(), num(r.Gbps(r.us_fused)).c_str(),
                num(r.Gbps(r.us_split)).c_str(), num(r.Gbps(r.us_fused) / r.ceiling_gbps).c_str(),
                num(r.Gbps(r.us_split) / r.ceiling_gbps).c_str(),
@@ -555,6 +569,14 @@ int main(int argc, char** argv) {
           PrintRow(results.back());
           std::fflush(stdout);
         }
+
+  std::printf("\n## No-IO spread over the reps\n\n| B | W | S | miss | no-IO us min / median / max |\n"
+              "|---|---|---|---|---|\n");
+  for (const Result& r : results)
+    std::printf("| %5lld | %4lld | %3lld | %6.3g%% | %s / %s / %s |\n", (long long)r.config.hot_slots,
+                (long long)r.config.record_bytes, (long long)r.config.streams,
+                100 * r.config.miss_rate, Num(r.us_no_io_min, "%.2f").c_str(),
+                Num(r.us_no_io, "%.2f").c_str(), Num(r.us_no_io_max, "%.2f").c_str());
 
   std::vector<Result> sweep;
   int64_t recommended = 0;

@@ -736,6 +736,16 @@ std::vector<Case> ResolveCases(bool quick) {
   for (const auto& [name, fault] : faults)
     add_malformed(name, MakeShape(2, 6, 24, 40, 120, 16), quick ? 3 : 5, fault);
   add_malformed("mixed", MakeShape(3, 8, 64, 96, 300, 24), quick ? 4 : 10, Fault::kAny);
+  // The slot_record check marks records in a bitmap while R <= 16 x the
+  // held-record set's capacity (128 at B = 40: R <= 2048), else it inserts
+  // them into the set: both sides of the boundary, healthy and malformed.
+  for (int64_t R : {2048, 2049, 5000}) {
+    add_malformed("record_check_r" + std::to_string(R), MakeShape(2, 6, 24, 40, R, 16),
+                  quick ? 3 : 5, Fault::kAny);
+    add("record_check_r" + std::to_string(R), MakeShape(2, 6, 24, 40, R, 16), quick ? 3 : 5,
+        MixGenerator(plain))
+        .random_initial_state = true;
+  }
   add_malformed("b1", MakeShape(1, 6, 1, 1, 4, 8), quick ? 3 : 6, Fault::kAny);
   add_malformed("k0", MakeShape(1, 6, 0, 8, 20, 8), 3, Fault::kAny);
   add_malformed("small_blocks_s_140_b_4096", MakeShape(1, 140, 32, 4096, 5000, 8), 2,
