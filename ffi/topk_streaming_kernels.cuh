@@ -213,13 +213,19 @@ __global__ void __launch_bounds__(kTopkThreads, 2) TopkStreamingKernel(const Top
   }
 
   const int capacity = a.capacity;
+  // Cleared once, before the first level's barrier (a block gathers at most
+  // once). Not at the gathering level: the compiled load of sh.max_local at
+  // the end of ChooseBucket also reads the adjacent sh.candidates (racecheck
+  // shows reads of its bytes there), and no barrier orders those reads of the
+  // previous level before thread 0's reset (a WAR hazard, though the value
+  // read is unused).
+  if (tid == 0) sh.candidates = 0;
   Selection sel{0u, static_cast<uint32_t>(k), 0u};
   bool gathered = false;
   for (int level = 0; level < kTopkDigits; ++level) {
     uint32_t* const hist = histograms + (level & 1) * kTopkBins;
     for (int i = tid; i < kTopkBins; i += kTopkThreads) hist[i] = 0;
     const bool gather = level > 0 && !gathered && sel.max_local <= static_cast<uint32_t>(capacity);
-    if (gather && tid == 0) sh.candidates = 0;
     __syncthreads();
     const uint32_t prefix = sel.prefix;
     if (gathered) {

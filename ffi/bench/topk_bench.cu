@@ -22,6 +22,8 @@
 // Run (well under a minute on an H200; prints a table, writes JSON):
 //   build/topk_bench results/topk_bench.json
 //   build/topk_bench results/topk_quick.json --quick      # R = 131072, rows 2 and 80 only
+//   build/topk_bench results/topk_17.json --shape 17x131072 --shape 41x32768:1  # only these
+//     (ROWSxR[:KIND], KIND 0 normal, 1 uniform, 2 quantized)
 //   build/topk_bench results/topk_streaming.json --kernel streaming   # force a kernel (its own plan)
 //   build/topk_bench results/topk_r8.json --kernel resident --cluster 8  # and blocks per row
 // (resident: 1, 2, 4, 8, 16; streaming: 1, 2, 4, 8; a forced resident plan that does not fit a shape
@@ -154,7 +156,8 @@ const Result* Find(const std::vector<Result>& results, int64_t rows, int64_t rec
 int main(int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') {
     std::fprintf(stderr,
-                 "usage: %s OUT.json [--quick] [--reps N] [--kernel streaming|resident] [--cluster C]\n",
+                 "usage: %s OUT.json [--quick] [--shape ROWSxR[:KIND]]... [--reps N] "
+                 "[--kernel streaming|resident] [--cluster C]\n",
                  argv[0]);
     return 2;
   }
@@ -162,9 +165,20 @@ int main(int argc, char** argv) {
   bool quick = false;
   int reps = 200;
   hisparse::TopkLaunchOptions options;
+  std::vector<Config> shapes;  // --shape ROWSxR[:KIND]: only these configurations
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--quick") {
+    if (arg == "--shape" && i + 1 < argc) {
+      long long rows = 0, records = 0;
+      int kind = 0;
+      if (std::sscanf(argv[++i], "%lldx%lld:%d", &rows, &records, &kind) < 2 || rows < 1 ||
+          records < kTopK || kind < 0 || kind > 2) {
+        std::fprintf(stderr, "--shape takes ROWSxR[:KIND] (R >= %lld, KIND 0..2), got %s\n",
+                     (long long)kTopK, argv[i]);
+        return 2;
+      }
+      shapes.push_back({rows, records, kind, {}});
+    } else if (arg == "--quick") {
       quick = true;
     } else if (arg == "--reps" && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
@@ -190,7 +204,12 @@ int main(int argc, char** argv) {
   }
   std::vector<Config> configs;
   const std::vector<int64_t> all_rows = {1, 2, 8, 10, 80, 160};
-  if (quick) {
+  if (!shapes.empty()) {
+    for (Config c : shapes) {
+      c.options = options;
+      configs.push_back(c);
+    }
+  } else if (quick) {
     for (int64_t rows : {2, 80}) configs.push_back({rows, kTargetRecords, 0, options});
   } else {
     for (int64_t records : {32768, 131072, 262144})
@@ -198,7 +217,7 @@ int main(int argc, char** argv) {
     for (int kind : {1, 2})
       for (int64_t rows : {2, 80}) configs.push_back({rows, kTargetRecords, kind, options});
   }
-  if (options.kernel == hisparse::TopkKernelKind::kAuto) {
+  if (shapes.empty() && options.kernel == hisparse::TopkKernelKind::kAuto) {
     hisparse::TopkLaunchOptions baseline;
     baseline.kernel = hisparse::TopkKernelKind::kStreaming;
     for (int64_t rows : {2, 80}) configs.push_back({rows, kTargetRecords, 0, baseline});
