@@ -43,6 +43,11 @@ namespace hisparse {
 inline constexpr int kGroupedMatmulMaxWarps = 8;
 // Blocks that write the zero rows past the last group (each exits at once when there are none).
 inline constexpr int kGroupedMatmulMaxZeroBlocks = 128;
+// The split of K (grouped_matmul.h's S): the fewest slices, a power of two up to 8, that give
+// E * ceil(N / 16) * S >= 2048 warps (about 16 per SM of an H200; a constant, not the device's
+// count, so the bits are the same on every GPU), with at least one 64-byte chunk per slice.
+inline constexpr int kGroupedMatmulMaxKSlices = 8;
+inline constexpr int64_t kGroupedMatmulSplitTargetWarps = 2048;
 
 // One launch's shape. Every field is a compile-time variant of the kernel or
 // a launch parameter; none changes the bits y gets (grouped_matmul.h).
@@ -52,8 +57,13 @@ struct GroupedMatmulPlan {
   int chunks_in_flight = 4;   // 16-byte loads in flight per weight row and lane: 2 or 4
   int token_tiles = 1;        // 8-token tiles per pass: 1, 2, 4 or 8
   int tiles_per_warp = 1;     // warp tiles a warp streams one after another
-  int blocks_per_expert = 1;  // ceil(N / (16 weight_tiles tiles_per_warp) / warps_per_block)
+  int blocks_per_expert = 1;  // ceil(N / (16 weight_tiles tiles_per_warp) / (warps_per_block / k_slices))
+  int k_slices = 1;           // GroupedMatmulKSlices(dims): fixed by the weight's shape, not a tuning
 };
+
+// S, the slices of K of every weight row (grouped_matmul.h), from E, N, K and the weight type
+// alone: the rule above kGroupedMatmulMaxKSlices.
+int GroupedMatmulKSlices(const GroupedMatmulDims& dims);
 
 // Overrides of the automatic plan (benchmarks); 0 = automatic. The automatic
 // plan: 4 warps per block, token tiles for about twice the mean rows per
