@@ -3,7 +3,7 @@
 // sm_90); built and tuned for sm_90 (plain sm_90, not sm_90a).
 //
 // Decode reads far more weight bytes than anything else, so the kernel is a
-// weight stream: one launch, no shared-memory staging, no split over k.
+// weight stream: one launch, no shared-memory staging of operands.
 //   - A block is W warps of one expert; a warp owns tiles_per_warp warp
 //     tiles of 16 * weight_tiles adjacent weight rows (output channels) and
 //     streams each along all of K with 16-byte read-only loads (L1 bypassed),
@@ -25,6 +25,15 @@
 //     subnormal codes included) restores the value.
 //   - A pass holds the accumulators of token_tiles * 8 tokens; an expert with
 //     more rows takes more passes, each reading its weights again.
+//   - Split K (grouped_matmul.h's S, fixed by the weight's shape): a weight
+//     with few rows (the shared expert: E = 1, N / 16 = 256 or 384 warp
+//     tiles) would give each of the 132 SMs only a warp or two to stream
+//     with, far from enough loads in flight to fill HBM. With S > 1 a "tile
+//     group" of S warps of one block shares each warp tile, warp s streaming
+//     slice s of K; the S - 1 other warps leave their partial sums in shared
+//     memory and slice 0's warp adds them in slice order and writes y. The
+//     group meets at a named barrier of its own (bar.sync 1 + group), since
+//     the groups of a block may own different numbers of tiles.
 //   - Blocks of experts without rows exit before reading anything; a few
 //     extra blocks write the zeros of rows past the last group. Each block
 //     sums the group sizes it needs itself (E <= 1024), so there is no
