@@ -68,6 +68,7 @@ struct GroupedMatmulPlan {
   int tiles_per_warp = 1;     // warp tiles a warp streams one after another
   int blocks_per_expert = 1;  // ceil(N / (16 weight_tiles tiles_per_warp) / (warps_per_block / k_slices))
   int k_slices = 1;           // GroupedMatmulKSlices(dims): fixed by the weight's shape, not a tuning
+  bool pipelined = false;     // the next chunks_in_flight chunks load during this group's math
 };
 
 // S, the slices of K of every weight row (grouped_matmul.h), from E, N, K and the weight type
@@ -85,6 +86,7 @@ struct GroupedMatmulTuning {
   int chunks_in_flight = 0;
   int token_tiles = 0;
   int tiles_per_warp = 0;
+  int pipelined = 0;  // 1: off, 2: on (two register buffers of weight chunks)
 };
 
 // The plan LaunchGroupedMatmul uses for `dims` under `tuning` (host

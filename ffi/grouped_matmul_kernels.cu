@@ -151,8 +151,9 @@ __device__ void WriteZeroRows(const GroupedArgs& p, int block, int64_t* warp_sum
 
 // kFp8: fp8 weights (else bf16). kWeightTiles: 16-row weight tiles per warp
 // tile. kInFlight: chunks loaded per row before any is used. kTokenTiles:
-// 8-token tiles per pass.
-template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles>
+// 8-token tiles per pass. kPipelined: the next group of chunks is loaded before
+// this group's math (twice the weight registers).
+template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles, bool kPipelined>
 struct WarpTile {
   static constexpr int kSteps = kFp8 ? 4 : 2;  // k-steps per chunk
   static constexpr int kTokensPerPass = kTokensPerTile * kTokenTiles;
@@ -190,9 +191,8 @@ struct WarpTile {
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[j][t][i] = 0.0f;
 
-      for (int chunk0 = chunk_begin; chunk0 < chunk_end; chunk0 += kInFlight) {
-        // Every load of the group first (memory-level parallelism), then the math.
-        uint4 wv[kInFlight][kWeightTiles][2];
+      // Every load of a group of kInFlight chunks first (memory-level parallelism), then the math.
+      auto load = [&](uint4 (&wv)[kInFlight][kWeightTiles][2], int chunk0) {
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
           const int64_t offset = static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c;
@@ -204,6 +204,8 @@ struct WarpTile {
             for (int h = 0; h < 2; ++h)
               wv[u][j][h] = k_ok && row_ok[j][h] ? LoadWeights(w_rows[j][h] + offset) : zero;
         }
+      };
+      auto math = [&](const uint4 (&wv)[kInFlight][kWeightTiles][2], int chunk0) {
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
           if (chunk0 + u >= chunk_end) break;  // warp-uniform
@@ -231,6 +233,24 @@ struct WarpTile {
 #pragma unroll
               for (int j = 0; j < kWeightTiles; ++j) Mma(acc[j][t], a[s][j], xw[2 * s], xw[2 * s + 1]);
           }
+        }
+      };
+      if constexpr (!kPipelined) {
+        for (int chunk0 = chunk_begin; chunk0 < chunk_end; chunk0 += kInFlight) {
+          uint4 wv[kInFlight][kWeightTiles][2];
+          load(wv, chunk0);
+          math(wv, chunk0);
+        }
+      } else {
+        // Two register buffers: the next group's loads are in flight while this group's math runs.
+        uint4 wa[kInFlight][kWeightTiles][2], wb[kInFlight][kWeightTiles][2];
+        load(wa, chunk_begin);
+        for (int chunk0 = chunk_begin; chunk0 < chunk_end; chunk0 += 2 * kInFlight) {
+          load(wb, chunk0 + kInFlight);
+          math(wa, chunk0);
+          if (chunk0 + kInFlight >= chunk_end) break;
+          load(wa, chunk0 + 2 * kInFlight);
+          math(wb, chunk0 + kInFlight);
         }
       }
 
@@ -285,7 +305,7 @@ struct WarpTile {
 // Blocks [0, zero_blocks) write the zero rows; then blocks_per_expert blocks
 // per expert, expert-major. Warp w of an expert's warps owns its warp tiles
 // [w * tiles_per_warp, (w + 1) * tiles_per_warp), each 16 kWeightTiles rows.
-template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles>
+template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles, bool kPipelined>
 __global__ void __launch_bounds__(kGroupedMatmulMaxWarps * kWarp)
     GroupedMatmulKernel(const GroupedArgs p) {
   __shared__ int64_t warp_sums[kGroupedMatmulMaxWarps];
@@ -312,7 +332,7 @@ __global__ void __launch_bounds__(kGroupedMatmulMaxWarps * kWarp)
   const int chunk_end = min(p.chunks, chunk_begin + p.slice_chunks);
   const int64_t first = group * p.tiles_per_warp;
   for (int64_t tile = first; tile < first + p.tiles_per_warp && tile * kRowsPerWarpTile < p.n; ++tile)
-    WarpTile<kFp8, kWeightTiles, kInFlight, kTokenTiles>::Run(
+    WarpTile<kFp8, kWeightTiles, kInFlight, kTokenTiles, kPipelined>::Run(
         p, expert, tile * kRowsPerWarpTile, begin, end, threadIdx.x % kWarp, slice, chunk_begin, chunk_end,
         1 + group_in_block, partials + group_in_block * p.k_slices * 4 * kWarp);
 }
@@ -321,30 +341,36 @@ __global__ void __launch_bounds__(kGroupedMatmulMaxWarps * kWarp)
 
 using KernelFn = void (*)(GroupedArgs);
 
-template <bool kFp8, int kWeightTiles, int kInFlight>
+template <bool kFp8, int kWeightTiles, int kInFlight, bool kPipelined>
 KernelFn ForTokenTiles(int token_tiles) {
   switch (token_tiles) {
-    case 1: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 1>;
-    case 2: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 2>;
-    case 4: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 4>;
-    case 8: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 8>;
+    case 1: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 1, kPipelined>;
+    case 2: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 2, kPipelined>;
+    case 4: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 4, kPipelined>;
+    case 8: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 8, kPipelined>;
   }
   return nullptr;
 }
 
+template <bool kFp8, int kWeightTiles, int kInFlight>
+KernelFn ForPipeline(bool pipelined, int token_tiles) {
+  return pipelined ? ForTokenTiles<kFp8, kWeightTiles, kInFlight, true>(token_tiles)
+                   : ForTokenTiles<kFp8, kWeightTiles, kInFlight, false>(token_tiles);
+}
+
 template <bool kFp8>
-KernelFn ForShape(int weight_tiles, int chunks_in_flight, int token_tiles) {
-  if (weight_tiles == 1 && chunks_in_flight == 2) return ForTokenTiles<kFp8, 1, 2>(token_tiles);
-  if (weight_tiles == 1 && chunks_in_flight == 4) return ForTokenTiles<kFp8, 1, 4>(token_tiles);
-  if (weight_tiles == 2 && chunks_in_flight == 2) return ForTokenTiles<kFp8, 2, 2>(token_tiles);
-  if (weight_tiles == 2 && chunks_in_flight == 4) return ForTokenTiles<kFp8, 2, 4>(token_tiles);
+KernelFn ForShape(int weight_tiles, int chunks_in_flight, bool pipelined, int token_tiles) {
+  if (weight_tiles == 1 && chunks_in_flight == 2) return ForPipeline<kFp8, 1, 2>(pipelined, token_tiles);
+  if (weight_tiles == 1 && chunks_in_flight == 4) return ForPipeline<kFp8, 1, 4>(pipelined, token_tiles);
+  if (weight_tiles == 2 && chunks_in_flight == 2) return ForPipeline<kFp8, 2, 2>(pipelined, token_tiles);
+  if (weight_tiles == 2 && chunks_in_flight == 4) return ForPipeline<kFp8, 2, 4>(pipelined, token_tiles);
   return nullptr;
 }
 
 KernelFn KernelFor(const GroupedMatmulDims& dims, const GroupedMatmulPlan& plan) {
   return dims.weight_type == GroupedWeightType::kFp8E4m3
-             ? ForShape<true>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles)
-             : ForShape<false>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles);
+             ? ForShape<true>(plan.weight_tiles, plan.chunks_in_flight, plan.pipelined, plan.token_tiles)
+             : ForShape<false>(plan.weight_tiles, plan.chunks_in_flight, plan.pipelined, plan.token_tiles);
 }
 
 // The fewest 8-token tiles (1, 2, 4 or 8) that hold an expert's rows in one
@@ -388,7 +414,10 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
   const bool split = GroupedMatmulKSlices(dims) > 1;
   p.weight_tiles = tuning.weight_tiles > 0 ? tuning.weight_tiles : (row_bytes <= 2048 || split ? 1 : 2);
   p.warps_per_block = tuning.warps_per_block > 0 ? tuning.warps_per_block : 4;
-  if (p.warps_per_block > kGroupedMatmulMaxWarps || tuning.tiles_per_warp < 0) return cudaErrorInvalidValue;
+  if (p.warps_per_block > kGroupedMatmulMaxWarps || tuning.tiles_per_warp < 0 || tuning.pipelined < 0 ||
+      tuning.pipelined > 2)
+    return cudaErrorInvalidValue;
+  p.pipelined = tuning.pipelined == 2;
   const KernelFn kernel = KernelFor(dims, p);
   if (kernel == nullptr) return cudaErrorInvalidValue;  // a tuning value outside the variants
 

@@ -122,8 +122,13 @@ struct Result {
 
 std::string Describe(const GroupedMatmulPlan& p) {
   char buffer[160];
+#ifdef HISPARSE_GMM_BENCH_BASELINE
   std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d", p.warps_per_block, p.weight_tiles,
                 p.chunks_in_flight, p.token_tiles, p.tiles_per_warp);
+#else
+  std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d S%d%s", p.warps_per_block, p.weight_tiles,
+                p.chunks_in_flight, p.token_tiles, p.tiles_per_warp, p.k_slices, p.pipelined ? " pipe" : "");
+#endif
   return buffer;
 }
 
@@ -137,7 +142,34 @@ std::string Json(const GroupedMatmulPlan& p) {
   return buffer;
 }
 
-std::vector<GroupedMatmulTuning> Sweep(const Config& c) {
+#ifdef HISPARSE_GMM_BENCH_BASELINE  // built against an older kernel without these fields
+constexpr bool kHasPipeline = false;
+#else
+constexpr bool kHasPipeline = true;
+#endif
+
+// --slices: the plan fields that matter at decode (tt automatic, one tile per warp), pipelined or not.
+std::vector<GroupedMatmulTuning> SliceSweep() {
+  std::vector<GroupedMatmulTuning> out;
+  for (int wt : {1, 2})
+    for (int u : {2, 4})
+      for (int warps : {4, 8})
+        for (int pipe : {1, 2}) {
+          if (pipe == 2 && !kHasPipeline) continue;
+          GroupedMatmulTuning t;
+          t.weight_tiles = wt;
+          t.chunks_in_flight = u;
+          t.warps_per_block = warps;
+#ifndef HISPARSE_GMM_BENCH_BASELINE
+          t.pipelined = pipe;
+#endif
+          out.push_back(t);
+        }
+  return out;
+}
+
+std::vector<GroupedMatmulTuning> Sweep(const Config& c, bool slices) {
+  if (slices) return SliceSweep();
   GroupedMatmulPlan automatic;
   CUDA_OK(hisparse::GroupedMatmulPlanFor(c.dims(), {}, &automatic));
   std::vector<int> token_tiles = {automatic.token_tiles};
@@ -160,7 +192,7 @@ std::vector<GroupedMatmulTuning> Sweep(const Config& c) {
 }
 
 Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bool print_sweep, uint8_t* w_copies[2],
-                 uint32_t seed) {
+                 uint32_t seed, bool slices) {
   Result r;
   r.config = c;
   const GroupedMatmulDims dims = c.dims();
@@ -239,7 +271,7 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
   r.auto_gbs = r.active_bytes / (r.auto_stats.median_us * 1e3);
   r.best_plan = r.auto_plan, r.best_stats = r.auto_stats, r.best_gbs = r.auto_gbs;
   if (sweep) {
-    for (const GroupedMatmulTuning& t : Sweep(c)) {
+    for (const GroupedMatmulTuning& t : Sweep(c, slices)) {
       GroupedMatmulPlan plan;
       CUDA_OK(hisparse::GroupedMatmulPlanFor(dims, t, &plan));
       launch(t, 0);
@@ -329,7 +361,7 @@ int main(int argc, char** argv) {
   std::vector<Result> results;
   bool all_ok = true;
   for (const Config& c : configs) {
-    const Result r = RunConfig(c, stream, iters, !quick, print_sweep, w_copies, seed);
+    const Result r = RunConfig(c, stream, iters, !quick, print_sweep, w_copies, seed, slices);
     all_ok = all_ok && r.ok;
     std::printf("| %s | %s | %lld | %lld | %lld | %.1f | %s | %.1f / %.1f / %.1f | %.0f | %.2f | %.2f | %.2f | %s | %.0f "
                 "| %s%s%s |\n",
