@@ -68,7 +68,9 @@ struct GroupedMatmulPlan {
   int tiles_per_warp = 1;     // warp tiles a warp streams one after another
   int blocks_per_expert = 1;  // ceil(N / (16 weight_tiles tiles_per_warp) / (warps_per_block / k_slices))
   int k_slices = 1;           // GroupedMatmulKSlices(dims): fixed by the weight's shape, not a tuning
-  bool pipelined = false;     // the next chunks_in_flight chunks load during this group's math
+  int loads = 1;              // 1: chunks_in_flight chunks into registers, then their math; 2: the
+                              // next group loads during this group's math (two register buffers);
+                              // 3: through a per-warp shared-memory ring (cp.async)
 };
 
 // S, the slices of K of every weight row (grouped_matmul.h), from E, N, K and the weight type
@@ -86,7 +88,7 @@ struct GroupedMatmulTuning {
   int chunks_in_flight = 0;
   int token_tiles = 0;
   int tiles_per_warp = 0;
-  int pipelined = 0;  // 1: off, 2: on (two register buffers of weight chunks)
+  int loads = 0;  // GroupedMatmulPlan::loads (1, 2 or 3)
 };
 
 // The plan LaunchGroupedMatmul uses for `dims` under `tuning` (host

@@ -127,7 +127,8 @@ std::string Describe(const GroupedMatmulPlan& p) {
                 p.chunks_in_flight, p.token_tiles, p.tiles_per_warp);
 #else
   std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d S%d%s", p.warps_per_block, p.weight_tiles,
-                p.chunks_in_flight, p.token_tiles, p.tiles_per_warp, p.k_slices, p.pipelined ? " pipe" : "");
+                p.chunks_in_flight, p.token_tiles, p.tiles_per_warp, p.k_slices,
+                p.loads == 2 ? " regs2" : p.loads == 3 ? " ring" : "");
 #endif
   return buffer;
 }
@@ -148,20 +149,20 @@ constexpr bool kHasPipeline = false;
 constexpr bool kHasPipeline = true;
 #endif
 
-// --slices: the plan fields that matter at decode (tt automatic, one tile per warp), pipelined or not.
+// --slices: the plan fields that matter at decode (tt automatic, one tile per warp), each way of loading.
 std::vector<GroupedMatmulTuning> SliceSweep() {
   std::vector<GroupedMatmulTuning> out;
   for (int wt : {1, 2})
     for (int u : {2, 4})
       for (int warps : {4, 8})
-        for (int pipe : {1, 2}) {
-          if (pipe == 2 && !kHasPipeline) continue;
+        for (int loads : {1, 2, 3}) {
+          if (loads > 1 && !kHasPipeline) continue;
           GroupedMatmulTuning t;
           t.weight_tiles = wt;
           t.chunks_in_flight = u;
           t.warps_per_block = warps;
 #ifndef HISPARSE_GMM_BENCH_BASELINE
-          t.pipelined = pipe;
+          t.loads = loads;
 #endif
           out.push_back(t);
         }
