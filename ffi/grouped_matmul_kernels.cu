@@ -227,9 +227,11 @@ struct WarpTile {
               wv[u][j][h] = k_ok && row_ok[j][h] ? LoadWeights(w_rows[j][h] + offset) : zero;
         }
       };
-      auto math = [&](const uint4 (&wv)[kInFlight][kWeightTiles][2], int chunk0) {
+      // The math of kChunks consecutive chunks from chunk0 (kInFlight, or 1 for the ring).
+      auto math = [&](const auto& wv, int chunk0) {
+        constexpr int kChunks = sizeof(wv) / sizeof(wv[0]);
 #pragma unroll
-        for (int u = 0; u < kInFlight; ++u) {
+        for (int u = 0; u < kChunks; ++u) {
           if (chunk0 + u >= chunk_end) break;  // warp-uniform
           const int64_t w_offset = static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c;
           const bool k_ok = w_offset < p.w_row_bytes;
@@ -277,7 +279,8 @@ struct WarpTile {
       } else {
         // The ring: group i of chunks lives in slot i % kGroups; the copy of group i + kGroups - 1
         // goes into the slot read one iteration earlier, whose registers that iteration's math
-        // has consumed. Each lane reads back only the bytes it copied: no barrier.
+        // has consumed (so the reads have completed). Each lane reads back only the bytes it
+        // copied: no barrier.
         constexpr int kGroups = RingGroups(kInFlight);
         auto slot = [&](int group, int u, int j, int h) {
           return ring + (((group * kInFlight + u) * kWeightTiles + j) * 2 + h) * kWarp + lane;
@@ -303,15 +306,18 @@ struct WarpTile {
         int group = 0;
         for (int chunk0 = chunk_begin; chunk0 < chunk_end; chunk0 += kInFlight) {
           WaitCopies<kGroups - 2>();  // this group's copies have landed
-          uint4 wv[kInFlight][kWeightTiles][2];
+          issue(chunk0 + (kGroups - 1) * kInFlight, group == 0 ? kGroups - 1 : group - 1);
+          // One chunk at a time from shared memory: only one chunk's weights in registers.
 #pragma unroll
-          for (int u = 0; u < kInFlight; ++u)
+          for (int u = 0; u < kInFlight; ++u) {
+            if (chunk0 + u >= chunk_end) break;  // warp-uniform
+            uint4 wv[1][kWeightTiles][2];
 #pragma unroll
             for (int j = 0; j < kWeightTiles; ++j)
 #pragma unroll
-              for (int h = 0; h < 2; ++h) wv[u][j][h] = in_row(chunk0 + u, j, h) ? *slot(group, u, j, h) : zero;
-          issue(chunk0 + (kGroups - 1) * kInFlight, group == 0 ? kGroups - 1 : group - 1);
-          math(wv, chunk0);
+              for (int h = 0; h < 2; ++h) wv[0][j][h] = in_row(chunk0 + u, j, h) ? *slot(group, u, j, h) : zero;
+            math(wv, chunk0 + u);
+          }
           group = group + 1 == kGroups ? 0 : group + 1;
         }
         WaitCopies<0>();  // nothing pending when the ring is next filled (only empty groups remain)
