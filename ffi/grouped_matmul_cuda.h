@@ -3,9 +3,7 @@
 // sm_90); built and tuned for sm_90 (plain sm_90, not sm_90a).
 //
 // Decode reads far more weight bytes than anything else, so the kernel is a
-// weight stream: one launch; x is never staged, and the weights only in the
-// shared-memory ring of loads = 3 (GroupedMatmulPlan), each lane reading back
-// its own bytes.
+// weight stream: one launch, no shared-memory staging of operands.
 //   - A block is W warps of one expert; a warp owns tiles_per_warp warp
 //     tiles of 16 * weight_tiles adjacent weight rows (output channels) and
 //     streams each along all of K with 16-byte read-only loads (L1 bypassed),
@@ -70,11 +68,6 @@ struct GroupedMatmulPlan {
   int tiles_per_warp = 1;     // warp tiles a warp streams one after another
   int blocks_per_expert = 1;  // ceil(N / (16 weight_tiles tiles_per_warp) / (warps_per_block / k_slices))
   int k_slices = 1;           // GroupedMatmulKSlices(dims): fixed by the weight's shape, not a tuning
-  int loads = 1;              // 1: chunks_in_flight chunks into registers, then their math; 2: the
-                              // next group loads during this group's math (two register buffers);
-                              // 3: through a per-warp shared-memory ring of 3 or 4 groups of
-                              // chunks_in_flight chunks (cp.async): the loads in flight hold no
-                              // registers, so fewer warps keep more bytes in flight
 };
 
 // S, the slices of K of every weight row (grouped_matmul.h), from E, N, K and the weight type
@@ -92,7 +85,6 @@ struct GroupedMatmulTuning {
   int chunks_in_flight = 0;
   int token_tiles = 0;
   int tiles_per_warp = 0;
-  int loads = 0;  // GroupedMatmulPlan::loads (1, 2 or 3)
 };
 
 // The plan LaunchGroupedMatmul uses for `dims` under `tuning` (host

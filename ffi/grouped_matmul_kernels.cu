@@ -37,13 +37,6 @@ constexpr int kRowsPerWeightTile = 16;  // mma M
 constexpr int kTokensPerTile = 8;       // mma N
 constexpr uint32_t kBf16x2Two120 = 0x7b807b80u;  // bf16 2^120 in both halves
 
-// loads = 3: groups of kInFlight chunks in a warp's shared-memory ring (one being read, the
-// others in flight), and the ring's bytes per warp (16 bytes per lane, row and chunk).
-__host__ __device__ constexpr int RingGroups(int in_flight) { return in_flight <= 2 ? 4 : 3; }
-__host__ __device__ constexpr int64_t RingBytesPerWarp(int in_flight, int weight_tiles) {
-  return int64_t{RingGroups(in_flight)} * in_flight * weight_tiles * 2 * 32 * 16;
-}
-
 struct GroupedArgs {
   const uint8_t* x;        // [M, K] bf16
   const uint8_t* w;        // [E, N, K] bf16 or fp8 e4m3fn
@@ -73,18 +66,6 @@ __device__ __forceinline__ uint4 LoadWeights(const uint8_t* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
-}
-
-// The same 16 bytes copied to shared memory without passing through registers (cp.async, L1
-// bypassed); Commit closes a group of copies, Wait<n> waits until at most n groups are pending.
-__device__ __forceinline__ void CopyWeights(uint4* smem, const uint8_t* p) {
-  const uint32_t to = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" : : "r"(to), "l"(p) : "memory");
-}
-__device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;\n" : : : "memory"); }
-template <int kPending>
-__device__ __forceinline__ void WaitCopies() {
-  asm volatile("cp.async.wait_group %0;\n" : : "n"(kPending) : "memory");
 }
 
 __device__ __forceinline__ uint4 LoadTokens(const uint8_t* p) {
@@ -170,12 +151,8 @@ __device__ void WriteZeroRows(const GroupedArgs& p, int block, int64_t* warp_sum
 
 // kFp8: fp8 weights (else bf16). kWeightTiles: 16-row weight tiles per warp
 // tile. kInFlight: chunks loaded per row before any is used. kTokenTiles:
-// 8-token tiles per pass. kLoads (GroupedMatmulPlan::loads): 1, a group of
-// kInFlight chunks is loaded into registers, then used; 2, the next group is
-// loaded before this group's math (two register buffers); 3, the weights go
-// through a per-warp ring of RingSlots(kInFlight) chunks in shared memory
-// (cp.async), so the loads in flight hold no registers.
-template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles, int kLoads>
+// 8-token tiles per pass.
+template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles>
 struct WarpTile {
   static constexpr int kSteps = kFp8 ? 4 : 2;  // k-steps per chunk
   static constexpr int kTokensPerPass = kTokensPerTile * kTokenTiles;
@@ -185,7 +162,7 @@ struct WarpTile {
   // its slice's chunks [chunk_begin, chunk_end), and meet at named barrier `barrier`.
   static __device__ __forceinline__ void Run(const GroupedArgs& p, int expert, int64_t row0, int64_t begin,
                                              int64_t end, int lane, int slice, int chunk_begin, int chunk_end,
-                                             int barrier, float* partials, uint4* ring) {
+                                             int barrier, float* partials) {
     const int g = lane / 4, c = lane % 4;
     // This lane's weight rows: g and g + 8 of each tile (rows past N read as zeros); the lane's
     // 16 bytes of a chunk (16 c) are added with the chunk's offset below.
@@ -213,8 +190,9 @@ struct WarpTile {
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[j][t][i] = 0.0f;
 
-      // Every load of a group of kInFlight chunks first (memory-level parallelism), then the math.
-      auto load = [&](uint4 (&wv)[kInFlight][kWeightTiles][2], int chunk0) {
+      for (int chunk0 = chunk_begin; chunk0 < chunk_end; chunk0 += kInFlight) {
+        // Every load of the group first (memory-level parallelism), then the math.
+        uint4 wv[kInFlight][kWeightTiles][2];
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
           const int64_t offset = static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c;
@@ -226,12 +204,8 @@ struct WarpTile {
             for (int h = 0; h < 2; ++h)
               wv[u][j][h] = k_ok && row_ok[j][h] ? LoadWeights(w_rows[j][h] + offset) : zero;
         }
-      };
-      // The math of kChunks consecutive chunks from chunk0 (kInFlight, or 1 for the ring).
-      auto math = [&](const auto& wv, int chunk0) {
-        constexpr int kChunks = sizeof(wv) / sizeof(wv[0]);
 #pragma unroll
-        for (int u = 0; u < kChunks; ++u) {
+        for (int u = 0; u < kInFlight; ++u) {
           if (chunk0 + u >= chunk_end) break;  // warp-uniform
           const int64_t w_offset = static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c;
           const bool k_ok = w_offset < p.w_row_bytes;
@@ -258,69 +232,6 @@ struct WarpTile {
               for (int j = 0; j < kWeightTiles; ++j) Mma(acc[j][t], a[s][j], xw[2 * s], xw[2 * s + 1]);
           }
         }
-      };
-      if constexpr (kLoads == 1) {
-        for (int chunk0 = chunk_begin; chunk0 < chunk_end; chunk0 += kInFlight) {
-          uint4 wv[kInFlight][kWeightTiles][2];
-          load(wv, chunk0);
-          math(wv, chunk0);
-        }
-      } else if constexpr (kLoads == 2) {
-        // Two register buffers: the next group's loads are in flight while this group's math runs.
-        uint4 wa[kInFlight][kWeightTiles][2], wb[kInFlight][kWeightTiles][2];
-        load(wa, chunk_begin);
-        for (int chunk0 = chunk_begin; chunk0 < chunk_end; chunk0 += 2 * kInFlight) {
-          load(wb, chunk0 + kInFlight);
-          math(wa, chunk0);
-          if (chunk0 + kInFlight >= chunk_end) break;
-          load(wa, chunk0 + 2 * kInFlight);
-          math(wb, chunk0 + kInFlight);
-        }
-      } else {
-        // The ring: group i of chunks lives in slot i % kGroups; the copy of group i + kGroups - 1
-        // goes into the slot read one iteration earlier, whose registers that iteration's math
-        // has consumed (so the reads have completed). Each lane reads back only the bytes it
-        // copied: no barrier.
-        constexpr int kGroups = RingGroups(kInFlight);
-        auto slot = [&](int group, int u, int j, int h) {
-          return ring + (((group * kInFlight + u) * kWeightTiles + j) * 2 + h) * kWarp + lane;
-        };
-        auto in_row = [&](int chunk, int j, int h) {
-          return chunk < chunk_end && static_cast<int64_t>(chunk) * kChunkBytes + 16 * c < p.w_row_bytes &&
-                 row_ok[j][h];
-        };
-        auto issue = [&](int chunk0, int group) {
-#pragma unroll
-          for (int u = 0; u < kInFlight; ++u)
-#pragma unroll
-            for (int j = 0; j < kWeightTiles; ++j)
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-                if (in_row(chunk0 + u, j, h))
-                  CopyWeights(slot(group, u, j, h),
-                              w_rows[j][h] + static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c);
-          CommitCopies();  // possibly empty: every iteration commits one group
-        };
-#pragma unroll
-        for (int i = 0; i < kGroups - 1; ++i) issue(chunk_begin + i * kInFlight, i);
-        int group = 0;
-        for (int chunk0 = chunk_begin; chunk0 < chunk_end; chunk0 += kInFlight) {
-          WaitCopies<kGroups - 2>();  // this group's copies have landed
-          issue(chunk0 + (kGroups - 1) * kInFlight, group == 0 ? kGroups - 1 : group - 1);
-          // One chunk at a time from shared memory: only one chunk's weights in registers.
-#pragma unroll
-          for (int u = 0; u < kInFlight; ++u) {
-            if (chunk0 + u >= chunk_end) break;  // warp-uniform
-            uint4 wv[1][kWeightTiles][2];
-#pragma unroll
-            for (int j = 0; j < kWeightTiles; ++j)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) wv[0][j][h] = in_row(chunk0 + u, j, h) ? *slot(group, u, j, h) : zero;
-            math(wv, chunk0 + u);
-          }
-          group = group + 1 == kGroups ? 0 : group + 1;
-        }
-        WaitCopies<0>();  // nothing pending when the ring is next filled (only empty groups remain)
       }
 
       // The slices' partial sums, added in slice order by slice 0's warp: p_0 + p_1 + ... + p_{S-1}.
@@ -374,7 +285,7 @@ struct WarpTile {
 // Blocks [0, zero_blocks) write the zero rows; then blocks_per_expert blocks
 // per expert, expert-major. Warp w of an expert's warps owns its warp tiles
 // [w * tiles_per_warp, (w + 1) * tiles_per_warp), each 16 kWeightTiles rows.
-template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles, int kLoads>
+template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles>
 __global__ void __launch_bounds__(kGroupedMatmulMaxWarps * kWarp)
     GroupedMatmulKernel(const GroupedArgs p) {
   __shared__ int64_t warp_sums[kGroupedMatmulMaxWarps];
@@ -392,8 +303,9 @@ __global__ void __launch_bounds__(kGroupedMatmulMaxWarps * kWarp)
 
   // Warp w of the block: tile group w / S (warp tiles like one warp without a split), slice w % S.
   constexpr int64_t kRowsPerWarpTile = kRowsPerWeightTile * kWeightTiles;
-  __shared__ float partials[kGroupedMatmulMaxWarps * 4 * kWarp];
-  extern __shared__ uint4 rings[];  // loads = 3: RingBytesPerWarp per warp
+  // The slices' partial sums: dynamic, so a launch without a split (S = 1) has no shared memory
+  // beyond warp_sums, as before the split, and the L1 left for x stays the largest.
+  extern __shared__ float partials[];  // [warps_per_block][4][32] when S > 1
   const int warp_in_block = threadIdx.x / kWarp;
   const int slice = warp_in_block % p.k_slices, group_in_block = warp_in_block / p.k_slices;
   const int groups_per_block = static_cast<int>(blockDim.x / kWarp) / p.k_slices;
@@ -402,50 +314,39 @@ __global__ void __launch_bounds__(kGroupedMatmulMaxWarps * kWarp)
   const int chunk_end = min(p.chunks, chunk_begin + p.slice_chunks);
   const int64_t first = group * p.tiles_per_warp;
   for (int64_t tile = first; tile < first + p.tiles_per_warp && tile * kRowsPerWarpTile < p.n; ++tile)
-    WarpTile<kFp8, kWeightTiles, kInFlight, kTokenTiles, kLoads>::Run(
+    WarpTile<kFp8, kWeightTiles, kInFlight, kTokenTiles>::Run(
         p, expert, tile * kRowsPerWarpTile, begin, end, threadIdx.x % kWarp, slice, chunk_begin, chunk_end,
-        1 + group_in_block, partials + group_in_block * p.k_slices * 4 * kWarp,
-        kLoads == 3 ? rings + warp_in_block * (RingBytesPerWarp(kInFlight, kWeightTiles) / 16) : nullptr);
+        1 + group_in_block, partials + group_in_block * p.k_slices * 4 * kWarp);
 }
 
 // --------------------------------------------------------------------------- plan and dispatch
 
 using KernelFn = void (*)(GroupedArgs);
 
-template <bool kFp8, int kWeightTiles, int kInFlight, int kLoads>
+template <bool kFp8, int kWeightTiles, int kInFlight>
 KernelFn ForTokenTiles(int token_tiles) {
   switch (token_tiles) {
-    case 1: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 1, kLoads>;
-    case 2: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 2, kLoads>;
-    case 4: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 4, kLoads>;
-    case 8: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 8, kLoads>;
-  }
-  return nullptr;
-}
-
-template <bool kFp8, int kWeightTiles, int kInFlight>
-KernelFn ForLoads(int loads, int token_tiles) {
-  switch (loads) {
-    case 1: return ForTokenTiles<kFp8, kWeightTiles, kInFlight, 1>(token_tiles);
-    case 2: return ForTokenTiles<kFp8, kWeightTiles, kInFlight, 2>(token_tiles);
-    case 3: return ForTokenTiles<kFp8, kWeightTiles, kInFlight, 3>(token_tiles);
+    case 1: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 1>;
+    case 2: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 2>;
+    case 4: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 4>;
+    case 8: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 8>;
   }
   return nullptr;
 }
 
 template <bool kFp8>
-KernelFn ForShape(int weight_tiles, int chunks_in_flight, int loads, int token_tiles) {
-  if (weight_tiles == 1 && chunks_in_flight == 2) return ForLoads<kFp8, 1, 2>(loads, token_tiles);
-  if (weight_tiles == 1 && chunks_in_flight == 4) return ForLoads<kFp8, 1, 4>(loads, token_tiles);
-  if (weight_tiles == 2 && chunks_in_flight == 2) return ForLoads<kFp8, 2, 2>(loads, token_tiles);
-  if (weight_tiles == 2 && chunks_in_flight == 4) return ForLoads<kFp8, 2, 4>(loads, token_tiles);
+KernelFn ForShape(int weight_tiles, int chunks_in_flight, int token_tiles) {
+  if (weight_tiles == 1 && chunks_in_flight == 2) return ForTokenTiles<kFp8, 1, 2>(token_tiles);
+  if (weight_tiles == 1 && chunks_in_flight == 4) return ForTokenTiles<kFp8, 1, 4>(token_tiles);
+  if (weight_tiles == 2 && chunks_in_flight == 2) return ForTokenTiles<kFp8, 2, 2>(token_tiles);
+  if (weight_tiles == 2 && chunks_in_flight == 4) return ForTokenTiles<kFp8, 2, 4>(token_tiles);
   return nullptr;
 }
 
 KernelFn KernelFor(const GroupedMatmulDims& dims, const GroupedMatmulPlan& plan) {
   return dims.weight_type == GroupedWeightType::kFp8E4m3
-             ? ForShape<true>(plan.weight_tiles, plan.chunks_in_flight, plan.loads, plan.token_tiles)
-             : ForShape<false>(plan.weight_tiles, plan.chunks_in_flight, plan.loads, plan.token_tiles);
+             ? ForShape<true>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles)
+             : ForShape<false>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles);
 }
 
 // The fewest 8-token tiles (1, 2, 4 or 8) that hold an expert's rows in one
@@ -490,8 +391,6 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
   p.weight_tiles = tuning.weight_tiles > 0 ? tuning.weight_tiles : (row_bytes <= 2048 || split ? 1 : 2);
   p.warps_per_block = tuning.warps_per_block > 0 ? tuning.warps_per_block : 4;
   if (p.warps_per_block > kGroupedMatmulMaxWarps || tuning.tiles_per_warp < 0) return cudaErrorInvalidValue;
-  p.loads = tuning.loads > 0 ? tuning.loads : 1;
-  if (p.loads > 3) return cudaErrorInvalidValue;
   const KernelFn kernel = KernelFor(dims, p);
   if (kernel == nullptr) return cudaErrorInvalidValue;  // a tuning value outside the variants
 
@@ -542,17 +441,8 @@ cudaError_t LaunchGroupedMatmul(const GroupedMatmulDims& dims, const GroupedMatm
   p.slice_chunks = (p.chunks + plan.k_slices - 1) / plan.k_slices;
   const int64_t blocks = p.zero_blocks + dims.experts * plan.blocks_per_expert;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  const KernelFn kernel = KernelFor(dims, plan);
-  size_t ring_bytes = 0;
-  if (plan.loads == 3) {
-    ring_bytes = plan.warps_per_block * RingBytesPerWarp(plan.chunks_in_flight, plan.weight_tiles);
-    // Above 48 KiB a kernel must opt in (a host-side attribute: allowed under graph capture).
-    if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(ring_bytes));
-        err != cudaSuccess)
-      return err;
-  }
-  kernel<<<static_cast<unsigned>(blocks), plan.warps_per_block * kWarp, ring_bytes, stream>>>(p);
+  const size_t partial_bytes = plan.k_slices > 1 ? plan.warps_per_block * 4 * kWarp * sizeof(float) : 0;
+  KernelFor(dims, plan)<<<static_cast<unsigned>(blocks), plan.warps_per_block * kWarp, partial_bytes, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -122,13 +122,12 @@ struct Result {
 
 std::string Describe(const GroupedMatmulPlan& p) {
   char buffer[160];
-#ifdef HISPARSE_GMM_BENCH_BASELINE
+#ifdef HISPARSE_GMM_BENCH_BASELINE  // built against main's kernel (no k_slices) for a same-run baseline
   std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d", p.warps_per_block, p.weight_tiles,
                 p.chunks_in_flight, p.token_tiles, p.tiles_per_warp);
 #else
-  std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d S%d%s", p.warps_per_block, p.weight_tiles,
-                p.chunks_in_flight, p.token_tiles, p.tiles_per_warp, p.k_slices,
-                p.loads == 2 ? " regs2" : p.loads == 3 ? " ring" : "");
+  std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d S%d", p.warps_per_block, p.weight_tiles,
+                p.chunks_in_flight, p.token_tiles, p.tiles_per_warp, p.k_slices);
 #endif
   return buffer;
 }
@@ -143,29 +142,18 @@ std::string Json(const GroupedMatmulPlan& p) {
   return buffer;
 }
 
-#ifdef HISPARSE_GMM_BENCH_BASELINE  // built against an older kernel without these fields
-constexpr bool kHasPipeline = false;
-#else
-constexpr bool kHasPipeline = true;
-#endif
-
-// --slices: the plan fields that matter at decode (tt automatic, one tile per warp), each way of loading.
+// --slices: the plan fields that matter at decode (tt automatic, one tile per warp).
 std::vector<GroupedMatmulTuning> SliceSweep() {
   std::vector<GroupedMatmulTuning> out;
   for (int wt : {1, 2})
     for (int u : {2, 4})
-      for (int warps : {4, 8})
-        for (int loads : {1, 2, 3}) {
-          if (loads > 1 && !kHasPipeline) continue;
-          GroupedMatmulTuning t;
-          t.weight_tiles = wt;
-          t.chunks_in_flight = u;
-          t.warps_per_block = warps;
-#ifndef HISPARSE_GMM_BENCH_BASELINE
-          t.loads = loads;
-#endif
-          out.push_back(t);
-        }
+      for (int warps : {2, 4, 8}) {
+        GroupedMatmulTuning t;
+        t.weight_tiles = wt;
+        t.chunks_in_flight = u;
+        t.warps_per_block = warps;
+        out.push_back(t);
+      }
   return out;
 }
 
