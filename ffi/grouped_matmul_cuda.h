@@ -33,11 +33,15 @@
 //     slice s of K; the S - 1 other warps leave their partial sums in shared
 //     memory and slice 0's warp adds them in slice order and writes y. The
 //     group meets at a named barrier of its own (bar.sync 1 + group), since
-//     the groups of a block may own different numbers of tiles.
+//     the groups of a block may own different numbers of tiles. The partials
+//     are dynamic shared memory, absent when S = 1 (the routed experts).
+//     H200, glm5 shared expert at batch 17 (fp8): gate_up 117 -> 22 us, down
+//     35 -> 17 us (the bench's --slices mode; BENCHMARKS.md).
 //   - Blocks of experts without rows exit before reading anything; a few
 //     extra blocks write the zeros of rows past the last group. Each block
 //     sums the group sizes it needs itself (E <= 1024), so there is no
-//     second launch and no scratch memory.
+//     second launch and no scratch memory (a split of K is reduced inside a
+//     block, never across blocks).
 #ifndef HISPARSE_FFI_GROUPED_MATMUL_CUDA_H_
 #define HISPARSE_FFI_GROUPED_MATMUL_CUDA_H_
 
@@ -79,6 +83,10 @@ int GroupedMatmulKSlices(const GroupedMatmulDims& dims);
 // expert (M / E), 2 chunks in flight, 2 weight tiles (1 for weight rows of at
 // most 2 KiB), one tile per warp: the variant within ~5-15% of the best at
 // every shape of the H200 sweep (ffi/bench/grouped_matmul_bench.cu --sweep).
+// With a split of K (k_slices = S > 1) a block holds whole tile groups of S
+// warps (warps_per_block is rounded down to a multiple of S, at least S: 8
+// warps for S = 8) and the automatic plan takes 1 weight tile (twice the
+// tile groups); the --slices sweep on the H200 found no faster variant.
 struct GroupedMatmulTuning {
   int warps_per_block = 0;
   int weight_tiles = 0;
