@@ -37,14 +37,21 @@
 // its rows (grouped_matmul_cuda.h); decode batches fit one pass.
 //
 // Arithmetic. Products of bfloat16 (and fp8, widened exactly to bfloat16)
-// values are exact in float32; each output element's sum over k is
-// accumulated in float32 on tensor cores (mma m16n8k16) in 16-wide k-steps in
-// increasing k order, the same order in every call and every launch variant,
-// by one warp (no split over k, no atomics): the CUDA kernel is deterministic
-// and its bits do not depend on the batch, the other groups or the tuning. The
-// sum is then multiplied by scale[e, n] (one float32 rounding). The XLA
+// values are exact in float32. Each weight row's K is cut into S slices of
+// consecutive 64-byte pieces of the row (32 bf16 or 64 fp8 values of k; slice
+// s holds pieces [s c, (s + 1) c) with c = ceil(pieces / S), the last slices
+// possibly short or empty), where S depends on E, N, K and the weight type
+// only (GroupedMatmulKSlices in grouped_matmul_cuda.h: S > 1 only when the
+// weight has too few rows to keep the GPU busy, e.g. the shared expert, E = 1).
+// Each slice's sum over its k is accumulated from +0 in float32 on tensor cores
+// (mma m16n8k16) in 16-wide k-steps in increasing k order by one warp; the S
+// partial sums are then added in float32 in slice order, ((p_0 + p_1) + p_2)
+// + ..., by one warp (no atomics), the same order in every call and every
+// launch variant: the CUDA kernel is deterministic and its bits depend on
+// neither the batch (M, the group sizes), the other groups, nor the tuning.
+// The sum is then multiplied by scale[e, n] (one float32 rounding). The XLA
 // reference sums in XLA's order, so the two agree within a rounding bound,
-// not bit for bit:
+// not bit for bit (any order of K float32 additions stays within it):
 //   |y - exact| <= (K + 4) * 2^-23 * |scale[e, n]| * sum_k |x[m, k] * w[e, n, k]|
 // (2^-23 rather than 2^-24 because tensor cores may truncate when they add).
 //

@@ -3,7 +3,7 @@
 // sm_90); built and tuned for sm_90 (plain sm_90, not sm_90a).
 //
 // Decode reads far more weight bytes than anything else, so the kernel is a
-// weight stream: one launch, no shared-memory staging, no split over k.
+// weight stream: one launch, no shared-memory staging of operands.
 //   - A block is W warps of one expert; a warp owns tiles_per_warp warp
 //     tiles of 16 * weight_tiles adjacent weight rows (output channels) and
 //     streams each along all of K with 16-byte read-only loads (L1 bypassed),
@@ -25,10 +25,23 @@
 //     subnormal codes included) restores the value.
 //   - A pass holds the accumulators of token_tiles * 8 tokens; an expert with
 //     more rows takes more passes, each reading its weights again.
+//   - Split K (grouped_matmul.h's S, fixed by the weight's shape): a weight
+//     with few rows (the shared expert: E = 1, N / 16 = 256 or 384 warp
+//     tiles) would give each of the 132 SMs only a warp or two to stream
+//     with, far from enough loads in flight to fill HBM. With S > 1 a "tile
+//     group" of S warps of one block shares each warp tile, warp s streaming
+//     slice s of K; the S - 1 other warps leave their partial sums in shared
+//     memory and slice 0's warp adds them in slice order and writes y. The
+//     group meets at a named barrier of its own (bar.sync 1 + group), since
+//     the groups of a block may own different numbers of tiles. The partials
+//     are dynamic shared memory, absent when S = 1 (the routed experts).
+//     H200, glm5 shared expert at batch 17 (fp8): gate_up 117 -> 22 us, down
+//     35 -> 17 us (the bench's --slices mode; BENCHMARKS.md).
 //   - Blocks of experts without rows exit before reading anything; a few
 //     extra blocks write the zeros of rows past the last group. Each block
 //     sums the group sizes it needs itself (E <= 1024), so there is no
-//     second launch and no scratch memory.
+//     second launch and no scratch memory (a split of K is reduced inside a
+//     block, never across blocks).
 #ifndef HISPARSE_FFI_GROUPED_MATMUL_CUDA_H_
 #define HISPARSE_FFI_GROUPED_MATMUL_CUDA_H_
 
@@ -43,6 +56,11 @@ namespace hisparse {
 inline constexpr int kGroupedMatmulMaxWarps = 8;
 // Blocks that write the zero rows past the last group (each exits at once when there are none).
 inline constexpr int kGroupedMatmulMaxZeroBlocks = 128;
+// The split of K (grouped_matmul.h's S): the fewest slices, a power of two up to 8, that give
+// E * ceil(N / 16) * S >= 2048 warps (about 16 per SM of an H200; a constant, not the device's
+// count, so the bits are the same on every GPU), with at least one 64-byte chunk per slice.
+inline constexpr int kGroupedMatmulMaxKSlices = 8;
+inline constexpr int64_t kGroupedMatmulSplitTargetWarps = 2048;
 
 // One launch's shape. Every field is a compile-time variant of the kernel or
 // a launch parameter; none changes the bits y gets (grouped_matmul.h).
@@ -52,14 +70,23 @@ struct GroupedMatmulPlan {
   int chunks_in_flight = 4;   // 16-byte loads in flight per weight row and lane: 2 or 4
   int token_tiles = 1;        // 8-token tiles per pass: 1, 2, 4 or 8
   int tiles_per_warp = 1;     // warp tiles a warp streams one after another
-  int blocks_per_expert = 1;  // ceil(N / (16 weight_tiles tiles_per_warp) / warps_per_block)
+  int blocks_per_expert = 1;  // ceil(N / (16 weight_tiles tiles_per_warp) / (warps_per_block / k_slices))
+  int k_slices = 1;           // GroupedMatmulKSlices(dims): fixed by the weight's shape, not a tuning
 };
+
+// S, the slices of K of every weight row (grouped_matmul.h), from E, N, K and the weight type
+// alone: the rule above kGroupedMatmulMaxKSlices.
+int GroupedMatmulKSlices(const GroupedMatmulDims& dims);
 
 // Overrides of the automatic plan (benchmarks); 0 = automatic. The automatic
 // plan: 4 warps per block, token tiles for about twice the mean rows per
 // expert (M / E), 2 chunks in flight, 2 weight tiles (1 for weight rows of at
 // most 2 KiB), one tile per warp: the variant within ~5-15% of the best at
 // every shape of the H200 sweep (ffi/bench/grouped_matmul_bench.cu --sweep).
+// With a split of K (k_slices = S > 1) a block holds whole tile groups of S
+// warps (warps_per_block is rounded down to a multiple of S, at least S: 8
+// warps for S = 8) and the automatic plan takes 1 weight tile (twice the
+// tile groups); the --slices sweep on the H200 found no faster variant.
 struct GroupedMatmulTuning {
   int warps_per_block = 0;
   int weight_tiles = 0;

@@ -52,6 +52,8 @@ struct GroupedArgs {
   int32_t blocks_per_expert;
   int32_t tiles_per_warp;  // warp tiles (16 kWeightTiles rows each) a warp streams one after another
   int32_t zero_blocks;     // blocks [0, zero_blocks) write the rows past the last group
+  int32_t k_slices;        // S: slices of K per weight row (grouped_matmul.h), one warp each
+  int32_t slice_chunks;    // chunks per slice: ceil(chunks / S)
 };
 
 // --------------------------------------------------------------------------- PTX wrappers
@@ -90,6 +92,11 @@ __device__ __forceinline__ uint32_t Fp8PairAsBf16(uint32_t word, uint32_t select
   lanes = (lanes << 4) & 0x87f087f0u;
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(out) : "r"(lanes), "r"(kBf16x2Two120));
   return out;
+}
+
+// Waits for `threads` threads (whole warps) at barrier `id` (1..15; 0 is __syncthreads').
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" : : "r"(id), "r"(threads) : "memory");
 }
 
 __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
@@ -151,8 +158,11 @@ struct WarpTile {
   static constexpr int kTokensPerPass = kTokensPerTile * kTokenTiles;
 
   // y of weight rows [row0, row0 + 16 kWeightTiles) of `expert` for its tokens [begin, end).
+  // With S > 1 the S warps of a tile group (warps slice * 32 ..) run this together, each over
+  // its slice's chunks [chunk_begin, chunk_end), and meet at named barrier `barrier`.
   static __device__ __forceinline__ void Run(const GroupedArgs& p, int expert, int64_t row0, int64_t begin,
-                                             int64_t end, int lane) {
+                                             int64_t end, int lane, int slice, int chunk_begin, int chunk_end,
+                                             int barrier, float* partials) {
     const int g = lane / 4, c = lane % 4;
     // This lane's weight rows: g and g + 8 of each tile (rows past N read as zeros); the lane's
     // 16 bytes of a chunk (16 c) are added with the chunk's offset below.
@@ -180,13 +190,14 @@ struct WarpTile {
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[j][t][i] = 0.0f;
 
-      for (int chunk0 = 0; chunk0 < p.chunks; chunk0 += kInFlight) {
+      for (int chunk0 = chunk_begin; chunk0 < chunk_end; chunk0 += kInFlight) {
         // Every load of the group first (memory-level parallelism), then the math.
         uint4 wv[kInFlight][kWeightTiles][2];
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
           const int64_t offset = static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c;
-          const bool k_ok = offset < p.w_row_bytes;  // the last chunk of a row may be partial
+          // The last chunk of a row may be partial; chunks past the slice are another warp's.
+          const bool k_ok = chunk0 + u < chunk_end && offset < p.w_row_bytes;
 #pragma unroll
           for (int j = 0; j < kWeightTiles; ++j)
 #pragma unroll
@@ -195,7 +206,7 @@ struct WarpTile {
         }
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
-          if (chunk0 + u >= p.chunks) break;  // warp-uniform
+          if (chunk0 + u >= chunk_end) break;  // warp-uniform
           const int64_t w_offset = static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c;
           const bool k_ok = w_offset < p.w_row_bytes;
           const int64_t x_offset = kFp8 ? 2 * w_offset : w_offset;  // the same k in x's bf16
@@ -221,6 +232,31 @@ struct WarpTile {
               for (int j = 0; j < kWeightTiles; ++j) Mma(acc[j][t], a[s][j], xw[2 * s], xw[2 * s + 1]);
           }
         }
+      }
+
+      // The slices' partial sums, added in slice order by slice 0's warp: p_0 + p_1 + ... + p_{S-1}.
+      if (p.k_slices > 1) {
+        float* mine = partials + (slice * 4) * kWarp + lane;  // [S][4][32] floats of this tile group
+#pragma unroll
+        for (int j = 0; j < kWeightTiles; ++j) {
+#pragma unroll
+          for (int t = 0; t < kTokenTiles; ++t) {
+            if (t >= tiles) break;  // warp-uniform, and the same for the group's warps
+            if (slice > 0) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) mine[i * kWarp] = acc[j][t][i];
+            }
+            NamedBarrier(barrier, p.k_slices * kWarp);
+            if (slice == 0) {
+              for (int s = 1; s < p.k_slices; ++s) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[j][t][i] += partials[(s * 4 + i) * kWarp + lane];
+              }
+            }
+            NamedBarrier(barrier, p.k_slices * kWarp);  // the buffer is free again
+          }
+        }
+        if (slice > 0) continue;  // slice 0 writes y
       }
 
       // y[token, n] = acc * scale[expert, n]; c0, c1: row g, tokens 2c, 2c+1; c2, c3: row g + 8.
@@ -265,12 +301,22 @@ __global__ void __launch_bounds__(kGroupedMatmulMaxWarps * kWarp)
   if (begin >= p.rows) return;
   const int64_t end = min(begin + own, p.rows);
 
+  // Warp w of the block: tile group w / S (warp tiles like one warp without a split), slice w % S.
   constexpr int64_t kRowsPerWarpTile = kRowsPerWeightTile * kWeightTiles;
-  const int64_t warp = static_cast<int64_t>(block % p.blocks_per_expert) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  const int64_t first = warp * p.tiles_per_warp;
+  // The slices' partial sums: dynamic, so a launch without a split (S = 1) has no shared memory
+  // beyond warp_sums, as before the split, and the L1 left for x stays the largest.
+  extern __shared__ float partials[];  // [warps_per_block][4][32] when S > 1
+  const int warp_in_block = threadIdx.x / kWarp;
+  const int slice = warp_in_block % p.k_slices, group_in_block = warp_in_block / p.k_slices;
+  const int groups_per_block = static_cast<int>(blockDim.x / kWarp) / p.k_slices;
+  const int64_t group = static_cast<int64_t>(block % p.blocks_per_expert) * groups_per_block + group_in_block;
+  const int chunk_begin = min(p.chunks, slice * p.slice_chunks);
+  const int chunk_end = min(p.chunks, chunk_begin + p.slice_chunks);
+  const int64_t first = group * p.tiles_per_warp;
   for (int64_t tile = first; tile < first + p.tiles_per_warp && tile * kRowsPerWarpTile < p.n; ++tile)
-    WarpTile<kFp8, kWeightTiles, kInFlight, kTokenTiles>::Run(p, expert, tile * kRowsPerWarpTile, begin, end,
-                                                              threadIdx.x % kWarp);
+    WarpTile<kFp8, kWeightTiles, kInFlight, kTokenTiles>::Run(
+        p, expert, tile * kRowsPerWarpTile, begin, end, threadIdx.x % kWarp, slice, chunk_begin, chunk_end,
+        1 + group_in_block, partials + group_in_block * p.k_slices * 4 * kWarp);
 }
 
 // --------------------------------------------------------------------------- plan and dispatch
@@ -317,6 +363,16 @@ int AutoTokenTiles(int64_t rows, int64_t experts) {
 
 }  // namespace
 
+int GroupedMatmulKSlices(const GroupedMatmulDims& dims) {
+  const int64_t chunks = (dims.k * GroupedWeightBytes(dims.weight_type) + kChunkBytes - 1) / kChunkBytes;
+  const int64_t row_tiles = std::max<int64_t>(1, dims.experts * ((dims.n + kRowsPerWeightTile - 1) / kRowsPerWeightTile));
+  int slices = 1;
+  while (slices < kGroupedMatmulMaxKSlices && row_tiles * slices < kGroupedMatmulSplitTargetWarps &&
+         2 * slices <= chunks)
+    slices *= 2;
+  return slices;
+}
+
 cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMatmulTuning& tuning,
                                  GroupedMatmulPlan* plan) {
   if (GroupedMatmulSizeError(dims)[0] != '\0') return cudaErrorInvalidValue;
@@ -330,19 +386,29 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
   // to hide the latency of a row that is only a few chunks long.
   const int64_t row_bytes = dims.k * GroupedWeightBytes(dims.weight_type);
   p.chunks_in_flight = tuning.chunks_in_flight > 0 ? tuning.chunks_in_flight : 2;
-  p.weight_tiles = tuning.weight_tiles > 0 ? tuning.weight_tiles : (row_bytes <= 2048 ? 1 : 2);
+  // A split K (few weight rows: the shared expert) also takes one tile per warp, for twice the tile groups.
+  const bool split = GroupedMatmulKSlices(dims) > 1;
+  p.weight_tiles = tuning.weight_tiles > 0 ? tuning.weight_tiles : (row_bytes <= 2048 || split ? 1 : 2);
   p.warps_per_block = tuning.warps_per_block > 0 ? tuning.warps_per_block : 4;
   if (p.warps_per_block > kGroupedMatmulMaxWarps || tuning.tiles_per_warp < 0) return cudaErrorInvalidValue;
   const KernelFn kernel = KernelFor(dims, p);
   if (kernel == nullptr) return cudaErrorInvalidValue;  // a tuning value outside the variants
+
+  // A split of K, from the weight's shape alone (it fixes y's bits: grouped_matmul.h).
+  p.k_slices = GroupedMatmulKSlices(dims);
+  // The block's warps are whole tile groups of k_slices warps each; a warp count below one
+  // group becomes one group, and a count that is not a multiple of k_slices is cut to one.
+  p.warps_per_block = std::max(1, p.warps_per_block / p.k_slices) * p.k_slices;
+  if (p.warps_per_block > kGroupedMatmulMaxWarps) return cudaErrorInvalidValue;
 
   // One warp tile per warp by default: more warps than fit at once (several waves) measured
   // faster than one wave of warps that each stream several tiles (the sweep's q1 column).
   const int64_t warp_tiles = std::max<int64_t>(1, (dims.n + 16 * p.weight_tiles - 1) / (16 * p.weight_tiles));
   p.tiles_per_warp = tuning.tiles_per_warp > 0 ? static_cast<int>(std::min<int64_t>(tuning.tiles_per_warp, warp_tiles))
                                                 : 1;
-  const int64_t warps_per_expert = (warp_tiles + p.tiles_per_warp - 1) / p.tiles_per_warp;
-  p.blocks_per_expert = static_cast<int>((warps_per_expert + p.warps_per_block - 1) / p.warps_per_block);
+  const int64_t groups_per_expert = (warp_tiles + p.tiles_per_warp - 1) / p.tiles_per_warp;
+  const int64_t groups_per_block = p.warps_per_block / p.k_slices;
+  p.blocks_per_expert = static_cast<int>((groups_per_expert + groups_per_block - 1) / groups_per_block);
   *plan = p;
   return cudaSuccess;
 }
@@ -371,9 +437,12 @@ cudaError_t LaunchGroupedMatmul(const GroupedMatmulDims& dims, const GroupedMatm
   p.blocks_per_expert = plan.blocks_per_expert;
   p.tiles_per_warp = plan.tiles_per_warp;
   p.zero_blocks = static_cast<int32_t>(std::min<int64_t>(kGroupedMatmulMaxZeroBlocks, dims.rows));
+  p.k_slices = plan.k_slices;
+  p.slice_chunks = (p.chunks + plan.k_slices - 1) / plan.k_slices;
   const int64_t blocks = p.zero_blocks + dims.experts * plan.blocks_per_expert;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  KernelFor(dims, plan)<<<static_cast<unsigned>(blocks), plan.warps_per_block * kWarp, 0, stream>>>(p);
+  const size_t partial_bytes = plan.k_slices > 1 ? plan.warps_per_block * 4 * kWarp * sizeof(float) : 0;
+  KernelFor(dims, plan)<<<static_cast<unsigned>(blocks), plan.warps_per_block * kWarp, partial_bytes, stream>>>(p);
   return cudaGetLastError();
 }
 

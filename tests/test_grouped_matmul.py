@@ -339,8 +339,9 @@ def test_inside_lax_scan(impl, dtypes):
 @pytest.mark.parametrize("dtypes", KERNEL_DTYPES, ids=lambda d: DTYPE_IDS[d])
 def test_cuda_kernel_is_deterministic(dtypes):
     """Same inputs, same bits, call after call; and an expert's rows get the same bits when
-    computed alone (no other group, a smaller M, hence another launch plan): one warp sums each
-    element in a fixed k order, whatever the batch."""
+    computed alone (no other group, a smaller M, hence another launch plan): each element is
+    summed in a fixed k order (slices of K fixed by the weight's shape, added in slice order),
+    whatever the batch."""
     rng = np.random.default_rng(10)
     M, E, N, K = 300, 8, 520, 1024
     x, w, sizes, scale = make_inputs(rng, M, E, N, K, x_dtype=dtypes[0], w_dtype=dtypes[1])

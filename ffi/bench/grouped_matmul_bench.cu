@@ -97,11 +97,12 @@ struct Config {
   int64_t k, n;
   bool fp8;
   int64_t rows;  // P
+  int64_t experts = kExperts;  // E: 32 routed, 1 for the shared expert (every token)
   int64_t element_bytes() const { return fp8 ? 1 : 2; }
   GroupedMatmulDims dims() const {
     GroupedMatmulDims d;
     d.rows = rows;
-    d.experts = kExperts;
+    d.experts = experts;
     d.n = n;
     d.k = k;
     d.weight_type = fp8 ? GroupedWeightType::kFp8E4m3 : GroupedWeightType::kBf16;
@@ -121,8 +122,13 @@ struct Result {
 
 std::string Describe(const GroupedMatmulPlan& p) {
   char buffer[160];
+#ifdef HISPARSE_GMM_BENCH_BASELINE  // built against main's kernel (no k_slices) for a same-run baseline
   std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d", p.warps_per_block, p.weight_tiles,
                 p.chunks_in_flight, p.token_tiles, p.tiles_per_warp);
+#else
+  std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d S%d", p.warps_per_block, p.weight_tiles,
+                p.chunks_in_flight, p.token_tiles, p.tiles_per_warp, p.k_slices);
+#endif
   return buffer;
 }
 
@@ -136,7 +142,23 @@ std::string Json(const GroupedMatmulPlan& p) {
   return buffer;
 }
 
-std::vector<GroupedMatmulTuning> Sweep(const Config& c) {
+// --slices: the plan fields that matter at decode (tt automatic, one tile per warp).
+std::vector<GroupedMatmulTuning> SliceSweep() {
+  std::vector<GroupedMatmulTuning> out;
+  for (int wt : {1, 2})
+    for (int u : {2, 4})
+      for (int warps : {2, 4, 8}) {
+        GroupedMatmulTuning t;
+        t.weight_tiles = wt;
+        t.chunks_in_flight = u;
+        t.warps_per_block = warps;
+        out.push_back(t);
+      }
+  return out;
+}
+
+std::vector<GroupedMatmulTuning> Sweep(const Config& c, bool slices) {
+  if (slices) return SliceSweep();
   GroupedMatmulPlan automatic;
   CUDA_OK(hisparse::GroupedMatmulPlanFor(c.dims(), {}, &automatic));
   std::vector<int> token_tiles = {automatic.token_tiles};
@@ -159,22 +181,23 @@ std::vector<GroupedMatmulTuning> Sweep(const Config& c) {
 }
 
 Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bool print_sweep, uint8_t* w_copies[2],
-                 uint32_t seed) {
+                 uint32_t seed, bool slices) {
   Result r;
   r.config = c;
   const GroupedMatmulDims dims = c.dims();
-  const int64_t weight_elements = kExperts * c.n * c.k;
+  const int64_t experts = c.experts;
+  const int64_t weight_elements = experts * c.n * c.k;
 
   // Routing: exact bincounts of P uniform draws; x and scale from the same seed.
   std::mt19937_64 rng(seed * 7919 + c.rows);
-  std::vector<int32_t> sizes(kExperts, 0);
-  for (int64_t i = 0; i < c.rows; ++i) ++sizes[std::uniform_int_distribution<int64_t>(0, kExperts - 1)(rng)];
+  std::vector<int32_t> sizes(experts, 0);
+  for (int64_t i = 0; i < c.rows; ++i) ++sizes[std::uniform_int_distribution<int64_t>(0, experts - 1)(rng)];
   for (int32_t s : sizes) r.active += s > 0;
   r.active_bytes = r.active * c.n * c.k * c.element_bytes();
   std::vector<uint16_t> x(c.rows * c.k);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (auto& v : x) v = oracle::FloatToBf16(normal(rng));
-  std::vector<float> scale(kExperts * c.n);
+  std::vector<float> scale(experts * c.n);
   for (auto& s : scale) s = std::uniform_real_distribution<float>(0.5f, 2.0f)(rng) * (c.fp8 ? 1.0f / 448 : 1.0f);
 
   uint16_t* d_x = nullptr;
@@ -237,7 +260,7 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
   r.auto_gbs = r.active_bytes / (r.auto_stats.median_us * 1e3);
   r.best_plan = r.auto_plan, r.best_stats = r.auto_stats, r.best_gbs = r.auto_gbs;
   if (sweep) {
-    for (const GroupedMatmulTuning& t : Sweep(c)) {
+    for (const GroupedMatmulTuning& t : Sweep(c, slices)) {
       GroupedMatmulPlan plan;
       CUDA_OK(hisparse::GroupedMatmulPlanFor(dims, t, &plan));
       launch(t, 0);
@@ -257,7 +280,7 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
   return r;
 }
 
-const char* kUsage = "usage: %s OUT.json [--quick] [--sweep] [--iters N] [--seed N]\n";
+const char* kUsage = "usage: %s OUT.json [--quick] [--sweep] [--slices] [--iters N] [--seed N]\n";
 
 }  // namespace
 
@@ -267,13 +290,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* out_path = argv[1];
-  bool quick = false, print_sweep = false;
+  bool quick = false, print_sweep = false, slices = false;
   int iters = 30;
   uint32_t seed = 1;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--sweep") print_sweep = true;
+    else if (a == "--slices") slices = true;
     else if (a == "--iters" && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
     else if (a == "--seed" && i + 1 < argc) seed = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     else {
@@ -299,28 +323,38 @@ int main(int argc, char** argv) {
 
   // --- configurations -------------------------------------------------------
   std::vector<Config> configs;
+  // --slices: the deployment slices' shapes (GLM-5.1 per GPU, EP8, fp8): routed E = 32 at P = 8 x
+  // batch pairs (batches 2, 17, 41, 64), then the shared expert (E = 1, every token) at M = batch.
+  if (slices) {
+    for (const auto& [name, k, n] : {std::tuple<const char*, int64_t, int64_t>{"gate_up", 6144, 4096},
+                                     std::tuple<const char*, int64_t, int64_t>{"down", 2048, 6144}}) {
+      for (int64_t rows : {16, 136, 328, 512}) configs.push_back({name, k, n, true, rows});
+      for (int64_t rows : {2, 17, 41, 64}) configs.push_back({name, k, n, true, rows, 1});
+    }
+  }
   for (bool fp8 : {true, false}) {
+    if (slices) break;
     if (quick && !fp8) continue;
     for (const auto& [name, k, n] : {std::tuple<const char*, int64_t, int64_t>{"gate_up", 6144, 4096},
                                      std::tuple<const char*, int64_t, int64_t>{"down", 2048, 6144}})
       for (int64_t rows : {16, 136, 640}) configs.push_back({name, k, n, fp8, rows});
   }
   int64_t max_bytes = 0;
-  for (const Config& c : configs) max_bytes = std::max(max_bytes, kExperts * c.n * c.k * c.element_bytes());
+  for (const Config& c : configs) max_bytes = std::max(max_bytes, c.experts * c.n * c.k * c.element_bytes());
   uint8_t* w_copies[2];
   for (auto& w : w_copies) CUDA_OK(cudaMalloc(&w, max_bytes));
 
-  std::printf("| proj | w | P | active experts | active weight MB | auto plan | auto us (min/med/max) | auto GB/s "
+  std::printf("| proj | w | E | P | active experts | active weight MB | auto plan | auto us (min/med/max) | auto GB/s "
               "| of nominal | of read kernel | of memcpy | best plan | best GB/s | check |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<Result> results;
   bool all_ok = true;
   for (const Config& c : configs) {
-    const Result r = RunConfig(c, stream, iters, !quick, print_sweep, w_copies, seed);
+    const Result r = RunConfig(c, stream, iters, !quick, print_sweep, w_copies, seed, slices);
     all_ok = all_ok && r.ok;
-    std::printf("| %s | %s | %lld | %lld | %.1f | %s | %.1f / %.1f / %.1f | %.0f | %.2f | %.2f | %.2f | %s | %.0f "
+    std::printf("| %s | %s | %lld | %lld | %lld | %.1f | %s | %.1f / %.1f / %.1f | %.0f | %.2f | %.2f | %.2f | %s | %.0f "
                 "| %s%s%s |\n",
-                c.projection, c.fp8 ? "fp8" : "bf16", (long long)c.rows, (long long)r.active, r.active_bytes / 1e6,
+                c.projection, c.fp8 ? "fp8" : "bf16", (long long)c.experts, (long long)c.rows, (long long)r.active, r.active_bytes / 1e6,
                 Describe(r.auto_plan).c_str(), r.auto_stats.min_us, r.auto_stats.median_us, r.auto_stats.max_us,
                 r.auto_gbs, r.auto_gbs / kNominalGbs, r.auto_gbs / read_gbs, r.auto_gbs / copy_gbs,
                 Describe(r.best_plan).c_str(), r.best_gbs, r.ok ? "ok" : "FAIL", r.ok ? "" : ": ", r.failure.c_str());
@@ -338,12 +372,12 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     std::fprintf(f,
-                 "    {\"projection\": \"%s\", \"weights\": \"%s\", \"k\": %lld, \"n\": %lld, \"rows\": %lld, "
+                 "    {\"projection\": \"%s\", \"weights\": \"%s\", \"experts\": %lld, \"k\": %lld, \"n\": %lld, \"rows\": %lld, "
                  "\"active_experts\": %lld, \"active_weight_bytes\": %lld, \"auto_plan\": %s, "
                  "\"auto_us\": {\"min\": %.2f, \"median\": %.2f, \"max\": %.2f}, \"auto_gbs\": %.1f, "
                  "\"auto_of_nominal\": %.3f, \"auto_of_read_kernel\": %.3f, \"auto_of_memcpy\": %.3f, "
                  "\"best_plan\": %s, \"best_us_median\": %.2f, \"best_gbs\": %.1f, \"ok\": %s}%s\n",
-                 r.config.projection, r.config.fp8 ? "fp8" : "bf16", (long long)r.config.k, (long long)r.config.n,
+                 r.config.projection, r.config.fp8 ? "fp8" : "bf16", (long long)r.config.experts, (long long)r.config.k, (long long)r.config.n,
                  (long long)r.config.rows, (long long)r.active, (long long)r.active_bytes, Json(r.auto_plan).c_str(),
                  r.auto_stats.min_us, r.auto_stats.median_us, r.auto_stats.max_us, r.auto_gbs,
                  r.auto_gbs / kNominalGbs, r.auto_gbs / read_gbs, r.auto_gbs / copy_gbs, Json(r.best_plan).c_str(),

@@ -150,6 +150,18 @@ std::vector<Case> Cases() {
     add("e1_part", 20, 1, 40, 96, {13});
     add("e1024", 100, 1024, 32, 64, {});
     add("k_one_piece", 9, 3, 24, fp8 ? 16 : 8, {});  // K of one 16-byte piece per row
+    // The split of K (grouped_matmul.h's S, from E, N, K alone): S = 8 with every slice full;
+    // S = 8 over 17 (fp8) or 33 (bf16, the last partial) chunks, so the last slices are short
+    // or empty; a shared expert with several passes; S = 4 (fp8) across several experts;
+    // the glm5 shared expert's gate_up and down at M = 17. Then S = 1 at E * N / 16 = 2048.
+    add("split_M17_E1_N48_K1024", 17, 1, 48, 1024, {}, true);
+    add("split_uneven_M41_E1_N24_K1040", 41, 1, 24, 1040, {}, true);
+    add("split_passes_M200_E1_N40_K512", 200, 1, 40, 512, {});
+    add("split_M30_E3_N32_K256", 30, 3, 32, 256, {});
+    add("shared_glm5_gate_up_M17", 17, 1, 4096, 6144, {});
+    add("shared_glm5_down_M17", 17, 1, 6144, 2048, {});
+    add("no_split_M300_E8_N4096_K64", 300, 8, 4096, 64, {});
+    add("no_split_M200_E32_N1024_K256", 200, 32, 1024, 256, {});
   }
   cases.push_back({"fp8/every_code_one_hot", 64, 1, 32, 64, true, {64}, Weights::kEveryFp8Code, true});
   cases.push_back({"fp8/subnormal_codes", 10, 2, 24, 64, true, {4, 6}, Weights::kSubnormalFp8, true});
@@ -232,9 +244,10 @@ std::vector<GroupedMatmulTuning> Variants() {
 }
 
 std::string Describe(const GroupedMatmulPlan& p) {
-  return Format("warps %d, weight tiles %d, in flight %d, token tiles %d, tiles/warp %d, blocks/expert %d",
+  return Format("warps %d, weight tiles %d, in flight %d, token tiles %d, tiles/warp %d, blocks/expert %d, "
+                "K slices %d",
                 p.warps_per_block, p.weight_tiles, p.chunks_in_flight, p.token_tiles, p.tiles_per_warp,
-                p.blocks_per_expert);
+                p.blocks_per_expert, p.k_slices);
 }
 
 Outcome RunCase(const Case& c, Rng& rng, bool verbose) {
@@ -279,6 +292,9 @@ Outcome RunCase(const Case& c, Rng& rng, bool verbose) {
   GroupedMatmulPlan plan;
   CUDA_OK(hisparse::GroupedMatmulPlanFor(dims, {}, &plan));
   if (verbose) std::printf("  %-36s auto plan: %s\n", c.name.c_str(), Describe(plan).c_str());
+  // The split is the one the contract's rule gives (grouped_matmul_cuda.h), in every plan.
+  const int want_slices = hisparse::GroupedMatmulKSlices(dims);
+  if (plan.k_slices != want_slices) out.Fail(Format("auto plan splits K in %d, the rule says %d", plan.k_slices, want_slices));
   if (run({}, &first) && run({}, &again) && first != again) out.Fail("two runs of the automatic plan differ");
 
   // Values against the double-precision contract.
