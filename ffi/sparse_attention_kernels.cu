@@ -1,0 +1,354 @@
+// Sparse MLA decode attention kernels (sparse_attention_cuda.h has the plan, sparse_attention.h
+// the arithmetic). Shapes are fixed by the model family: W = 576, value 512, head tile 64.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "sparse_attention_cuda.h"
+
+namespace hisparse {
+namespace {
+
+constexpr int kW = static_cast<int>(kSparseAttentionWidth);
+constexpr int kDv = static_cast<int>(kSparseAttentionValueWidth);
+constexpr int kHt = static_cast<int>(kSparseAttentionHeadTile);
+constexpr int kChunks = static_cast<int>(kSparseAttentionChunks);
+constexpr int kStage = static_cast<int>(kSparseAttentionStage);
+constexpr int kBufs = 3;          // stages in flight: enough bytes in flight per SM for HBM
+constexpr int kThreads = 256;     // 8 warps
+constexpr int kRow = kW + 8;      // smem row in bf16: 1168 B, so ldmatrix's 8 rows hit 8 bank groups
+constexpr int kProw = kStage + 8; // P tile row: 80 B, conflict-free for the same reason
+constexpr int kChunks16B = kW * 2 / 16;  // 72 16-byte pieces per token
+
+struct Smem {
+  uint16_t q[kHt * kRow];
+  uint16_t kv[kBufs][kStage * kRow];
+  uint16_t p[kHt * kProw];
+  float red_max[2][kHt];
+  float red_sum[2][kHt];
+  float alpha[kHt];
+  int valid[kBufs][kStage];
+};
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; src_bytes = 0 writes zeros (an invalid token's row then holds no
+// NaN that a zero probability could turn into NaN).
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void Ldm4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+__device__ __forceinline__ void Ldm4T(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+__device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float Bf16ToFloat(uint16_t v) {
+  return __uint_as_float(static_cast<uint32_t>(v) << 16);
+}
+
+struct ChunkArgs {
+  const uint16_t* q;
+  const uint16_t* source;
+  const int32_t* index;
+  float* o_part;  // [b, H, C, 512]
+  float* ml;      // [b, H, C, 2]
+  int heads, top_k, page, records, chunk_tokens;
+  float scale;
+};
+
+// Issues the cp.async of stage `s` of this block's chunk into buffer `buf` (one commit group).
+__device__ __forceinline__ void IssueStage(const ChunkArgs& a, Smem& sm, int req, int chunk, int s,
+                                           int buf) {
+  const int tok0 = chunk * a.chunk_tokens + s * kStage;
+  for (int e = threadIdx.x; e < kStage * kChunks16B; e += kThreads) {
+    const int row = e / kChunks16B, piece = e % kChunks16B;
+    const int j = tok0 + row;
+    const int rec = j / a.page, tok = j % a.page;
+    const int id = a.index[static_cast<int64_t>(req) * a.top_k + rec];
+    const bool ok = id >= 0 && id < a.records;
+    const uint16_t* src =
+        ok ? a.source + ((static_cast<int64_t>(req) * a.records + id) * a.page + tok) * kW + piece * 8
+           : a.source;
+    CpAsync16(&sm.kv[buf][row * kRow + piece * 8], src, ok ? 16 : 0);
+    if (piece == 0) sm.valid[buf][row] = ok;
+  }
+  CpAsyncCommit();
+}
+
+__global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  const int chunk = blockIdx.x, tile = blockIdx.y, req = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q4 = lane & 3;
+  const int stages = a.chunk_tokens / kStage;
+
+  // Q tile, in the first commit group with stage 0.
+  const uint16_t* qg = a.q + (static_cast<int64_t>(req) * a.heads + tile * kHt) * kW;
+  for (int e = threadIdx.x; e < kHt * kChunks16B; e += kThreads) {
+    const int row = e / kChunks16B, piece = e % kChunks16B;
+    CpAsync16(&sm.q[row * kRow + piece * 8], qg + row * kW + piece * 8, 16);
+  }
+  for (int s = 0; s < kBufs - 1; ++s) {
+    if (s < stages) IssueStage(a, sm, req, chunk, s, s);
+    else CpAsyncCommit();  // empty group: the wait count below stays uniform
+  }
+
+  // Score-phase role: 16 heads (hg) x 16 tokens (th) of the 64 x 32 stage.
+  const int hg = warp & 3, th = warp >> 2;
+  const int rowA = hg * 16 + g, rowB = rowA + 8;
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
+  // P @ V role: all 64 heads x 64 value columns (warp * 64).
+  float o[4][8][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o[i][j][r] = 0.f;
+
+  for (int s = 0; s < stages; ++s) {
+    const int buf = s % kBufs;
+    CpAsyncWait<kBufs - 2>();
+    __syncthreads();  // stage s landed for all; stage s-1 fully consumed
+    if (s + kBufs - 1 < stages) IssueStage(a, sm, req, chunk, s + kBufs - 1, (s + kBufs - 1) % kBufs);
+    else CpAsyncCommit();
+    const uint16_t* kv = sm.kv[buf];
+
+    // S = Q K^T for 16 heads x 16 tokens, d in order 0..575.
+    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 4
+    for (int ks = 0; ks < kW / 16; ++ks) {
+      uint32_t qa[4], kb[4];
+      Ldm4(qa, &sm.q[(hg * 16 + (lane & 15)) * kRow + ks * 16 + (lane >> 4) * 8]);
+      Ldm4(kb, &kv[(th * 16 + (lane & 7) + ((lane >> 4) << 3)) * kRow + ks * 16 + ((lane >> 3) & 1) * 8]);
+      Mma(acc[0], qa, kb[0], kb[1]);
+      Mma(acc[1], qa, kb[2], kb[3]);
+    }
+    float sc[2][4];
+    float maxA = -INFINITY, maxB = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int t = th * 16 + j * 8 + q4 * 2 + (r & 1);
+        sc[j][r] = sm.valid[buf][t] ? acc[j][r] * a.scale : -INFINITY;
+        if (r < 2) maxA = fmaxf(maxA, sc[j][r]);
+        else maxB = fmaxf(maxB, sc[j][r]);
+      }
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+      maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, x));
+      maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, x));
+    }
+    if (q4 == 0) {
+      sm.red_max[th][rowA] = maxA;
+      sm.red_max[th][rowB] = maxB;
+    }
+    __syncthreads();
+    // Both token halves compute the same new max (max is exact in any order).
+    const float nA = fmaxf(mA, fmaxf(sm.red_max[0][rowA], sm.red_max[1][rowA]));
+    const float nB = fmaxf(mB, fmaxf(sm.red_max[0][rowB], sm.red_max[1][rowB]));
+    const float alA = mA == -INFINITY ? 0.f : expf(mA - nA);
+    const float alB = mB == -INFINITY ? 0.f : expf(mB - nB);
+    float sumA = 0.f, sumB = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int t = th * 16 + j * 8 + q4 * 2;
+      __nv_bfloat16 p[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float n = r < 2 ? nA : nB;
+        p[r] = __float2bfloat16_rn(sc[j][r] == -INFINITY ? 0.f : expf(sc[j][r] - n));
+      }
+      sumA += __bfloat162float(p[0]) + __bfloat162float(p[1]);
+      sumB += __bfloat162float(p[2]) + __bfloat162float(p[3]);
+      *reinterpret_cast<__nv_bfloat162*>(&sm.p[rowA * kProw + t]) = __nv_bfloat162(p[0], p[1]);
+      *reinterpret_cast<__nv_bfloat162*>(&sm.p[rowB * kProw + t]) = __nv_bfloat162(p[2], p[3]);
+    }
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+      sumA += __shfl_xor_sync(0xffffffffu, sumA, x);
+      sumB += __shfl_xor_sync(0xffffffffu, sumB, x);
+    }
+    if (q4 == 0) {
+      sm.red_sum[th][rowA] = sumA;
+      sm.red_sum[th][rowB] = sumB;
+      if (th == 0) {
+        sm.alpha[rowA] = alA;
+        sm.alpha[rowB] = alB;
+      }
+    }
+    mA = nA;
+    mB = nB;
+    __syncthreads();  // P tile, alpha and the halves' sums visible
+    lA = alA * lA + (sm.red_sum[0][rowA] + sm.red_sum[1][rowA]);
+    lB = alB * lB + (sm.red_sum[0][rowB] + sm.red_sum[1][rowB]);
+
+    // O = alpha * O + P V for 64 heads x 64 value columns.
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      const float a0 = sm.alpha[mt * 16 + g], a1 = sm.alpha[mt * 16 + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        o[mt][nt][0] *= a0;
+        o[mt][nt][1] *= a0;
+        o[mt][nt][2] *= a1;
+        o[mt][nt][3] *= a1;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < kStage / 16; ++ks) {
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+        Ldm4(pa[mt], &sm.p[(mt * 16 + (lane & 15)) * kProw + ks * 16 + (lane >> 4) * 8]);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t vb[4];
+        Ldm4T(vb, &kv[(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow + warp * 64 + np * 16 +
+                      (lane >> 4) * 8]);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          Mma(o[mt][2 * np], pa[mt], vb[0], vb[1]);
+          Mma(o[mt][2 * np + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();  // no copy outlives the block (the trailing groups are empty)
+
+  const int64_t head0 = static_cast<int64_t>(req) * a.heads + tile * kHt;
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t h = head0 + mt * 16 + g + half * 8;
+      float* dst = a.o_part + (h * kChunks + chunk) * kDv + warp * 64 + q4 * 2;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+        *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
+    }
+  if (th == 0 && q4 == 0) {
+    *reinterpret_cast<float2*>(a.ml + ((head0 + rowA) * kChunks + chunk) * 2) = make_float2(mA, lA);
+    *reinterpret_cast<float2*>(a.ml + ((head0 + rowB) * kChunks + chunk) * 2) = make_float2(mB, lB);
+  }
+}
+
+constexpr int kCombineThreads = kDv / 4;  // 4 value columns a thread
+
+// One block per (head, request): chunks 0..C-1 in order, then the open page's tokens in order.
+__global__ void __launch_bounds__(kCombineThreads) CombineKernel(
+    const uint16_t* __restrict__ q, const uint16_t* __restrict__ tail, const uint8_t* __restrict__ tail_valid,
+    const float* __restrict__ o_part, const float* __restrict__ ml, float* __restrict__ out, int heads,
+    int page, float scale) {
+  __shared__ float tail_s[kSparseAttentionMaxPage];
+  const int h = blockIdx.x, req = blockIdx.y;
+  const int64_t hq = static_cast<int64_t>(req) * heads + h;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const uint16_t* qh = q + hq * kW;
+    for (int t = 0; t < page; ++t) {
+      const uint16_t* kt = tail + (static_cast<int64_t>(req) * page + t) * kW;
+      float d = 0.f;
+      for (int i = lane; i < kW; i += 32) d = fmaf(Bf16ToFloat(qh[i]), Bf16ToFloat(kt[i]), d);
+#pragma unroll
+      for (int x = 16; x >= 1; x >>= 1) d += __shfl_xor_sync(0xffffffffu, d, x);
+      if (lane == 0) tail_s[t] = tail_valid[static_cast<int64_t>(req) * page + t] ? d * scale : -INFINITY;
+    }
+  }
+  __syncthreads();
+  const float* mlh = ml + hq * kChunks * 2;
+  float big = -INFINITY;
+  for (int c = 0; c < kChunks; ++c) big = fmaxf(big, mlh[2 * c]);
+  for (int t = 0; t < page; ++t) big = fmaxf(big, tail_s[t]);
+  float total = 0.f;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  const int col = threadIdx.x * 4;
+  for (int c = 0; c < kChunks; ++c) {
+    const float m = mlh[2 * c];
+    const float w = m == -INFINITY ? 0.f : expf(m - big);
+    total = fmaf(w, mlh[2 * c + 1], total);
+    const float4 v = *reinterpret_cast<const float4*>(o_part + (hq * kChunks + c) * kDv + col);
+    acc[0] = fmaf(w, v.x, acc[0]);
+    acc[1] = fmaf(w, v.y, acc[1]);
+    acc[2] = fmaf(w, v.z, acc[2]);
+    acc[3] = fmaf(w, v.w, acc[3]);
+  }
+  for (int t = 0; t < page; ++t) {
+    const float p = tail_s[t] == -INFINITY ? 0.f : expf(tail_s[t] - big);
+    total += p;
+    const uint16_t* vt = tail + (static_cast<int64_t>(req) * page + t) * kW + col;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[r] = fmaf(p, Bf16ToFloat(vt[r]), acc[r]);
+  }
+  float4 res = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (total > 0.f) res = make_float4(acc[0] / total, acc[1] / total, acc[2] / total, acc[3] / total);
+  *reinterpret_cast<float4*>(out + hq * kDv + col) = res;
+}
+
+std::atomic<uint64_t> g_configured{0};  // devices whose ChunkKernel allows the large smem
+
+}  // namespace
+
+cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale, const uint16_t* q,
+                                  const uint16_t* source, const int32_t* index, const uint16_t* tail,
+                                  const uint8_t* tail_valid, float* out, float* workspace,
+                                  cudaStream_t stream) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (!(g_configured.load() & bit)) {
+    err = cudaFuncSetAttribute(ChunkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(sizeof(Smem)));
+    if (err != cudaSuccess) return err;
+    g_configured.fetch_or(bit);
+  }
+  ChunkArgs a;
+  a.q = q;
+  a.source = source;
+  a.index = index;
+  a.o_part = workspace;
+  a.ml = workspace + shape.batch * shape.heads * kChunks * kDv;
+  a.heads = static_cast<int>(shape.heads);
+  a.top_k = static_cast<int>(shape.top_k);
+  a.page = static_cast<int>(shape.page);
+  a.records = static_cast<int>(shape.records);
+  a.chunk_tokens = static_cast<int>(shape.top_k * shape.page / kChunks);
+  a.scale = scale;
+  const dim3 grid(kChunks, static_cast<unsigned>(shape.heads / kHt), static_cast<unsigned>(shape.batch));
+  ChunkKernel<<<grid, kThreads, sizeof(Smem), stream>>>(a);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  CombineKernel<<<dim3(static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch)),
+                  kCombineThreads, 0, stream>>>(q, tail, tail_valid, a.o_part, a.ml, out, a.heads,
+                                                a.page, scale);
+  return cudaGetLastError();
+}
+
+}  // namespace hisparse
