@@ -1,5 +1,6 @@
 // Sparse MLA decode attention kernels (sparse_attention_cuda.h has the plan, sparse_attention.h
 // the arithmetic). Shapes are fixed by the model family: W = 576, value 512, head tile 64.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -77,6 +78,9 @@ struct ChunkArgs {
   const int32_t* index;
   float* o_part;  // [b, H, C, 512]
   float* ml;      // [b, H, C, 2]
+  const uint16_t* tail;       // cluster plan: the merge runs in the chunk kernel
+  const uint8_t* tail_valid;
+  float* out;
   int heads, top_k, page, records, chunk_tokens;
   float scale;
 };
@@ -100,6 +104,55 @@ __device__ __forceinline__ void IssueStage(const ChunkArgs& a, Smem& sm, int req
   CpAsyncCommit();
 }
 
+
+// The open page's score for one head: lane sums d = lane, lane + 32, ... in order, then a fixed
+// xor tree. Both plans call this, so their bits agree.
+__device__ __forceinline__ float TailScore(const uint16_t* qh, const uint16_t* kt, int lane, float scale) {
+  float d = 0.f;
+  for (int i = lane; i < kW; i += 32) d = fmaf(Bf16ToFloat(qh[i]), Bf16ToFloat(kt[i]), d);
+#pragma unroll
+  for (int x = 16; x >= 1; x >>= 1) d += __shfl_xor_sync(0xffffffffu, d, x);
+  return d * scale;
+}
+
+// The merge of sparse_attention.h for `n` value columns of one head: chunks 0..C-1 in order
+// (m_c, l_c from ml(c), o_c[col] from o(c, col)), then the open page's tokens in order.
+template <int n, typename Ml, typename O>
+__device__ __forceinline__ void Merge(Ml ml, O o, const float* tail_s, int page, const uint16_t* tail_v, float* dst) {
+  float big = -INFINITY;
+  for (int c = 0; c < kChunks; ++c) big = fmaxf(big, ml(c).x);
+  for (int t = 0; t < page; ++t) big = fmaxf(big, tail_s[t]);
+  float total = 0.f, acc[n];
+#pragma unroll
+  for (int r = 0; r < n; ++r) acc[r] = 0.f;
+  for (int c = 0; c < kChunks; ++c) {
+    const float2 v = ml(c);
+    const float w = v.x == -INFINITY ? 0.f : expf(v.x - big);
+    total = fmaf(w, v.y, total);
+#pragma unroll
+    for (int r = 0; r < n; ++r) acc[r] = fmaf(w, o(c, r), acc[r]);
+  }
+  for (int t = 0; t < page; ++t) {
+    const float p = tail_s[t] == -INFINITY ? 0.f : expf(tail_s[t] - big);
+    total += p;
+#pragma unroll
+    for (int r = 0; r < n; ++r) acc[r] = fmaf(p, Bf16ToFloat(tail_v[t * kW + r]), acc[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < n; ++r) dst[r] = total > 0.f ? acc[r] / total : 0.f;
+}
+
+// Cluster plan's merge area, laid over the block's shared memory once the chunk is done.
+constexpr int kOrow = kDv + 8;  // float row of o: float2 stores of 8 rows hit distinct banks
+struct MergeSmem {
+  float o[kHt * kOrow];
+  float2 ml[kHt];
+  float tail_s[kHt][kSparseAttentionMaxPage];
+};
+static_assert(sizeof(MergeSmem) <= sizeof(Smem), "the merge area lies over the chunk's buffers");
+constexpr int kMergeCols = kDv / kChunks;  // 32 columns of every head per block of the cluster
+
+template <bool kCluster>
 __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
@@ -243,19 +296,63 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   CpAsyncWait<0>();  // no copy outlives the block (the trailing groups are empty)
 
   const int64_t head0 = static_cast<int64_t>(req) * a.heads + tile * kHt;
+  if constexpr (!kCluster) {
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+    for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t h = head0 + mt * 16 + g + half * 8;
-      float* dst = a.o_part + (h * kChunks + chunk) * kDv + warp * 64 + q4 * 2;
+      for (int half = 0; half < 2; ++half) {
+        const int64_t h = head0 + mt * 16 + g + half * 8;
+        float* dst = a.o_part + (h * kChunks + chunk) * kDv + warp * 64 + q4 * 2;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-        *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
+        for (int nt = 0; nt < 8; ++nt)
+          *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
+      }
+    if (th == 0 && q4 == 0) {
+      *reinterpret_cast<float2*>(a.ml + ((head0 + rowA) * kChunks + chunk) * 2) = make_float2(mA, lA);
+      *reinterpret_cast<float2*>(a.ml + ((head0 + rowB) * kChunks + chunk) * 2) = make_float2(mB, lB);
     }
-  if (th == 0 && q4 == 0) {
-    *reinterpret_cast<float2*>(a.ml + ((head0 + rowA) * kChunks + chunk) * 2) = make_float2(mA, lA);
-    *reinterpret_cast<float2*>(a.ml + ((head0 + rowB) * kChunks + chunk) * 2) = make_float2(mB, lB);
+  } else {
+    // The 16 chunk blocks of (request, tile) form one cluster: each parks its (m, l, o) in its own
+    // shared memory, then block `chunk` merges value columns [32 chunk, 32 chunk + 32) of all 64
+    // heads, reading the 16 partials in chunk order through distributed shared memory. No
+    // partial touches global memory and the merge needs no second launch.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    __syncthreads();  // every warp is done with Q and the stage buffers
+    MergeSmem& ms = *reinterpret_cast<MergeSmem*>(smem_raw);
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float* dst = ms.o + (mt * 16 + g + half * 8) * kOrow + warp * 64 + q4 * 2;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
+      }
+    if (th == 0 && q4 == 0) {
+      ms.ml[rowA] = make_float2(mA, lA);
+      ms.ml[rowB] = make_float2(mB, lB);
+    }
+    // The open page's scores, every block for all its heads (8 heads a warp).
+    for (int hh = warp * 8; hh < warp * 8 + 8; ++hh)
+      for (int t = 0; t < a.page; ++t) {
+        const float sc = TailScore(a.q + (head0 + hh) * kW, a.tail + (static_cast<int64_t>(req) * a.page + t) * kW,
+                                   lane, a.scale);
+        if (lane == 0) ms.tail_s[hh][t] = a.tail_valid[static_cast<int64_t>(req) * a.page + t] ? sc : -INFINITY;
+      }
+    cluster.sync();  // every block's partial is visible cluster-wide
+    const int hh = threadIdx.x / 4, col = chunk * kMergeCols + (threadIdx.x % 4) * 8;
+    const MergeSmem* peers[kChunks];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) peers[c] = cluster.map_shared_rank(&ms, c);
+    float res[8];
+    Merge<8>([&](int c) { return peers[c]->ml[hh]; },
+             [&](int c, int r) { return peers[c]->o[hh * kOrow + col + r]; }, ms.tail_s[hh], a.page,
+             a.tail + static_cast<int64_t>(req) * a.page * kW + col, res);
+    float* dst = a.out + (head0 + hh) * kDv + col;
+    *reinterpret_cast<float4*>(dst) = make_float4(res[0], res[1], res[2], res[3]);
+    *reinterpret_cast<float4*>(dst + 4) = make_float4(res[4], res[5], res[6], res[7]);
+    cluster.sync();  // no block leaves while a peer may still read its shared memory
   }
 }
 
@@ -270,71 +367,89 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
   const int h = blockIdx.x, req = blockIdx.y;
   const int64_t hq = static_cast<int64_t>(req) * heads + h;
   if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    const uint16_t* qh = q + hq * kW;
     for (int t = 0; t < page; ++t) {
-      const uint16_t* kt = tail + (static_cast<int64_t>(req) * page + t) * kW;
-      float d = 0.f;
-      for (int i = lane; i < kW; i += 32) d = fmaf(Bf16ToFloat(qh[i]), Bf16ToFloat(kt[i]), d);
-#pragma unroll
-      for (int x = 16; x >= 1; x >>= 1) d += __shfl_xor_sync(0xffffffffu, d, x);
-      if (lane == 0) tail_s[t] = tail_valid[static_cast<int64_t>(req) * page + t] ? d * scale : -INFINITY;
+      const float sc = TailScore(q + hq * kW, tail + (static_cast<int64_t>(req) * page + t) * kW, threadIdx.x, scale);
+      if (threadIdx.x == 0) tail_s[t] = tail_valid[static_cast<int64_t>(req) * page + t] ? sc : -INFINITY;
     }
   }
   __syncthreads();
   const float* mlh = ml + hq * kChunks * 2;
-  float big = -INFINITY;
-  for (int c = 0; c < kChunks; ++c) big = fmaxf(big, mlh[2 * c]);
-  for (int t = 0; t < page; ++t) big = fmaxf(big, tail_s[t]);
-  float total = 0.f;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const int col = threadIdx.x * 4;
-  for (int c = 0; c < kChunks; ++c) {
-    const float m = mlh[2 * c];
-    const float w = m == -INFINITY ? 0.f : expf(m - big);
-    total = fmaf(w, mlh[2 * c + 1], total);
-    const float4 v = *reinterpret_cast<const float4*>(o_part + (hq * kChunks + c) * kDv + col);
-    acc[0] = fmaf(w, v.x, acc[0]);
-    acc[1] = fmaf(w, v.y, acc[1]);
-    acc[2] = fmaf(w, v.z, acc[2]);
-    acc[3] = fmaf(w, v.w, acc[3]);
-  }
-  for (int t = 0; t < page; ++t) {
-    const float p = tail_s[t] == -INFINITY ? 0.f : expf(tail_s[t] - big);
-    total += p;
-    const uint16_t* vt = tail + (static_cast<int64_t>(req) * page + t) * kW + col;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc[r] = fmaf(p, Bf16ToFloat(vt[r]), acc[r]);
-  }
-  float4 res = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (total > 0.f) res = make_float4(acc[0] / total, acc[1] / total, acc[2] / total, acc[3] / total);
-  *reinterpret_cast<float4*>(out + hq * kDv + col) = res;
+  const float* oh = o_part + hq * kChunks * kDv + col;
+  float res[4];
+  Merge<4>([&](int c) { return make_float2(mlh[2 * c], mlh[2 * c + 1]); },
+           [&](int c, int r) { return oh[c * kDv + r]; }, tail_s, page,
+           tail + static_cast<int64_t>(req) * page * kW + col, res);
+  *reinterpret_cast<float4*>(out + hq * kDv + col) = make_float4(res[0], res[1], res[2], res[3]);
 }
 
-std::atomic<uint64_t> g_configured{0};  // devices whose ChunkKernel allows the large smem
+std::atomic<uint64_t> g_configured{0};    // devices whose chunk kernels allow the large smem
+std::atomic<uint64_t> g_cluster_ok{0};     // devices that fit a cluster of 16 such blocks
+std::atomic<uint64_t> g_cluster_known{0};
+
+cudaError_t Configure(int dev) {
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (g_configured.load() & bit) return cudaSuccess;
+  cudaError_t err = cudaFuncSetAttribute(ChunkKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(sizeof(Smem)));
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(ChunkKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(sizeof(Smem)));
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(ChunkKernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (err != cudaSuccess) return err;
+  g_configured.fetch_or(bit);
+  return cudaSuccess;
+}
+
+cudaLaunchConfig_t ClusterConfig(dim3 grid, cudaStream_t stream, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = sizeof(Smem);
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = kChunks;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// Whether this device can run a cluster of 16 chunk blocks at all (asked once per device).
+bool ClusterFits(int dev) {
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (!(g_cluster_known.load() & bit)) {
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = ClusterConfig(dim3(kChunks, 1, 1), nullptr, &attr);
+    int clusters = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, ChunkKernel<true>, &cfg);
+    if (err != cudaSuccess) cudaGetLastError();  // not sticky: forget it, use the other plan
+    if (err == cudaSuccess && clusters > 0) g_cluster_ok.fetch_or(bit);
+    g_cluster_known.fetch_or(bit);
+  }
+  return g_cluster_ok.load() & bit;
+}
 
 }  // namespace
 
 cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale, const uint16_t* q,
                                   const uint16_t* source, const int32_t* index, const uint16_t* tail,
                                   const uint8_t* tail_valid, float* out, float* workspace,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, SparseAttentionPlan plan) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (!(g_configured.load() & bit)) {
-    err = cudaFuncSetAttribute(ChunkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(sizeof(Smem)));
-    if (err != cudaSuccess) return err;
-    g_configured.fetch_or(bit);
-  }
+  if ((err = Configure(dev)) != cudaSuccess) return err;
   ChunkArgs a;
   a.q = q;
   a.source = source;
   a.index = index;
   a.o_part = workspace;
   a.ml = workspace + shape.batch * shape.heads * kChunks * kDv;
+  a.tail = tail;
+  a.tail_valid = tail_valid;
+  a.out = out;
   a.heads = static_cast<int>(shape.heads);
   a.top_k = static_cast<int>(shape.top_k);
   a.page = static_cast<int>(shape.page);
@@ -342,7 +457,14 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   a.chunk_tokens = static_cast<int>(shape.top_k * shape.page / kChunks);
   a.scale = scale;
   const dim3 grid(kChunks, static_cast<unsigned>(shape.heads / kHt), static_cast<unsigned>(shape.batch));
-  ChunkKernel<<<grid, kThreads, sizeof(Smem), stream>>>(a);
+  const bool cluster = plan == SparseAttentionPlan::kCluster ||
+                       (plan == SparseAttentionPlan::kAuto && ClusterFits(dev));
+  if (cluster) {
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = ClusterConfig(grid, stream, &attr);
+    return cudaLaunchKernelEx(&cfg, ChunkKernel<true>, a);
+  }
+  ChunkKernel<false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   CombineKernel<<<dim3(static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch)),

@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
   const int64_t k = 2048, W = hisparse::kSparseAttentionWidth;
   std::mt19937_64 rng(7);
   for (const char* mode : {"hot", "kv"}) {
+   for (hisparse::SparseAttentionPlan plan : {hisparse::SparseAttentionPlan::kCluster, hisparse::SparseAttentionPlan::kCombine}) {
+    const char* plan_name = plan == hisparse::SparseAttentionPlan::kCluster ? "cluster" : "combine";
+    if (std::string(mode) == "kv" && plan == hisparse::SparseAttentionPlan::kCombine) continue;  // same kernel
     for (int64_t b : {17, 41, 1, 2}) {
       for (int64_t H : {64, 128}) {
         hisparse::SparseAttentionShape s;
@@ -70,8 +73,16 @@ int main(int argc, char** argv) {
         CUDA_OK(cudaStreamSynchronize(stream));
         const float scale = 0.0722f;
         auto launch = [&](int) {
-          CUDA_OK(hisparse::LaunchSparseAttention(s, scale, q, src, idx, tail, tv, out, ws, stream));
+          CUDA_OK(hisparse::LaunchSparseAttention(s, scale, q, src, idx, tail, tv, out, ws, stream, plan));
         };
+        if (const cudaError_t err = hisparse::LaunchSparseAttention(s, scale, q, src, idx, tail, tv, out, ws, stream, plan);
+            err != cudaSuccess) {
+          std::printf("%-7s %-3s b=%-3lld H=%-4lld does not launch: %s\n", plan_name, mode, (long long)b, (long long)H,
+                      cudaGetErrorString(err));
+          cudaGetLastError();
+          cudaFree(q), cudaFree(src), cudaFree(tail), cudaFree(idx), cudaFree(tv), cudaFree(out), cudaFree(ws);
+          continue;
+        }
         // Cold: flush before each call (not timed). Warm: back to back (records in L2).
         std::vector<double> cold;
         for (int i = 0; i < 3; ++i) launch(i);
@@ -84,17 +95,17 @@ int main(int argc, char** argv) {
         const harness::Stats w = harness::TimeLaunches(stream, 50, launch);
         const double bytes = double(b) * k * W * 2;
         const double roof_us = bytes / (hbm_tbs * 1e12) * 1e6;
-        std::printf("%-3s b=%-3lld H=%-4lld cold us min %7.2f med %7.2f max %7.2f | %5.1f%% of byte roofline (%.2f us) "
+        std::printf("%-7s %-3s b=%-3lld H=%-4lld cold us min %7.2f med %7.2f max %7.2f | %5.1f%% of byte roofline (%.2f us) "
                     "| warm(L2) med %7.2f\n",
-                    mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us, 100 * roof_us / c.median_us,
+                    plan_name, mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us, 100 * roof_us / c.median_us,
                     roof_us, w.median_us);
         std::fflush(stdout);
         if (json) {
           std::fprintf(json,
-                       "%s{\"source\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"top_k\": %lld, \"cold_min_us\": %.3f, "
+                       "%s{\"plan\": \"%s\", \"source\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"top_k\": %lld, \"cold_min_us\": %.3f, "
                        "\"cold_median_us\": %.3f, \"cold_max_us\": %.3f, \"warm_median_us\": %.3f, \"roofline_us\": %.3f, "
                        "\"roofline_fraction\": %.4f}",
-                       first_row ? "" : ",\n", mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us,
+                       first_row ? "" : ",\n", plan_name, mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us,
                        w.median_us, roof_us, roof_us / c.median_us);
           first_row = false;
         }
@@ -102,6 +113,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+   }
   if (json) std::fprintf(json, "\n]}\n"), std::fclose(json);
   return 0;
 }

@@ -85,7 +85,8 @@ T* Upload(const std::vector<T>& v) {
 }
 
 // Runs the kernels on `h` (request offset `first`, `count` requests), output between guards.
-std::vector<float> RunGpu(const Case& c, const Host& h, int64_t first, int64_t count, bool* guards_ok) {
+std::vector<float> RunGpu(const Case& c, const Host& h, int64_t first, int64_t count, bool* guards_ok,
+                          hisparse::SparseAttentionPlan plan) {
   SparseAttentionShape s = c.shape;
   s.batch = count;
   const auto& f = c.shape;
@@ -100,7 +101,7 @@ std::vector<float> RunGpu(const Case& c, const Host& h, int64_t first, int64_t c
   uint8_t* tv = Upload(slice(h.tail_valid, f.page));
   harness::DeviceBuffer<float> out(s.batch * s.heads * Dv);
   harness::DeviceBuffer<float> ws(hisparse::SparseAttentionWorkspaceBytes(s) / 4);
-  CUDA_OK(hisparse::LaunchSparseAttention(s, c.scale, q, src, idx, tail, tv, out.get(), ws.get(), 0));
+  CUDA_OK(hisparse::LaunchSparseAttention(s, c.scale, q, src, idx, tail, tv, out.get(), ws.get(), 0, plan));
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> r(s.batch * s.heads * Dv);
   CUDA_OK(cudaMemcpy(r.data(), out.get(), r.size() * 4, cudaMemcpyDeviceToHost));
@@ -117,6 +118,13 @@ std::vector<float> RunGpu(const Case& c, const Host& h, int64_t first, int64_t c
 
 int failures = 0;
 
+// The merge plans the checker runs; kCluster only where the device fits a cluster of 16 blocks.
+std::vector<hisparse::SparseAttentionPlan> kPlans = {hisparse::SparseAttentionPlan::kCombine};
+
+const char* PlanName(hisparse::SparseAttentionPlan p) {
+  return p == hisparse::SparseAttentionPlan::kCluster ? "cluster" : "combine";
+}
+
 void Report(const harness::CheckOptions& o, const std::string& name, bool ok, const std::string& what) {
   if (!ok) ++failures;
   if (!ok || o.verbose) std::printf("%s %s: %s\n", ok ? "ok  " : "FAIL", name.c_str(), what.c_str());
@@ -131,7 +139,13 @@ void CheckVsCpu(const harness::CheckOptions& o, const Case& c, harness::Rng& rng
   }
   const Host h = Make(c, rng);
   bool guards = false;
-  const std::vector<float> gpu = RunGpu(c, h, 0, c.shape.batch, &guards);
+  const std::vector<float> gpu = RunGpu(c, h, 0, c.shape.batch, &guards, kPlans[0]);
+  for (size_t i = 1; i < kPlans.size(); ++i) {
+    bool g = false;
+    const std::vector<float> other = RunGpu(c, h, 0, c.shape.batch, &g, kPlans[i]);
+    Report(o, c.name + "/" + PlanName(kPlans[i]) + "==" + PlanName(kPlans[0]),
+           g && std::memcmp(other.data(), gpu.data(), gpu.size() * 4) == 0, "same bits from both merge plans");
+  }
   std::vector<float> cpu(gpu.size());
   hisparse::SparseAttentionCpu(c.shape, c.scale, h.q.data(), h.source.data(), h.index.data(), h.tail.data(),
                                h.tail_valid.data(), cpu.data());
@@ -158,22 +172,30 @@ void CheckVsCpu(const harness::CheckOptions& o, const Case& c, harness::Rng& rng
                          zeros_expected ? (zeros_ok ? ", zeros" : ", NOT ZEROS") : ""));
 }
 
+void CheckInvariancePlan(const harness::CheckOptions& o, const Case& c, const Host& h,
+                         hisparse::SparseAttentionPlan plan, harness::Rng& rng);
+
 // Request i alone == request i in the batch; hot buffer by slot == device KV by id; bit for bit.
 void CheckInvariance(const harness::CheckOptions& o, const Case& c, harness::Rng& rng) {
   if (o.Skips(c.name)) return;
   const Host h = Make(c, rng);
+  for (hisparse::SparseAttentionPlan plan : kPlans) CheckInvariancePlan(o, c, h, plan, rng);
+}
+
+void CheckInvariancePlan(const harness::CheckOptions& o, const Case& c, const Host& h,
+                         hisparse::SparseAttentionPlan plan, harness::Rng& rng) {
   bool guards = false;
-  const std::vector<float> full = RunGpu(c, h, 0, c.shape.batch, &guards);
+  const std::vector<float> full = RunGpu(c, h, 0, c.shape.batch, &guards, plan);
   const int64_t per = c.shape.heads * Dv;
   int64_t differing = 0;
   std::vector<int64_t> probe = {0, c.shape.batch - 1, c.shape.batch / 2};
   for (int64_t r : probe) {
     bool g2 = false;
-    const std::vector<float> alone = RunGpu(c, h, r, 1, &g2);
+    const std::vector<float> alone = RunGpu(c, h, r, 1, &g2, plan);
     guards &= g2;
     if (std::memcmp(alone.data(), full.data() + r * per, per * 4) != 0) ++differing;
   }
-  Report(o, c.name + "/batch-invariance", differing == 0 && guards,
+  Report(o, c.name + "/" + PlanName(plan) + "/batch-invariance", differing == 0 && guards,
          harness::Format("%lld of %zu probed requests differ from their batch-%lld bits", (long long)differing,
                          probe.size(), (long long)c.shape.batch));
 
@@ -201,8 +223,8 @@ void CheckInvariance(const harness::CheckOptions& o, const Case& c, harness::Rng
     }
   }
   bool g3 = false;
-  const std::vector<float> via_slots = RunGpu(hot, hh, 0, s.batch, &g3);
-  Report(o, c.name + "/source-invariance", std::memcmp(via_slots.data(), full.data(), full.size() * 4) == 0 && g3,
+  const std::vector<float> via_slots = RunGpu(hot, hh, 0, s.batch, &g3, plan);
+  Report(o, c.name + "/" + PlanName(plan) + "/source-invariance", std::memcmp(via_slots.data(), full.data(), full.size() * 4) == 0 && g3,
          "hot buffer by slot vs device KV by record id, whole batch");
 }
 
@@ -211,6 +233,30 @@ void CheckInvariance(const harness::CheckOptions& o, const Case& c, harness::Rng
 int main(int argc, char** argv) {
   const harness::CheckOptions o = harness::StartCheck(argc, argv, 2026);
   harness::Rng rng(o.seed);
+  {
+    // Probe the cluster plan on a tiny problem: it is checked wherever it launches.
+    SparseAttentionShape s;
+    s.batch = 1, s.heads = 64, s.top_k = 512, s.page = 1, s.records = 512;
+    Case probe{"probe", s};
+    harness::Rng r2(1);
+    const Host h = Make(probe, r2);
+    SparseAttentionShape one = s;
+    uint16_t* q = Upload(h.q);
+    uint16_t* src = Upload(h.source);
+    uint16_t* tail = Upload(h.tail);
+    int32_t* idx = Upload(h.index);
+    uint8_t* tv = Upload(h.tail_valid);
+    float *out, *ws;
+    CUDA_OK(cudaMalloc(&out, 64 * Dv * 4));
+    CUDA_OK(cudaMalloc(&ws, hisparse::SparseAttentionWorkspaceBytes(one)));
+    const cudaError_t err = hisparse::LaunchSparseAttention(one, 0.1f, q, src, idx, tail, tv, out, ws, 0,
+                                                            hisparse::SparseAttentionPlan::kCluster);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::printf("cluster plan: %s\n", err == cudaSuccess ? "launches, checked too" : cudaGetErrorString(err));
+    if (err == cudaSuccess) kPlans.push_back(hisparse::SparseAttentionPlan::kCluster);
+    else cudaGetLastError();
+    cudaFree(q), cudaFree(src), cudaFree(tail), cudaFree(idx), cudaFree(tv), cudaFree(out), cudaFree(ws);
+  }
   auto shape = [](int64_t b, int64_t H, int64_t k, int64_t P, int64_t N) {
     SparseAttentionShape s;
     s.batch = b, s.heads = H, s.top_k = k, s.page = P, s.records = N;
