@@ -2,7 +2,7 @@
 //
 // One decode step of one layer for b requests (streams). Request i attends, with every one of its
 // H heads, to
-//   - the k selected records of its stream, read IN PLACE from `source[i]` by index (the hot
+//   - the k selected records of its stream, read IN PLACE from `source[layer][i]` by index (the hot
 //     buffer by slot in "hisparse", the device KV by record id in full-KV): no gathered copy.
 //     A record is P tokens x W = 576 values (512 latent = the value, then 64 rope), in the
 //     record dtype (bfloat16 here). An index < 0 or >= N (padding, -1) contributes nothing.
@@ -48,6 +48,8 @@ struct SparseAttentionShape {
   int64_t top_k = 0;   // k selected records per request
   int64_t page = 1;    // P tokens per record (and in the open page)
   int64_t records = 0; // N: rows of one request's source (hot slots, or record ids)
+  int64_t layers = 1;  // L: stacked sources [L, b, N, P, W] (the hot buffer of every layer); a
+                       // device int32 `layer` picks one; outside [0, L) no record is read
 };
 
 // Empty when the shape is supported, else a one-line reason naming the argument and the fix.
@@ -59,6 +61,7 @@ inline const char* SparseAttentionShapeError(const SparseAttentionShape& s) {
   if (s.top_k < 1 || (s.top_k * s.page) % (kSparseAttentionChunks * kSparseAttentionStage) != 0)
     return "top_k: k * P must be a positive multiple of 512 (16 chunks x 32-token stages; pad the "
            "selection with -1)";
+  if (s.layers < 1) return "source: L stacked layers must be >= 1";
   if (s.records < 1 || s.records > (int64_t{1} << 31) / s.page)
     return "source: N records per request must be in [1, 2^31 / P)";
   return nullptr;
@@ -70,7 +73,7 @@ inline const char* SparseAttentionShapeError(const SparseAttentionShape& s) {
 // layouts as LaunchSparseAttention (sparse_attention_cuda.h); bf16 as raw uint16 bits. The shape
 // must pass SparseAttentionShapeError.
 void SparseAttentionCpu(const SparseAttentionShape& shape, float scale, const uint16_t* q,
-                        const uint16_t* source, const int32_t* index, const uint16_t* tail,
+                        const uint16_t* source, int32_t layer, const int32_t* index, const uint16_t* tail,
                         const uint8_t* tail_valid, float* out);
 
 }  // namespace hisparse

@@ -25,7 +25,7 @@ inline ffi::Unexpected<ffi::Error> Invalid(const std::string& message) {
 
 // Validates the operands (dtypes, then shapes, then the contract's limits) and derives the shape.
 inline ffi::ErrorOr<SparseAttentionShape> CheckSparseAttention(ffi::AnyBuffer q, ffi::AnyBuffer source,
-                                                              ffi::AnyBuffer index, ffi::AnyBuffer tail,
+                                                              ffi::AnyBuffer layer, ffi::AnyBuffer index, ffi::AnyBuffer tail,
                                                               ffi::AnyBuffer tail_valid, ffi::AnyBuffer::Dimensions out,
                                                               ffi::DataType out_type, ffi::AnyBuffer::Dimensions ws,
                                                               ffi::DataType ws_type) {
@@ -35,6 +35,8 @@ inline ffi::ErrorOr<SparseAttentionShape> CheckSparseAttention(ffi::AnyBuffer q,
   if (source.element_type() != ffi::DataType::BF16) return Invalid("source must be bfloat16");
   if (tail.element_type() != ffi::DataType::BF16) return Invalid("tail must be bfloat16");
   if (index.element_type() != ffi::DataType::S32) return Invalid("index must be int32");
+  if (layer.element_type() != ffi::DataType::S32 || layer.dimensions().size() != 0)
+    return Invalid("layer must be an int32 scalar");
   if (tail_valid.element_type() != ffi::DataType::PRED) return Invalid("tail_valid must be bool");
   if (out_type != ffi::DataType::F32 || ws_type != ffi::DataType::F32)
     return Invalid("out and workspace must be float32");
@@ -44,10 +46,14 @@ inline ffi::ErrorOr<SparseAttentionShape> CheckSparseAttention(ffi::AnyBuffer q,
   if (qd.size() != 3 || qd[2] != W) return Invalid("q " + DimsString(qd) + " must be [b, H, 576]");
   s.batch = qd[0];
   s.heads = qd[1];
-  if (sd.size() != 4 || sd[0] != s.batch || sd[3] != W)
-    return Invalid("source " + DimsString(sd) + " must be [b, N, P, 576] with b of q " + DimsString(qd));
-  s.records = sd[1];
-  s.page = sd[2];
+  // [b, N, P, 576], or [L, b, N, P, 576]: every layer's hot buffer, stacked.
+  const size_t lead = sd.size() == 5 ? 1 : 0;
+  if ((sd.size() != 4 && sd.size() != 5) || sd[lead] != s.batch || sd[lead + 3] != W)
+    return Invalid("source " + DimsString(sd) + " must be [b, N, P, 576] or [L, b, N, P, 576] with b of q " +
+                   DimsString(qd));
+  s.layers = lead ? sd[0] : 1;
+  s.records = sd[lead + 1];
+  s.page = sd[lead + 2];
   if (id.size() != 2 || id[0] != s.batch) return Invalid("index " + DimsString(id) + " must be [b, k]");
   s.top_k = id[1];
   if (td.size() != 3 || td[0] != s.batch || td[1] != s.page || td[2] != W)
@@ -66,7 +72,8 @@ inline ffi::ErrorOr<SparseAttentionShape> CheckSparseAttention(ffi::AnyBuffer q,
 template <typename Binding>
 auto BindSparseAttentionOperands(Binding binding) {
   return std::move(binding).template Arg<ffi::AnyBuffer>()  // q          [b, H, 576] bf16
-      .template Arg<ffi::AnyBuffer>()                       // source     [b, N, P, 576] bf16
+      .template Arg<ffi::AnyBuffer>()                       // source     [(L,) b, N, P, 576] bf16
+      .template Arg<ffi::AnyBuffer>()                       // layer      [] int32 (device)
       .template Arg<ffi::AnyBuffer>()                       // index      [b, k] int32 (-1: none)
       .template Arg<ffi::AnyBuffer>()                       // tail       [b, P, 576] bf16
       .template Arg<ffi::AnyBuffer>()                       // tail_valid [b, P] bool

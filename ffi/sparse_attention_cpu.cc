@@ -38,13 +38,15 @@ float Dot(const uint16_t* a, const uint16_t* b) {
 }  // namespace
 
 void SparseAttentionCpu(const SparseAttentionShape& shape, float scale, const uint16_t* q,
-                        const uint16_t* source, const int32_t* index, const uint16_t* tail,
+                        const uint16_t* source, int32_t layer, const int32_t* index, const uint16_t* tail,
                         const uint8_t* tail_valid, float* out) {
   constexpr int64_t W = kSparseAttentionWidth, Dv = kSparseAttentionValueWidth;
   constexpr int64_t C = kSparseAttentionChunks, St = kSparseAttentionStage;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t P = shape.page, k = shape.top_k, N = shape.records, H = shape.heads;
   const int64_t chunk_tokens = k * P / C;
+  const bool layer_ok = layer >= 0 && layer < shape.layers;
+  if (layer_ok) source += layer * shape.batch * N * P * W;
   std::vector<float> cm(C), cl(C), co(C * Dv), s(St), tail_s(P);
   for (int64_t r = 0; r < shape.batch; ++r) {
     const int32_t* ids = index + r * k;
@@ -58,7 +60,7 @@ void SparseAttentionCpu(const SparseAttentionShape& shape, float scale, const ui
           float top = kNegInf;
           for (int64_t j = 0; j < St; ++j) {
             const int64_t id = ids[(t0 + j) / P];
-            s[j] = id >= 0 && id < N ? Dot(qh, source + ((r * N + id) * P + (t0 + j) % P) * W) * scale
+            s[j] = layer_ok && id >= 0 && id < N ? Dot(qh, source + ((r * N + id) * P + (t0 + j) % P) * W) * scale
                                      : kNegInf;
             top = std::max(top, s[j]);
           }

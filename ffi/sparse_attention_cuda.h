@@ -33,11 +33,12 @@ inline int64_t SparseAttentionWorkspaceBytes(const SparseAttentionShape& s) {
   return s.batch * s.heads * kSparseAttentionChunks * (kSparseAttentionValueWidth + 2) * 4;
 }
 
-// q [b, H, 576] bf16; source [b, N, P, 576] bf16; index [b, k] int32; tail [b, P, 576] bf16;
+// q [b, H, 576] bf16; source [L, b, N, P, 576] bf16 (L = shape.layers) with layer [] int32 on
+// the device; index [b, k] int32; tail [b, P, 576] bf16;
 // tail_valid [b, P] uint8 (bool); out [b, H, 512] float32; workspace as above. All bf16 tensors
 // as raw uint16 bits. Returns the first launch error.
 cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale, const uint16_t* q,
-                                  const uint16_t* source, const int32_t* index, const uint16_t* tail,
+                                  const uint16_t* source, const int32_t* layer, const int32_t* index, const uint16_t* tail,
                                   const uint8_t* tail_valid, float* out, float* workspace,
                                   cudaStream_t stream, SparseAttentionPlan plan = SparseAttentionPlan::kAuto);
 

@@ -17,10 +17,11 @@
 namespace hisparse {
 namespace {
 
-ffi::Error SparseAttentionCudaImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer source, ffi::AnyBuffer index,
+ffi::Error SparseAttentionCudaImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer source, ffi::AnyBuffer layer,
+                                   ffi::AnyBuffer index,
                                    ffi::AnyBuffer tail, ffi::AnyBuffer tail_valid, ffi::Result<ffi::AnyBuffer> out,
                                    ffi::Result<ffi::AnyBuffer> workspace, float scale) {
-  auto shape = CheckSparseAttention(q, source, index, tail, tail_valid, out->dimensions(), out->element_type(),
+  auto shape = CheckSparseAttention(q, source, layer, index, tail, tail_valid, out->dimensions(), out->element_type(),
                                     workspace->dimensions(), workspace->element_type());
   if (shape.has_error()) return shape.error();
   // cp.async moves 16-byte pieces: every row of q, source and tail starts 16-byte aligned when the
@@ -29,7 +30,7 @@ ffi::Error SparseAttentionCudaImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::A
     return ffi::Error::InvalidArgument("hisparse_sparse_attention: q, source and tail must be 16-byte aligned");
   const cudaError_t err = LaunchSparseAttention(
       *shape, scale, static_cast<const uint16_t*>(q.untyped_data()), static_cast<const uint16_t*>(source.untyped_data()),
-      static_cast<const int32_t*>(index.untyped_data()), static_cast<const uint16_t*>(tail.untyped_data()),
+      static_cast<const int32_t*>(layer.untyped_data()), static_cast<const int32_t*>(index.untyped_data()), static_cast<const uint16_t*>(tail.untyped_data()),
       static_cast<const uint8_t*>(tail_valid.untyped_data()), static_cast<float*>(out->untyped_data()),
       static_cast<float*>(workspace->untyped_data()), stream);
   return LaunchResult("hisparse_sparse_attention", "kernels", err);

@@ -74,7 +74,10 @@ __device__ __forceinline__ float Bf16ToFloat(uint16_t v) {
 
 struct ChunkArgs {
   const uint16_t* q;
-  const uint16_t* source;
+  const uint16_t* source;  // layer 0's rows; layer l's start l * layer_stride further
+  const int32_t* layer;    // [] int32 on the device: which of `layers` stacked sources
+  int64_t layer_stride;
+  int layers;
   const int32_t* index;
   float* o_part;  // [b, H, C, 512]
   float* ml;      // [b, H, C, 2]
@@ -86,18 +89,17 @@ struct ChunkArgs {
 };
 
 // Issues the cp.async of stage `s` of this block's chunk into buffer `buf` (one commit group).
-__device__ __forceinline__ void IssueStage(const ChunkArgs& a, Smem& sm, int req, int chunk, int s,
-                                           int buf) {
+__device__ __forceinline__ void IssueStage(const ChunkArgs& a, const uint16_t* source, bool layer_ok, Smem& sm,
+                                           int req, int chunk, int s, int buf) {
   const int tok0 = chunk * a.chunk_tokens + s * kStage;
   for (int e = threadIdx.x; e < kStage * kChunks16B; e += kThreads) {
     const int row = e / kChunks16B, piece = e % kChunks16B;
     const int j = tok0 + row;
     const int rec = j / a.page, tok = j % a.page;
     const int id = a.index[static_cast<int64_t>(req) * a.top_k + rec];
-    const bool ok = id >= 0 && id < a.records;
+    const bool ok = layer_ok && id >= 0 && id < a.records;
     const uint16_t* src =
-        ok ? a.source + ((static_cast<int64_t>(req) * a.records + id) * a.page + tok) * kW + piece * 8
-           : a.source;
+        ok ? source + ((static_cast<int64_t>(req) * a.records + id) * a.page + tok) * kW + piece * 8 : source;
     CpAsync16(&sm.kv[buf][row * kRow + piece * 8], src, ok ? 16 : 0);
     if (piece == 0) sm.valid[buf][row] = ok;
   }
@@ -159,6 +161,10 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   const int chunk = blockIdx.x, tile = blockIdx.y, req = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q4 = lane & 3;
   const int stages = a.chunk_tokens / kStage;
+  // A layer outside [0, layers) reads no record (sparse_attention.h): only the open page counts.
+  const int layer = *a.layer;
+  const bool layer_ok = layer >= 0 && layer < a.layers;
+  const uint16_t* source = a.source + (layer_ok ? layer * a.layer_stride : 0);
 
   // Q tile, in the first commit group with stage 0.
   const uint16_t* qg = a.q + (static_cast<int64_t>(req) * a.heads + tile * kHt) * kW;
@@ -167,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     CpAsync16(&sm.q[row * kRow + piece * 8], qg + row * kW + piece * 8, 16);
   }
   for (int s = 0; s < kBufs - 1; ++s) {
-    if (s < stages) IssueStage(a, sm, req, chunk, s, s);
+    if (s < stages) IssueStage(a, source, layer_ok, sm, req, chunk, s, s);
     else CpAsyncCommit();  // empty group: the wait count below stays uniform
   }
 
@@ -188,7 +194,8 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     const int buf = s % kBufs;
     CpAsyncWait<kBufs - 2>();
     __syncthreads();  // stage s landed for all; stage s-1 fully consumed
-    if (s + kBufs - 1 < stages) IssueStage(a, sm, req, chunk, s + kBufs - 1, (s + kBufs - 1) % kBufs);
+    if (s + kBufs - 1 < stages)
+      IssueStage(a, source, layer_ok, sm, req, chunk, s + kBufs - 1, (s + kBufs - 1) % kBufs);
     else CpAsyncCommit();
     const uint16_t* kv = sm.kv[buf];
 
@@ -434,7 +441,7 @@ bool ClusterFits(int dev) {
 }  // namespace
 
 cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale, const uint16_t* q,
-                                  const uint16_t* source, const int32_t* index, const uint16_t* tail,
+                                  const uint16_t* source, const int32_t* layer, const int32_t* index, const uint16_t* tail,
                                   const uint8_t* tail_valid, float* out, float* workspace,
                                   cudaStream_t stream, SparseAttentionPlan plan) {
   int dev = 0;
@@ -444,6 +451,9 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   ChunkArgs a;
   a.q = q;
   a.source = source;
+  a.layer = layer;
+  a.layers = static_cast<int>(shape.layers);
+  a.layer_stride = shape.batch * shape.records * shape.page * kW;
   a.index = index;
   a.o_part = workspace;
   a.ml = workspace + shape.batch * shape.heads * kChunks * kDv;

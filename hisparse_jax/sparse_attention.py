@@ -42,6 +42,7 @@ def sparse_attention(
     tail_valid: jax.Array,
     scale: float,
     *,
+    layer: jax.Array | int = 0,
     implementation: Implementation = "auto",
 ) -> jax.Array:
     """One decode step's MLA attention over the selected records and the open page.
@@ -49,31 +50,39 @@ def sparse_attention(
     Args:
       q: [b, H, 576] bfloat16, the absorbed query (round it to bfloat16 first); H a multiple of 64.
       source: [b, N, P, 576] bfloat16, each request's rows: its hot buffer ("hisparse", N = hot
-        slots) or its device KV ("device", N = records).
+        slots) or its device KV ("device", N = records); or [L, b, N, P, 576], every layer's
+        (the stacked hot buffer, passed whole so that XLA copies no layer out of it) with
+        `layer` picking one.
       index: [b, k] int32 rows of `source` to attend to; -1 (or any id outside [0, N)) = none.
         k * P must be a multiple of 512 (pad with -1).
       tail: [b, P, 576] bfloat16, the open page; tail_valid: [b, P] bool, its written tokens.
       scale: the softmax scale (a Python float).
+      layer: int32 scalar (may be traced) or Python int, the layer of a stacked source; a layer
+        outside [0, L) reads no record (only the open page counts). Ignored for a 4-d source.
       implementation: "ffi" (the CUDA kernels; an error elsewhere), "reference" (XLA, any
         backend) or "auto" ("ffi" on a CUDA backend with the handler registered).
     Returns:
       [b, H, 512] float32; zeros for a request with no valid token at all.
     """
     _check_operands(q, source, index, tail, tail_valid)
+    _checks.check_int32(_OP, "layer", jnp.asarray(layer))
+    if _shape(layer) != ():
+        _fail(ValueError, f"layer has shape {_shape(layer)}; it must be a scalar")
+    layer = jnp.asarray(layer, jnp.int32)
     impl = _dispatch.choose_implementation(_OP, implementation, targets.SPARSE_ATTENTION)
     if impl == "reference":
-        return sparse_attention_reference(q, source, index, tail, tail_valid, scale)
+        return sparse_attention_reference(q, source, index, tail, tail_valid, scale, layer=layer)
     _dispatch.require_handler(_OP, targets.SPARSE_ATTENTION)
     b, H, _ = _shape(q)
     workspace = b * H * CHUNKS * (VALUE_WIDTH + 2)
     call = jax.ffi.ffi_call(targets.SPARSE_ATTENTION,
                             (jax.ShapeDtypeStruct((b, H, VALUE_WIDTH), jnp.float32),
                              jax.ShapeDtypeStruct((workspace,), jnp.float32)))
-    out, _ = call(q, source, index, tail, tail_valid, scale=np.float32(scale))
+    out, _ = call(q, source, layer, index, tail, tail_valid, scale=np.float32(scale))
     return out
 
 
-def sparse_attention_reference(q, source, index, tail, tail_valid, scale: float) -> jax.Array:
+def sparse_attention_reference(q, source, index, tail, tail_valid, scale: float, *, layer=0) -> jax.Array:
     """The contract in XLA ops (the arguments of sparse_attention, any backend).
 
     Gathers the selected tokens (a copy: fine on CPU), then per chunk an online softmax over its
@@ -82,11 +91,16 @@ def sparse_attention_reference(q, source, index, tail, tail_valid, scale: float)
     bfloat16 products are exact in float32).
     """
     f32, hi = jnp.float32, jax.lax.Precision.HIGHEST
+    layer_ok = jnp.bool_(True)
+    if len(_shape(source)) == 5:
+        layer = jnp.asarray(layer, jnp.int32)
+        layer_ok = (layer >= 0) & (layer < _shape(source)[0])
+        source = jax.lax.dynamic_index_in_dim(source, jnp.clip(layer, 0, _shape(source)[0] - 1), keepdims=False)
     b, N, P, W = _shape(source)
     k = _shape(index)[1]
     T = k * P
     stages = T // (CHUNKS * STAGE)
-    ok = (index >= 0) & (index < N)
+    ok = (index >= 0) & (index < N) & layer_ok
     rows = jnp.where(ok, index, 0)
     keys = jnp.take_along_axis(source, rows[:, :, None, None], axis=1).reshape(b, T, W)
     valid = jnp.repeat(ok, P, axis=1)
@@ -144,9 +158,11 @@ def _check_operands(q, source, index, tail, tail_valid) -> None:
     b, H, _ = _shape(q)
     if H % HEAD_TILE:
         _fail(ValueError, f"q has H = {H} heads; the op takes a multiple of {HEAD_TILE} (pad the heads with zeros)")
-    if len(_shape(source)) != 4 or _shape(source)[0] != b or _shape(source)[3] != WIDTH:
-        _fail(ValueError, f"source has shape {_shape(source)}; it must be [b, N, P, 576] with b = {b} of q")
-    _, N, P, _ = _shape(source)
+    src = _shape(source)[1:] if len(_shape(source)) == 5 else _shape(source)
+    if len(src) != 4 or src[0] != b or src[3] != WIDTH:
+        _fail(ValueError, f"source has shape {_shape(source)}; it must be [b, N, P, 576] or [L, b, N, P, 576] "
+              f"with b = {b} of q")
+    _, N, P, _ = src
     if not 1 <= P <= MAX_PAGE:
         _fail(ValueError, f"source has P = {P} tokens per record; the op takes 1 to {MAX_PAGE}")
     if N < 1 or N * P > 2**31:

@@ -194,6 +194,19 @@ def test_a_whole_invalid_chunk():
           oracle(q, source, index, tail, tail_valid, 0.3), 1e-4)
 
 
+def test_a_stacked_source_and_its_layer():
+    """[L, b, N, P, W] with a (traced) layer == that layer's [b, N, P, W]; outside [0, L): tail only."""
+    rng = np.random.default_rng(13)
+    q, source, index, tail, tail_valid = make(rng, b=2)
+    stacked = np.stack([(rng.uniform(-1, 1, source.shape)).astype(BF16), source, source * 0])
+    want = hs.sparse_attention(q, source, index, tail, tail_valid, 0.3)
+    f = jax.jit(lambda l: hs.sparse_attention(q, stacked, index, tail, tail_valid, 0.3, layer=l))
+    assert np.array_equal(np.asarray(f(jnp.int32(1))), np.asarray(want))
+    none = np.full_like(index, -1)
+    assert np.array_equal(np.asarray(f(jnp.int32(3))),
+                          np.asarray(hs.sparse_attention(q, source, none, tail, tail_valid, 0.3)))
+
+
 def test_works_under_jit():
     args = make(np.random.default_rng(8), b=1)
     f = jax.jit(lambda *a: hs.sparse_attention(*a, 0.3))
@@ -208,6 +221,7 @@ def test_works_under_jit():
     (lambda a: (a[0], a[1], a[2][:, :500]) + a[3:], ValueError, "multiple of 512; pad the selection with -1"),
     (lambda a: (a[0], a[1][..., :512]) + a[2:], ValueError, r"\[b, N, P, 576\]"),
     (lambda a: a[:3] + (a[3][:1],) + a[4:], ValueError, r"tail has shape"),
+    (lambda a: (a[0], a[1][None, :, :, :, :, None]) + a[2:], ValueError, r"\[L, b, N, P, 576\]"),
 ])
 def test_bad_operands_name_the_argument_and_the_fix(mutate, error, match):
     args = make(np.random.default_rng(9), b=2)

@@ -48,13 +48,15 @@ int main(int argc, char** argv) {
         s.batch = b, s.heads = H, s.top_k = k, s.page = 1;
         s.records = std::string(mode) == "hot" ? 4096 : (b == 41 ? 32768 : 131072);
         uint16_t *q, *src, *tail;
-        int32_t* idx;
+        int32_t *idx, *layer;
         uint8_t* tv;
         float *out, *ws;
         CUDA_OK(cudaMalloc(&q, b * H * W * 2));
         CUDA_OK(cudaMalloc(&src, b * s.records * W * 2));
         CUDA_OK(cudaMalloc(&tail, b * W * 2));
         CUDA_OK(cudaMalloc(&idx, b * k * 4));
+        CUDA_OK(cudaMalloc(&layer, 4));
+        CUDA_OK(cudaMemsetAsync(layer, 0, 4, stream));
         CUDA_OK(cudaMalloc(&tv, b));
         CUDA_OK(cudaMalloc(&out, b * H * 512 * 4));
         CUDA_OK(cudaMalloc(&ws, hisparse::SparseAttentionWorkspaceBytes(s)));
@@ -73,14 +75,14 @@ int main(int argc, char** argv) {
         CUDA_OK(cudaStreamSynchronize(stream));
         const float scale = 0.0722f;
         auto launch = [&](int) {
-          CUDA_OK(hisparse::LaunchSparseAttention(s, scale, q, src, idx, tail, tv, out, ws, stream, plan));
+          CUDA_OK(hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream, plan));
         };
-        if (const cudaError_t err = hisparse::LaunchSparseAttention(s, scale, q, src, idx, tail, tv, out, ws, stream, plan);
+        if (const cudaError_t err = hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream, plan);
             err != cudaSuccess) {
           std::printf("%-7s %-3s b=%-3lld H=%-4lld does not launch: %s\n", plan_name, mode, (long long)b, (long long)H,
                       cudaGetErrorString(err));
           cudaGetLastError();
-          cudaFree(q), cudaFree(src), cudaFree(tail), cudaFree(idx), cudaFree(tv), cudaFree(out), cudaFree(ws);
+          cudaFree(q), cudaFree(src), cudaFree(tail), cudaFree(idx), cudaFree(tv), cudaFree(out), cudaFree(ws), cudaFree(layer);
           continue;
         }
         // Cold: flush before each call (not timed). Warm: back to back (records in L2).
@@ -109,7 +111,7 @@ int main(int argc, char** argv) {
                        w.median_us, roof_us, roof_us / c.median_us);
           first_row = false;
         }
-        cudaFree(q), cudaFree(src), cudaFree(tail), cudaFree(idx), cudaFree(tv), cudaFree(out), cudaFree(ws);
+        cudaFree(q), cudaFree(src), cudaFree(tail), cudaFree(idx), cudaFree(tv), cudaFree(out), cudaFree(ws), cudaFree(layer);
       }
     }
   }

@@ -36,6 +36,7 @@ struct Case {
   bool all_invalid = false;     // every id -1 (and, with tail_all_invalid, zeros out)
   int invalid_chunk = -1;       // a whole chunk of -1
   float key_spread = 1.0f;      // magnitude of the keys (larger: peakier softmax)
+  int32_t layer = 0;            // of shape.layers stacked sources (outside: no record is read)
 };
 
 struct Host {
@@ -48,7 +49,7 @@ Host Make(const Case& c, harness::Rng& rng) {
   const auto& s = c.shape;
   Host h;
   h.q.resize(s.batch * s.heads * W);
-  h.source.resize(s.batch * s.records * s.page * W);
+  h.source.resize(s.layers * s.batch * s.records * s.page * W);
   h.tail.resize(s.batch * s.page * W);
   h.index.resize(s.batch * s.top_k);
   h.tail_valid.resize(s.batch * s.page);
@@ -95,13 +96,19 @@ std::vector<float> RunGpu(const Case& c, const Host& h, int64_t first, int64_t c
     return std::vector<T>(v.begin() + first * per, v.begin() + (first + count) * per);
   };
   uint16_t* q = Upload(slice(h.q, f.heads * W));
-  uint16_t* src = Upload(slice(h.source, f.records * f.page * W));
+  std::vector<uint16_t> src_rows;  // every stacked layer's rows of the requests [first, first + count)
+  const int64_t per = f.records * f.page * W;
+  for (int64_t l = 0; l < f.layers; ++l)
+    src_rows.insert(src_rows.end(), h.source.begin() + (l * f.batch + first) * per,
+                    h.source.begin() + (l * f.batch + first + count) * per);
+  uint16_t* src = Upload(src_rows);
+  int32_t* layer = Upload(std::vector<int32_t>{c.layer});
   uint16_t* tail = Upload(slice(h.tail, f.page * W));
   int32_t* idx = Upload(slice(h.index, f.top_k));
   uint8_t* tv = Upload(slice(h.tail_valid, f.page));
   harness::DeviceBuffer<float> out(s.batch * s.heads * Dv);
   harness::DeviceBuffer<float> ws(hisparse::SparseAttentionWorkspaceBytes(s) / 4);
-  CUDA_OK(hisparse::LaunchSparseAttention(s, c.scale, q, src, idx, tail, tv, out.get(), ws.get(), 0, plan));
+  CUDA_OK(hisparse::LaunchSparseAttention(s, c.scale, q, src, layer, idx, tail, tv, out.get(), ws.get(), 0, plan));
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> r(s.batch * s.heads * Dv);
   CUDA_OK(cudaMemcpy(r.data(), out.get(), r.size() * 4, cudaMemcpyDeviceToHost));
@@ -112,7 +119,7 @@ std::vector<float> RunGpu(const Case& c, const Host& h, int64_t first, int64_t c
                                DB::kGuardByte);
   };
   *guards_ok = guards(out) && guards(ws);
-  cudaFree(q), cudaFree(src), cudaFree(tail), cudaFree(idx), cudaFree(tv);
+  cudaFree(q), cudaFree(src), cudaFree(tail), cudaFree(idx), cudaFree(tv), cudaFree(layer);
   return r;
 }
 
@@ -147,7 +154,7 @@ void CheckVsCpu(const harness::CheckOptions& o, const Case& c, harness::Rng& rng
            g && std::memcmp(other.data(), gpu.data(), gpu.size() * 4) == 0, "same bits from both merge plans");
   }
   std::vector<float> cpu(gpu.size());
-  hisparse::SparseAttentionCpu(c.shape, c.scale, h.q.data(), h.source.data(), h.index.data(), h.tail.data(),
+  hisparse::SparseAttentionCpu(c.shape, c.scale, h.q.data(), h.source.data(), c.layer, h.index.data(), h.tail.data(),
                                h.tail_valid.data(), cpu.data());
   double worst = 0;
   int64_t bad = 0, nonfinite = 0;
@@ -249,13 +256,15 @@ int main(int argc, char** argv) {
     float *out, *ws;
     CUDA_OK(cudaMalloc(&out, 64 * Dv * 4));
     CUDA_OK(cudaMalloc(&ws, hisparse::SparseAttentionWorkspaceBytes(one)));
-    const cudaError_t err = hisparse::LaunchSparseAttention(one, 0.1f, q, src, idx, tail, tv, out, ws, 0,
+    int32_t* layer = Upload(std::vector<int32_t>{0});
+    const cudaError_t err = hisparse::LaunchSparseAttention(one, 0.1f, q, src, layer, idx, tail, tv, out, ws, 0,
                                                             hisparse::SparseAttentionPlan::kCluster);
     CUDA_OK(cudaDeviceSynchronize());
     std::printf("cluster plan: %s\n", err == cudaSuccess ? "launches, checked too" : cudaGetErrorString(err));
     if (err == cudaSuccess) kPlans.push_back(hisparse::SparseAttentionPlan::kCluster);
     else cudaGetLastError();
     cudaFree(q), cudaFree(src), cudaFree(tail), cudaFree(idx), cudaFree(tv), cudaFree(out), cudaFree(ws);
+    cudaFree(layer);
   }
   auto shape = [](int64_t b, int64_t H, int64_t k, int64_t P, int64_t N) {
     SparseAttentionShape s;
@@ -271,6 +280,14 @@ int main(int argc, char** argv) {
   cases.push_back({"nothing-valid", shape(1, 64, 512, 1, 600), 0.1f, 0.0, 0.0, true, true});
   cases.push_back({"only-tail-valid", shape(1, 64, 512, 1, 600), 0.1f, 0.0, 0.0, false, true});
   cases.push_back({"h128-k2048", shape(1, 128, 2048, 1, 4096), 0.0722f, 0.02});
+  {
+    Case stacked{"stacked-layer2of3", shape(2, 64, 512, 1, 600), 0.1f, 0.05};
+    stacked.shape.layers = 3, stacked.layer = 2;
+    cases.push_back(stacked);
+    Case outside = stacked;
+    outside.name = "layer-outside-reads-only-the-tail", outside.layer = 3;
+    cases.push_back(outside);
+  }
   if (!o.quick) cases.push_back({"h64-k2048-b3", shape(3, 64, 2048, 1, 8192), 0.0722f, 0.01});
   for (const Case& c : cases) CheckVsCpu(o, c, rng);
 
