@@ -23,6 +23,7 @@ constexpr int kThreads = 256;     // 8 warps
 constexpr int kRow = kW + 8;      // smem row in bf16: 1168 B, so ldmatrix's 8 rows hit 8 bank groups
 constexpr int kProw = kStage + 8; // P tile row: 80 B, conflict-free for the same reason
 constexpr int kChunks16B = kW * 2 / 16;  // 72 16-byte pieces per token
+constexpr int kSrow = kStage + 4;        // float row of the partial scores
 
 struct Smem {
   uint16_t q[kHt * kRow];
@@ -32,6 +33,7 @@ struct Smem {
   float red_sum[2][kHt];
   float alpha[kHt];
   int valid[kBufs][kStage];
+  float red_s[kHt * (kStage + 4)];  // the second half of d's partial scores
 };
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -177,8 +179,24 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     else CpAsyncCommit();  // empty group: the wait count below stays uniform
   }
 
-  // Score-phase role: 16 heads (hg) x 16 tokens (th) of the 64 x 32 stage.
+#ifdef HISPARSE_SPARSE_ATTENTION_Q_IN_SMEM
+  // Score-phase role: 16 heads (hg) x 16 tokens (th) of the 64 x 32 stage, Q read from shared
+  // memory every stage (the first version; kept for A/B: -DHISPARSE_SPARSE_ATTENTION_Q_IN_SMEM).
   const int hg = warp & 3, th = warp >> 2;
+#else
+  // Score-phase role: 16 heads (hg) x all 32 tokens over half of d (th: 0..287 or 288..575), the
+  // warp's Q slice held in registers for the whole chunk: shared memory then streams only the
+  // keys, whose re-reads by the 4 head groups were half of the first version's traffic and Q's
+  // the other half. Warps th = 0 add the other half's partial scores and run the softmax.
+  const int hg = warp & 3, th = warp >> 2;
+  constexpr int kHalfSteps = kW / 32;  // 18 k-steps of 16 per half
+  uint32_t qa[kHalfSteps][4];
+  CpAsyncWait<kBufs - 2>();  // Q (and stage 0) landed
+  __syncthreads();
+#pragma unroll
+  for (int ks = 0; ks < kHalfSteps; ++ks)
+    Ldm4(qa[ks], &sm.q[(hg * 16 + (lane & 15)) * kRow + th * (kW / 2) + ks * 16 + (lane >> 4) * 8]);
+#endif
   const int rowA = hg * 16 + g, rowB = rowA + 8;
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
   // P @ V role: all 64 heads x 64 value columns (warp * 64).
@@ -199,6 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     else CpAsyncCommit();
     const uint16_t* kv = sm.kv[buf];
 
+#ifdef HISPARSE_SPARSE_ATTENTION_Q_IN_SMEM
     // S = Q K^T for 16 heads x 16 tokens, d in order 0..575.
     float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll 4
@@ -268,6 +287,84 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     __syncthreads();  // P tile, alpha and the halves' sums visible
     lA = alA * lA + (sm.red_sum[0][rowA] + sm.red_sum[1][rowA]);
     lB = alB * lB + (sm.red_sum[0][rowB] + sm.red_sum[1][rowB]);
+
+#else
+    // S = Q K^T for 16 heads x 32 tokens over this warp's half of d (in order within the half).
+    float acc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[j][r] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kHalfSteps; ++ks)
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t kb[4];
+        Ldm4(kb, &kv[(np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kRow + th * (kW / 2) + ks * 16 +
+                     ((lane >> 3) & 1) * 8]);
+        Mma(acc[2 * np], qa[ks], kb[0], kb[1]);
+        Mma(acc[2 * np + 1], qa[ks], kb[2], kb[3]);
+      }
+    if (th == 1)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        *reinterpret_cast<float2*>(&sm.red_s[rowA * kSrow + j * 8 + q4 * 2]) = make_float2(acc[j][0], acc[j][1]);
+        *reinterpret_cast<float2*>(&sm.red_s[rowB * kSrow + j * 8 + q4 * 2]) = make_float2(acc[j][2], acc[j][3]);
+      }
+    __syncthreads();
+    float alA = 0.f, alB = 0.f;
+    if (th == 0) {
+      // s = (first half + second half) * scale; the row max over all 32 tokens within the warp.
+      float maxA = -INFINITY, maxB = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int t = j * 8 + q4 * 2 + (r & 1);
+          const float other = sm.red_s[(r < 2 ? rowA : rowB) * kSrow + t];
+          acc[j][r] = sm.valid[buf][t] ? (acc[j][r] + other) * a.scale : -INFINITY;
+          if (r < 2) maxA = fmaxf(maxA, acc[j][r]);
+          else maxB = fmaxf(maxB, acc[j][r]);
+        }
+#pragma unroll
+      for (int x = 1; x <= 2; x <<= 1) {
+        maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, x));
+        maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, x));
+      }
+      const float nA = fmaxf(mA, maxA), nB = fmaxf(mB, maxB);
+      alA = mA == -INFINITY ? 0.f : expf(mA - nA);
+      alB = mB == -INFINITY ? 0.f : expf(mB - nB);
+      float sumA = 0.f, sumB = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int t = j * 8 + q4 * 2;
+        __nv_bfloat16 p[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float n = r < 2 ? nA : nB;
+          p[r] = __float2bfloat16_rn(acc[j][r] == -INFINITY ? 0.f : expf(acc[j][r] - n));
+        }
+        sumA += __bfloat162float(p[0]) + __bfloat162float(p[1]);
+        sumB += __bfloat162float(p[2]) + __bfloat162float(p[3]);
+        *reinterpret_cast<__nv_bfloat162*>(&sm.p[rowA * kProw + t]) = __nv_bfloat162(p[0], p[1]);
+        *reinterpret_cast<__nv_bfloat162*>(&sm.p[rowB * kProw + t]) = __nv_bfloat162(p[2], p[3]);
+      }
+#pragma unroll
+      for (int x = 1; x <= 2; x <<= 1) {
+        sumA += __shfl_xor_sync(0xffffffffu, sumA, x);
+        sumB += __shfl_xor_sync(0xffffffffu, sumB, x);
+      }
+      if (q4 == 0) {
+        sm.alpha[rowA] = alA;
+        sm.alpha[rowB] = alB;
+      }
+      lA = alA * lA + sumA;
+      lB = alB * lB + sumB;
+      mA = nA;
+      mB = nB;
+    }
+    __syncthreads();  // P tile and alpha visible
+#endif
 
     // O = alpha * O + P V for 64 heads x 64 value columns.
 #pragma unroll
