@@ -87,8 +87,9 @@ def sparse_attention_reference(q, source, index, tail, tail_valid, scale: float,
 
     Gathers the selected tokens (a copy: fine on CPU), then per chunk an online softmax over its
     stages in order, p rounded to bfloat16 before P @ V, then the chunks and the open page merged
-    as ffi/sparse_attention.h says. Scores and products accumulate in float32 (HIGHEST precision:
-    bfloat16 products are exact in float32).
+    as ffi/sparse_attention.h says. Operands are widened to float32 (exact: a bfloat16 product
+    is exact in float32; XLA:CPU has no bfloat16 x bfloat16 -> float32 dot) and accumulate in
+    float32 at HIGHEST precision.
     """
     f32, hi = jnp.float32, jax.lax.Precision.HIGHEST
     layer_ok = jnp.bool_(True)
@@ -105,7 +106,9 @@ def sparse_attention_reference(q, source, index, tail, tail_valid, scale: float,
     keys = jnp.take_along_axis(source, rows[:, :, None, None], axis=1).reshape(b, T, W)
     valid = jnp.repeat(ok, P, axis=1)
     keys = jnp.where(valid[..., None], keys, jnp.zeros((), keys.dtype))
-    s = jnp.einsum("bhd,btd->bht", q, keys, precision=hi, preferred_element_type=f32) * f32(scale)
+    q = q.astype(f32)
+    keys = keys.astype(f32)
+    s = jnp.einsum("bhd,btd->bht", q, keys, precision=hi) * f32(scale)
     s = jnp.where(valid[:, None, :], s, -jnp.inf)
     H = s.shape[1]
     s = s.reshape(b, H, CHUNKS, stages, STAGE)
@@ -118,14 +121,14 @@ def sparse_attention_reference(q, source, index, tail, tail_valid, scale: float,
         alpha = jnp.where(m == -jnp.inf, 0.0, jnp.exp(m - nxt))
         p = jnp.where(sj == -jnp.inf, 0.0, jnp.exp(sj - nxt[..., None])).astype(jnp.bfloat16)
         l = alpha * l + jnp.sum(p.astype(f32), axis=-1)
-        o = alpha[..., None] * o + jnp.einsum("bhct,bctv->bhcv", p, vj, precision=hi, preferred_element_type=f32)
+        o = alpha[..., None] * o + jnp.einsum("bhct,bctv->bhcv", p.astype(f32), vj, precision=hi)
         return (nxt, l, o), None
 
     init = (jnp.full((b, H, CHUNKS), -jnp.inf, f32), jnp.zeros((b, H, CHUNKS), f32),
             jnp.zeros((b, H, CHUNKS, VALUE_WIDTH), f32))
     (m, l, o), _ = jax.lax.scan(stage, init, (jnp.moveaxis(s, 3, 0), jnp.moveaxis(v, 2, 0)))
 
-    ts = jnp.einsum("bhd,bpd->bhp", q, tail, precision=hi, preferred_element_type=f32) * f32(scale)
+    ts = jnp.einsum("bhd,bpd->bhp", q, tail.astype(f32), precision=hi) * f32(scale)
     ts = jnp.where(tail_valid[:, None, :], ts, -jnp.inf)
     big = jnp.maximum(jnp.max(m, axis=-1), jnp.max(ts, axis=-1))  # [b, H]
     w = jnp.where(m == -jnp.inf, 0.0, jnp.exp(m - big[..., None]))

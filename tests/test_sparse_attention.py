@@ -11,6 +11,8 @@ attention (within the bfloat16 rounding of p), and the model's own `layers.atten
 
 from __future__ import annotations
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -18,9 +20,9 @@ import numpy as np
 import pytest
 
 import hisparse_jax as hs
-from hisparse_jax import sparse_attention as sa
 from hisparse_jax.models import layers
 
+sa = importlib.import_module("hisparse_jax.sparse_attention")  # the module; the package exports the op
 BF16 = np.dtype(ml_dtypes.bfloat16)
 W, DV = sa.WIDTH, sa.VALUE_WIDTH
 
@@ -199,12 +201,10 @@ def test_a_stacked_source_and_its_layer():
     rng = np.random.default_rng(13)
     q, source, index, tail, tail_valid = make(rng, b=2)
     stacked = np.stack([(rng.uniform(-1, 1, source.shape)).astype(BF16), source, source * 0])
-    want = hs.sparse_attention(q, source, index, tail, tail_valid, 0.3)
+    one = jax.jit(lambda src, idx: hs.sparse_attention(q, src, idx, tail, tail_valid, 0.3))
     f = jax.jit(lambda l: hs.sparse_attention(q, stacked, index, tail, tail_valid, 0.3, layer=l))
-    assert np.array_equal(np.asarray(f(jnp.int32(1))), np.asarray(want))
-    none = np.full_like(index, -1)
-    assert np.array_equal(np.asarray(f(jnp.int32(3))),
-                          np.asarray(hs.sparse_attention(q, source, none, tail, tail_valid, 0.3)))
+    close(f(jnp.int32(1)), one(source, index), 1e-6)  # one program each: XLA may fuse them differently
+    close(f(jnp.int32(3)), one(source, np.full_like(index, -1)), 1e-6)
 
 
 def test_works_under_jit():
@@ -215,7 +215,7 @@ def test_works_under_jit():
 
 @pytest.mark.parametrize("mutate, error, match", [
     (lambda a: (a[0].astype(np.float32),) + a[1:], TypeError, "q must be bfloat16"),
-    (lambda a: (a[0], a[1], a[2].astype(np.int64)) + a[3:], TypeError, "index must be int32"),
+    (lambda a: (a[0], a[1], a[2].astype(np.float32)) + a[3:], TypeError, "index must be int32"),
     (lambda a: a[:4] + (a[4].astype(np.int32),), TypeError, "tail_valid must be bool"),
     (lambda a: (a[0][:, :32],) + a[1:], ValueError, "multiple of 64"),
     (lambda a: (a[0], a[1], a[2][:, :500]) + a[3:], ValueError, "multiple of 512; pad the selection with -1"),
