@@ -42,6 +42,9 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
                                   const uint8_t* tail_valid, float* out, float* workspace,
                                   cudaStream_t stream, SparseAttentionPlan plan = SparseAttentionPlan::kAuto);
 
+// Clusters of 16 chunk blocks the device runs at once (0: the cluster plan cannot run here).
+int SparseAttentionMaxActiveClusters();
+
 }  // namespace hisparse
 
 #endif  // HISPARSE_FFI_SPARSE_ATTENTION_CUDA_H_

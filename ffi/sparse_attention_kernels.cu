@@ -537,6 +537,19 @@ bool ClusterFits(int dev) {
 
 }  // namespace
 
+int SparseAttentionMaxActiveClusters() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || Configure(dev) != cudaSuccess) return 0;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = ClusterConfig(dim3(kChunks, 1, 1), nullptr, &attr);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, ChunkKernel<true>, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return clusters;
+}
+
 cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale, const uint16_t* q,
                                   const uint16_t* source, const int32_t* layer, const int32_t* index, const uint16_t* tail,
                                   const uint8_t* tail_valid, float* out, float* workspace,

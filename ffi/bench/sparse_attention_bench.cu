@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   const char* json_path = argc > 1 ? argv[1] : nullptr;
   const harness::DeviceInfo dev = harness::QueryDevice();
   std::printf("%s\n", harness::DeviceLine(dev).c_str());
+  std::printf("cluster plan: %d clusters of 16 blocks at once\n", hisparse::SparseAttentionMaxActiveClusters());
   const double hbm_tbs = 4.3;  // H200 HBM3e, the roofline's bandwidth
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
