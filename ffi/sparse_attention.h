@@ -41,6 +41,7 @@ inline constexpr int64_t kSparseAttentionHeadTile = 64;     // H must be a multi
 inline constexpr int64_t kSparseAttentionChunks = 16;       // fixed split of the k*P tokens
 inline constexpr int64_t kSparseAttentionStage = 32;        // tokens per online-softmax step
 inline constexpr int64_t kSparseAttentionMaxPage = 64;      // P <= this (the open page's scores)
+inline constexpr int64_t kSparseAttentionMaxTopK = 8192;    // k <= this (a chunk's ids in shared memory)
 
 struct SparseAttentionShape {
   int64_t batch = 0;   // b
@@ -58,6 +59,7 @@ inline const char* SparseAttentionShapeError(const SparseAttentionShape& s) {
   if (s.heads < 1 || s.heads % kSparseAttentionHeadTile != 0)
     return "heads: H must be a positive multiple of 64 (pad the heads)";
   if (s.page < 1 || s.page > kSparseAttentionMaxPage) return "page: P must be in [1, 64]";
+  if (s.top_k > kSparseAttentionMaxTopK) return "top_k: k must be <= 8192";
   if (s.top_k < 1 || (s.top_k * s.page) % (kSparseAttentionChunks * kSparseAttentionStage) != 0)
     return "top_k: k * P must be a positive multiple of 512 (16 chunks x 32-token stages; pad the "
            "selection with -1)";

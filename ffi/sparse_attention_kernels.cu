@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cmath>
 #include <cstdint>
 
@@ -24,6 +25,8 @@ constexpr int kRow = kW + 8;      // smem row in bf16: 1168 B, so ldmatrix's 8 r
 constexpr int kProw = kStage + 8; // P tile row: 80 B, conflict-free for the same reason
 constexpr int kChunks16B = kW * 2 / 16;  // 72 16-byte pieces per token
 constexpr int kSrow = kStage + 4;        // float row of the partial scores
+constexpr int kMaxChunkRecords = static_cast<int>(kSparseAttentionMaxTopK / kSparseAttentionChunks) + 1;
+constexpr int kTailHeads = kHt / kChunks;  // cluster plan: open-page scores of 4 heads per block
 
 struct Smem {
   uint16_t q[kHt * kRow];
@@ -34,6 +37,8 @@ struct Smem {
   float alpha[kHt];
   int valid[kBufs][kStage];
   float red_s[kHt * (kStage + 4)];  // the second half of d's partial scores
+  int ids[kMaxChunkRecords];        // the chunk's record ids, loaded once: no load in the issue path
+  float tail_s[kTailHeads][kSparseAttentionMaxPage];  // cluster plan: this block's heads' page scores
 };
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -94,11 +99,12 @@ struct ChunkArgs {
 __device__ __forceinline__ void IssueStage(const ChunkArgs& a, const uint16_t* source, bool layer_ok, Smem& sm,
                                            int req, int chunk, int s, int buf) {
   const int tok0 = chunk * a.chunk_tokens + s * kStage;
+  const int rec0 = chunk * a.chunk_tokens / a.page;
   for (int e = threadIdx.x; e < kStage * kChunks16B; e += kThreads) {
     const int row = e / kChunks16B, piece = e % kChunks16B;
     const int j = tok0 + row;
     const int rec = j / a.page, tok = j % a.page;
-    const int id = a.index[static_cast<int64_t>(req) * a.top_k + rec];
+    const int id = sm.ids[rec - rec0];
     const bool ok = layer_ok && id >= 0 && id < a.records;
     const uint16_t* src =
         ok ? source + ((static_cast<int64_t>(req) * a.records + id) * a.page + tok) * kW + piece * 8 : source;
@@ -113,7 +119,8 @@ __device__ __forceinline__ void IssueStage(const ChunkArgs& a, const uint16_t* s
 // xor tree. Both plans call this, so their bits agree.
 __device__ __forceinline__ float TailScore(const uint16_t* qh, const uint16_t* kt, int lane, float scale) {
   float d = 0.f;
-  for (int i = lane; i < kW; i += 32) d = fmaf(Bf16ToFloat(qh[i]), Bf16ToFloat(kt[i]), d);
+#pragma unroll
+  for (int j = 0; j < kW / 32; ++j) d = fmaf(Bf16ToFloat(qh[lane + 32 * j]), Bf16ToFloat(kt[lane + 32 * j]), d);
 #pragma unroll
   for (int x = 16; x >= 1; x >>= 1) d += __shfl_xor_sync(0xffffffffu, d, x);
   return d * scale;
@@ -121,23 +128,35 @@ __device__ __forceinline__ float TailScore(const uint16_t* qh, const uint16_t* k
 
 // The merge of sparse_attention.h for `n` value columns of one head: chunks 0..C-1 in order
 // (m_c, l_c from ml(c), o_c[col] from o(c, col)), then the open page's tokens in order.
-template <int n, typename Ml, typename O>
-__device__ __forceinline__ void Merge(Ml ml, O o, const float* tail_s, int page, const uint16_t* tail_v, float* dst) {
+template <int n, typename Ml, typename O, typename Ts>
+__device__ __forceinline__ void Merge(Ml ml, O o, Ts tail_s, int page, const uint16_t* tail_v, float* dst) {
+  // Unrolled: every partial's loads issue together (a loop waited for each chunk's in turn).
+  float2 mls[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) mls[c] = ml(c);
+  float vals[kChunks][n];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+    for (int r = 0; r < n; ++r) vals[c][r] = o(c, r);
   float big = -INFINITY;
-  for (int c = 0; c < kChunks; ++c) big = fmaxf(big, ml(c).x);
-  for (int t = 0; t < page; ++t) big = fmaxf(big, tail_s[t]);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) big = fmaxf(big, mls[c].x);
+  for (int t = 0; t < page; ++t) big = fmaxf(big, tail_s(t));
   float total = 0.f, acc[n];
 #pragma unroll
   for (int r = 0; r < n; ++r) acc[r] = 0.f;
+#pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    const float2 v = ml(c);
+    const float2 v = mls[c];
     const float w = v.x == -INFINITY ? 0.f : expf(v.x - big);
     total = fmaf(w, v.y, total);
 #pragma unroll
-    for (int r = 0; r < n; ++r) acc[r] = fmaf(w, o(c, r), acc[r]);
+    for (int r = 0; r < n; ++r) acc[r] = fmaf(w, vals[c][r], acc[r]);
   }
   for (int t = 0; t < page; ++t) {
-    const float p = tail_s[t] == -INFINITY ? 0.f : expf(tail_s[t] - big);
+    const float ts = tail_s(t);
+    const float p = ts == -INFINITY ? 0.f : expf(ts - big);
     total += p;
 #pragma unroll
     for (int r = 0; r < n; ++r) acc[r] = fmaf(p, Bf16ToFloat(tail_v[t * kW + r]), acc[r]);
@@ -151,9 +170,8 @@ constexpr int kOrow = kDv + 8;  // float row of o: float2 stores of 8 rows hit d
 struct MergeSmem {
   float o[kHt * kOrow];
   float2 ml[kHt];
-  float tail_s[kHt][kSparseAttentionMaxPage];
 };
-static_assert(sizeof(MergeSmem) <= sizeof(Smem), "the merge area lies over the chunk's buffers");
+static_assert(sizeof(MergeSmem) <= offsetof(Smem, ids), "the merge area lies over the chunk's buffers only");
 constexpr int kMergeCols = kDv / kChunks;  // 32 columns of every head per block of the cluster
 
 template <bool kCluster>
@@ -167,6 +185,26 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   const int layer = *a.layer;
   const bool layer_ok = layer >= 0 && layer < a.layers;
   const uint16_t* source = a.source + (layer_ok ? layer * a.layer_stride : 0);
+
+  // The chunk's record ids, one load per thread in parallel (a load per 16-byte piece in the issue
+  // loop made every stage wait for a chain of dependent global loads: 38 us at b = 1).
+  {
+    const int rec0 = chunk * a.chunk_tokens / a.page, rec1 = ((chunk + 1) * a.chunk_tokens - 1) / a.page;
+    for (int r = threadIdx.x; r <= rec1 - rec0; r += kThreads)
+      sm.ids[r] = a.index[static_cast<int64_t>(req) * a.top_k + rec0 + r];
+  }
+  if constexpr (kCluster) {
+    // This block's 4 heads' open-page scores (the merge reads every head's from its peers),
+    // here where their loads overlap the first stages' copies.
+    const int64_t head0 = static_cast<int64_t>(req) * a.heads + tile * kHt + chunk * kTailHeads;
+    for (int job = warp; job < kTailHeads * a.page; job += kThreads / 32) {
+      const int hh = job % kTailHeads, t = job / kTailHeads;
+      const float sc = TailScore(a.q + (head0 + hh) * kW, a.tail + (static_cast<int64_t>(req) * a.page + t) * kW, lane,
+                                 a.scale);
+      if (lane == 0) sm.tail_s[hh][t] = a.tail_valid[static_cast<int64_t>(req) * a.page + t] ? sc : -INFINITY;
+    }
+  }
+  __syncthreads();
 
   // Q tile, in the first commit group with stage 0.
   const uint16_t* qg = a.q + (static_cast<int64_t>(req) * a.heads + tile * kHt) * kW;
@@ -437,21 +475,13 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       ms.ml[rowA] = make_float2(mA, lA);
       ms.ml[rowB] = make_float2(mB, lB);
     }
-    // The open page's scores, every block for all its heads (8 heads a warp).
-    for (int hh = warp * 8; hh < warp * 8 + 8; ++hh)
-      for (int t = 0; t < a.page; ++t) {
-        const float sc = TailScore(a.q + (head0 + hh) * kW, a.tail + (static_cast<int64_t>(req) * a.page + t) * kW,
-                                   lane, a.scale);
-        if (lane == 0) ms.tail_s[hh][t] = a.tail_valid[static_cast<int64_t>(req) * a.page + t] ? sc : -INFINITY;
-      }
     cluster.sync();  // every block's partial is visible cluster-wide
     const int hh = threadIdx.x / 4, col = chunk * kMergeCols + (threadIdx.x % 4) * 8;
-    const MergeSmem* peers[kChunks];
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) peers[c] = cluster.map_shared_rank(&ms, c);
+    const Smem* tail_peer = cluster.map_shared_rank(&sm, hh / kTailHeads);
     float res[8];
-    Merge<8>([&](int c) { return peers[c]->ml[hh]; },
-             [&](int c, int r) { return peers[c]->o[hh * kOrow + col + r]; }, ms.tail_s[hh], a.page,
+    Merge<8>([&](int c) { return cluster.map_shared_rank(&ms, c)->ml[hh]; },
+             [&](int c, int r) { return cluster.map_shared_rank(&ms, c)->o[hh * kOrow + col + r]; },
+             [&](int t) { return tail_peer->tail_s[hh % kTailHeads][t]; }, a.page,
              a.tail + static_cast<int64_t>(req) * a.page * kW + col, res);
     float* dst = a.out + (head0 + hh) * kDv + col;
     *reinterpret_cast<float4*>(dst) = make_float4(res[0], res[1], res[2], res[3]);
@@ -482,7 +512,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
   const float* oh = o_part + hq * kChunks * kDv + col;
   float res[4];
   Merge<4>([&](int c) { return make_float2(mlh[2 * c], mlh[2 * c + 1]); },
-           [&](int c, int r) { return oh[c * kDv + r]; }, tail_s, page,
+           [&](int c, int r) { return oh[c * kDv + r]; }, [&](int t) { return tail_s[t]; }, page,
            tail + static_cast<int64_t>(req) * page * kW + col, res);
   *reinterpret_cast<float4*>(out + hq * kDv + col) = make_float4(res[0], res[1], res[2], res[3]);
 }

@@ -30,6 +30,7 @@ HEAD_TILE = 64      # H must be a multiple
 CHUNKS = 16         # fixed split of the k * P tokens, whatever the batch
 STAGE = 32          # tokens per online-softmax step
 MAX_PAGE = 64
+MAX_TOP_K = 8192    # a chunk's record ids sit in shared memory
 
 _BF16 = np.dtype(jnp.bfloat16)
 
@@ -173,6 +174,8 @@ def _check_operands(q, source, index, tail, tail_valid) -> None:
     if len(_shape(index)) != 2 or _shape(index)[0] != b:
         _fail(ValueError, f"index has shape {_shape(index)}; it must be [b, k] with b = {b} of q")
     k = _shape(index)[1]
+    if k > MAX_TOP_K:
+        _fail(ValueError, f"index has k = {k}; the op takes at most {MAX_TOP_K} selected records per request")
     if k < 1 or (k * P) % (CHUNKS * STAGE):
         _fail(ValueError, f"index has k = {k} (k * P = {k * P}); k * P must be a positive multiple of "
               f"{CHUNKS * STAGE}; pad the selection with -1")
