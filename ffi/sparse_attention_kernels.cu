@@ -186,6 +186,12 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   const bool layer_ok = layer >= 0 && layer < a.layers;
   const uint16_t* source = a.source + (layer_ok ? layer * a.layer_stride : 0);
 
+  // Q tile first (it needs no id), in the first commit group with stage 0.
+  const uint16_t* qg = a.q + (static_cast<int64_t>(req) * a.heads + tile * kHt) * kW;
+  for (int e = threadIdx.x; e < kHt * kChunks16B; e += kThreads) {
+    const int row = e / kChunks16B, piece = e % kChunks16B;
+    CpAsync16(&sm.q[row * kRow + piece * 8], qg + row * kW + piece * 8, 16);
+  }
   // The chunk's record ids, one load per thread in parallel (a load per 16-byte piece in the issue
   // loop made every stage wait for a chain of dependent global loads: 38 us at b = 1).
   {
@@ -193,9 +199,15 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     for (int r = threadIdx.x; r <= rec1 - rec0; r += kThreads)
       sm.ids[r] = a.index[static_cast<int64_t>(req) * a.top_k + rec0 + r];
   }
+  __syncthreads();
+
+  for (int s = 0; s < kBufs - 1; ++s) {
+    if (s < stages) IssueStage(a, source, layer_ok, sm, req, chunk, s, s);
+    else CpAsyncCommit();  // empty group: the wait count below stays uniform
+  }
   if constexpr (kCluster) {
     // This block's 4 heads' open-page scores (the merge reads every head's from its peers),
-    // here where their loads overlap the first stages' copies.
+    // here, after the first stages' copies are issued, so their loads overlap those.
     const int64_t head0 = static_cast<int64_t>(req) * a.heads + tile * kHt + chunk * kTailHeads;
     for (int job = warp; job < kTailHeads * a.page; job += kThreads / 32) {
       const int hh = job % kTailHeads, t = job / kTailHeads;
@@ -203,18 +215,6 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
                                  a.scale);
       if (lane == 0) sm.tail_s[hh][t] = a.tail_valid[static_cast<int64_t>(req) * a.page + t] ? sc : -INFINITY;
     }
-  }
-  __syncthreads();
-
-  // Q tile, in the first commit group with stage 0.
-  const uint16_t* qg = a.q + (static_cast<int64_t>(req) * a.heads + tile * kHt) * kW;
-  for (int e = threadIdx.x; e < kHt * kChunks16B; e += kThreads) {
-    const int row = e / kChunks16B, piece = e % kChunks16B;
-    CpAsync16(&sm.q[row * kRow + piece * 8], qg + row * kW + piece * 8, 16);
-  }
-  for (int s = 0; s < kBufs - 1; ++s) {
-    if (s < stages) IssueStage(a, source, layer_ok, sm, req, chunk, s, s);
-    else CpAsyncCommit();  // empty group: the wait count below stays uniform
   }
 
 #ifdef HISPARSE_SPARSE_ATTENTION_Q_IN_SMEM
