@@ -4,7 +4,8 @@
 // k = 2048, P = 1. Two sources: "hot" (hot buffer, 4096 slots per request) and "kv" (device KV,
 // one row per record of the context: 128K, or 32K at b = 41). The L2 is flushed (a 256 MB write)
 // before every timed call, so the records come from HBM as in a decode step.
-// Usage: sparse_attention_bench [out.json]
+// Usage: sparse_attention_bench [out.json [BATCH HEADS PLAN]]   (PLAN: cluster or combine; one
+// shape, hot source only: what a profiler run of one configuration wants)
 #include <numeric>
 
 #include "../tests/harness.h"
@@ -25,6 +26,9 @@ __global__ void FillBf16(uint16_t* p, int64_t n, uint64_t seed) {
 
 int main(int argc, char** argv) {
   const char* json_path = argc > 1 ? argv[1] : nullptr;
+  const bool one = argc > 4;
+  const int64_t only_b = one ? std::atoll(argv[2]) : 0, only_h = one ? std::atoll(argv[3]) : 0;
+  const std::string only_plan = one ? argv[4] : "";
   const harness::DeviceInfo dev = harness::QueryDevice();
   std::printf("%s\n", harness::DeviceLine(dev).c_str());
   std::printf("cluster plan: %d clusters of 16 blocks at once\n", hisparse::SparseAttentionMaxActiveClusters());
@@ -43,8 +47,10 @@ int main(int argc, char** argv) {
    for (hisparse::SparseAttentionPlan plan : {hisparse::SparseAttentionPlan::kCluster, hisparse::SparseAttentionPlan::kCombine}) {
     const char* plan_name = plan == hisparse::SparseAttentionPlan::kCluster ? "cluster" : "combine";
     if (std::string(mode) == "kv" && plan == hisparse::SparseAttentionPlan::kCombine) continue;  // same kernel
+    if (one && (std::string(mode) != "hot" || only_plan != plan_name)) continue;
     for (int64_t b : {17, 41, 1, 2}) {
       for (int64_t H : {64, 128}) {
+        if (one && (b != only_b || H != only_h)) continue;
         hisparse::SparseAttentionShape s;
         s.batch = b, s.heads = H, s.top_k = k, s.page = 1;
         s.records = std::string(mode) == "hot" ? 4096 : (b == 41 ? 32768 : 131072);
