@@ -17,3 +17,5 @@ TOPK_SRCS := $(FFI)/topk_kernels.cu
 TOPK_CPU_SRCS := $(FFI)/topk_cpu.cc
 INDEXER_SRCS := $(FFI)/indexer_kernels.cu
 GROUPED_MATMUL_SRCS := $(FFI)/grouped_matmul_kernels.cu
+SPARSE_ATTENTION_SRCS := $(FFI)/sparse_attention_kernels.cu
+SPARSE_ATTENTION_CPU_SRCS := $(FFI)/sparse_attention_cpu.cc

@@ -17,6 +17,7 @@ from .indexer import index_scores, index_scores_reference, quantize_keys_fp8
 from .prefetch import PendingFetch, join_prefetch, resolve_prefetch
 from .pool import rows_outside_pool, write_records, write_records_inplace
 from .resolve import ResolveResult, resolve, resolve_reference
+from .sparse_attention import sparse_attention, sparse_attention_reference
 from .topk import select_topk
 
 __all__ = [
@@ -54,6 +55,8 @@ __all__ = [
     "resolve_reference",
     "rows_outside_pool",
     "select_topk",
+    "sparse_attention",
+    "sparse_attention_reference",
     "write_records",
     "write_records_inplace",
 ]

@@ -14,11 +14,12 @@ INDEX_SCORES = "hisparse_index_scores"
 GROUPED_MATMUL = "hisparse_grouped_matmul"
 RESOLVE_PREFETCH = "hisparse_resolve_prefetch"
 PREFETCH_JOIN = "hisparse_prefetch_join"
+SPARSE_ATTENTION = "hisparse_sparse_attention"
 
-ALL = (RESOLVE, POOL_WRITE, TOPK, INDEX_SCORES, GROUPED_MATMUL, RESOLVE_PREFETCH, PREFETCH_JOIN)
+ALL = (RESOLVE, POOL_WRITE, TOPK, INDEX_SCORES, GROUPED_MATMUL, RESOLVE_PREFETCH, PREFETCH_JOIN, SPARSE_ATTENTION)
 
 # Targets with a CUDA handler only: on CPU their ops run the XLA reference.
-CUDA_ONLY = (INDEX_SCORES, GROUPED_MATMUL)
+CUDA_ONLY = (INDEX_SCORES, GROUPED_MATMUL, SPARSE_ATTENTION)
 
 # Keys of the capsule dicts exported by the nanobind module, per target.
 CAPSULE_KEYS = {
@@ -29,4 +30,5 @@ CAPSULE_KEYS = {
     GROUPED_MATMUL: "grouped_matmul",
     RESOLVE_PREFETCH: "resolve_prefetch",
     PREFETCH_JOIN: "prefetch_join",
+    SPARSE_ATTENTION: "sparse_attention",
 }

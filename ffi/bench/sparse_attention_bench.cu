@@ -1,0 +1,128 @@
+// Times the sparse MLA decode attention kernels (chunk kernel + combine) on the GPU against the
+// byte roofline: the k selected 1152-B records per request, read once from where they live.
+// Shapes: b = 1, 2 (latency), 17 (HiSparse capacity at 128K), 41 (at 32K) x H = 64, 128;
+// k = 2048, P = 1. Two sources: "hot" (hot buffer, 4096 slots per request) and "kv" (device KV,
+// one row per record of the context: 128K, or 32K at b = 41). The L2 is flushed (a 256 MB write)
+// before every timed call, so the records come from HBM as in a decode step.
+// Usage: sparse_attention_bench [out.json [BATCH HEADS PLAN]]   (PLAN: cluster or combine; one
+// shape, hot source only: what a profiler run of one configuration wants)
+#include <numeric>
+
+#include "../tests/harness.h"
+#include "sparse_attention.h"
+#include "sparse_attention_cuda.h"
+
+namespace {
+
+__global__ void FillBf16(uint16_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float f = harness::Uniform(i, seed);
+    uint32_t u = __float_as_uint(f);
+    p[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* json_path = argc > 1 ? argv[1] : nullptr;
+  const bool one = argc > 4;
+  const int64_t only_b = one ? std::atoll(argv[2]) : 0, only_h = one ? std::atoll(argv[3]) : 0;
+  const std::string only_plan = one ? argv[4] : "";
+  const harness::DeviceInfo dev = harness::QueryDevice();
+  std::printf("%s\n", harness::DeviceLine(dev).c_str());
+  std::printf("cluster plan: %d clusters of 16 blocks at once\n", hisparse::SparseAttentionMaxActiveClusters());
+  const double hbm_tbs = 4.3;  // H200 HBM3e, the roofline's bandwidth
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  uint8_t* flush = nullptr;
+  const size_t flush_bytes = 256ull << 20;
+  CUDA_OK(cudaMalloc(&flush, flush_bytes));
+  FILE* json = json_path ? harness::OpenJson(json_path) : nullptr;
+  if (json) std::fprintf(json, "{\"device\": \"%s\", \"rows\": [\n", harness::DeviceLine(dev).c_str());
+  bool first_row = true;
+  const int64_t k = 2048, W = hisparse::kSparseAttentionWidth;
+  std::mt19937_64 rng(7);
+  for (const char* mode : {"hot", "kv"}) {
+   for (hisparse::SparseAttentionPlan plan : {hisparse::SparseAttentionPlan::kCluster, hisparse::SparseAttentionPlan::kCombine}) {
+    const char* plan_name = plan == hisparse::SparseAttentionPlan::kCluster ? "cluster" : "combine";
+    if (std::string(mode) == "kv" && plan == hisparse::SparseAttentionPlan::kCombine) continue;  // same kernel
+    if (one && (std::string(mode) != "hot" || only_plan != plan_name)) continue;
+    for (int64_t b : {17, 41, 1, 2}) {
+      for (int64_t H : {64, 128}) {
+        if (one && (b != only_b || H != only_h)) continue;
+        hisparse::SparseAttentionShape s;
+        s.batch = b, s.heads = H, s.top_k = k, s.page = 1;
+        s.records = std::string(mode) == "hot" ? 4096 : (b == 41 ? 32768 : 131072);
+        uint16_t *q, *src, *tail;
+        int32_t *idx, *layer;
+        uint8_t* tv;
+        float *out, *ws;
+        CUDA_OK(cudaMalloc(&q, b * H * W * 2));
+        CUDA_OK(cudaMalloc(&src, b * s.records * W * 2));
+        CUDA_OK(cudaMalloc(&tail, b * W * 2));
+        CUDA_OK(cudaMalloc(&idx, b * k * 4));
+        CUDA_OK(cudaMalloc(&layer, 4));
+        CUDA_OK(cudaMemsetAsync(layer, 0, 4, stream));
+        CUDA_OK(cudaMalloc(&tv, b));
+        CUDA_OK(cudaMalloc(&out, b * H * 512 * 4));
+        CUDA_OK(cudaMalloc(&ws, hisparse::SparseAttentionWorkspaceBytes(s)));
+        FillBf16<<<1024, 256, 0, stream>>>(q, b * H * W, 1);
+        FillBf16<<<1024, 256, 0, stream>>>(src, b * s.records * W, 2);
+        FillBf16<<<64, 256, 0, stream>>>(tail, b * W, 3);
+        CUDA_OK(cudaMemsetAsync(tv, 1, b, stream));
+        std::vector<int32_t> h(b * k);
+        for (int64_t r = 0; r < b; ++r) {
+          std::vector<int32_t> perm(s.records);
+          std::iota(perm.begin(), perm.end(), 0);
+          std::shuffle(perm.begin(), perm.end(), rng);
+          std::copy(perm.begin(), perm.begin() + k, h.begin() + r * k);
+        }
+        CUDA_OK(cudaMemcpyAsync(idx, h.data(), h.size() * 4, cudaMemcpyHostToDevice, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        const float scale = 0.0722f;
+        auto launch = [&](int) {
+          CUDA_OK(hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream, plan));
+        };
+        if (const cudaError_t err = hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream, plan);
+            err != cudaSuccess) {
+          std::printf("%-7s %-3s b=%-3lld H=%-4lld does not launch: %s\n", plan_name, mode, (long long)b, (long long)H,
+                      cudaGetErrorString(err));
+          cudaGetLastError();
+          cudaFree(q), cudaFree(src), cudaFree(tail), cudaFree(idx), cudaFree(tv), cudaFree(out), cudaFree(ws), cudaFree(layer);
+          continue;
+        }
+        // Cold: flush before each call (not timed). Warm: back to back (records in L2).
+        std::vector<double> cold;
+        for (int i = 0; i < 3; ++i) launch(i);
+        for (int i = 0; i < 30; ++i) {
+          CUDA_OK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream));
+          auto t = harness::EventTimes(stream, 1, 0, 0, 0, launch);
+          cold.push_back(t[0]);
+        }
+        const harness::Stats c = harness::Summarize(cold);
+        const harness::Stats w = harness::TimeLaunches(stream, 50, launch);
+        const double bytes = double(b) * k * W * 2;
+        const double roof_us = bytes / (hbm_tbs * 1e12) * 1e6;
+        std::printf("%-7s %-3s b=%-3lld H=%-4lld cold us min %7.2f med %7.2f max %7.2f | %5.1f%% of byte roofline (%.2f us) "
+                    "| warm(L2) med %7.2f\n",
+                    plan_name, mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us, 100 * roof_us / c.median_us,
+                    roof_us, w.median_us);
+        std::fflush(stdout);
+        if (json) {
+          std::fprintf(json,
+                       "%s{\"plan\": \"%s\", \"source\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"top_k\": %lld, \"cold_min_us\": %.3f, "
+                       "\"cold_median_us\": %.3f, \"cold_max_us\": %.3f, \"warm_median_us\": %.3f, \"roofline_us\": %.3f, "
+                       "\"roofline_fraction\": %.4f}",
+                       first_row ? "" : ",\n", plan_name, mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us,
+                       w.median_us, roof_us, roof_us / c.median_us);
+          first_row = false;
+        }
+        cudaFree(q), cudaFree(src), cudaFree(tail), cudaFree(idx), cudaFree(tv), cudaFree(out), cudaFree(ws), cudaFree(layer);
+      }
+    }
+  }
+   }
+  if (json) std::fprintf(json, "\n]}\n"), std::fclose(json);
+  return 0;
+}
