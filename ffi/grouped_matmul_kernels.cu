@@ -151,8 +151,10 @@ __device__ void WriteZeroRows(const GroupedArgs& p, int block, int64_t* warp_sum
 
 // kFp8: fp8 weights (else bf16). kWeightTiles: 16-row weight tiles per warp
 // tile. kInFlight: chunks loaded per row before any is used. kTokenTiles:
-// 8-token tiles per pass.
-template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles>
+// 8-token tiles per pass. kSplit: K is split over S > 1 warps (a template flag, so the
+// unsplit kernels compile exactly as before the split: its runtime bounds cost the routed
+// experts 5-15% on the H200 when they were shared by both).
+template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles, bool kSplit>
 struct WarpTile {
   static constexpr int kSteps = kFp8 ? 4 : 2;  // k-steps per chunk
   static constexpr int kTokensPerPass = kTokensPerTile * kTokenTiles;
@@ -178,6 +180,7 @@ struct WarpTile {
       }
     }
     const uint4 zero = make_uint4(0, 0, 0, 0);
+    const int k_first = kSplit ? chunk_begin : 0, k_last = kSplit ? chunk_end : p.chunks;
 
     for (int64_t t0 = begin; t0 < end; t0 += kTokensPerPass) {
       const int tiles =
@@ -190,14 +193,14 @@ struct WarpTile {
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[j][t][i] = 0.0f;
 
-      for (int chunk0 = chunk_begin; chunk0 < chunk_end; chunk0 += kInFlight) {
+      for (int chunk0 = k_first; chunk0 < k_last; chunk0 += kInFlight) {
         // Every load of the group first (memory-level parallelism), then the math.
         uint4 wv[kInFlight][kWeightTiles][2];
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
           const int64_t offset = static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c;
           // The last chunk of a row may be partial; chunks past the slice are another warp's.
-          const bool k_ok = chunk0 + u < chunk_end && offset < p.w_row_bytes;
+          const bool k_ok = (!kSplit || chunk0 + u < k_last) && offset < p.w_row_bytes;
 #pragma unroll
           for (int j = 0; j < kWeightTiles; ++j)
 #pragma unroll
@@ -206,7 +209,7 @@ struct WarpTile {
         }
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
-          if (chunk0 + u >= chunk_end) break;  // warp-uniform
+          if (chunk0 + u >= k_last) break;  // warp-uniform
           const int64_t w_offset = static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c;
           const bool k_ok = w_offset < p.w_row_bytes;
           const int64_t x_offset = kFp8 ? 2 * w_offset : w_offset;  // the same k in x's bf16
@@ -235,7 +238,7 @@ struct WarpTile {
       }
 
       // The slices' partial sums, added in slice order by slice 0's warp: p_0 + p_1 + ... + p_{S-1}.
-      if (p.k_slices > 1) {
+      if constexpr (kSplit) {
         float* mine = partials + (slice * 4) * kWarp + lane;  // [S][4][32] floats of this tile group
 #pragma unroll
         for (int j = 0; j < kWeightTiles; ++j) {
@@ -285,7 +288,7 @@ struct WarpTile {
 // Blocks [0, zero_blocks) write the zero rows; then blocks_per_expert blocks
 // per expert, expert-major. Warp w of an expert's warps owns its warp tiles
 // [w * tiles_per_warp, (w + 1) * tiles_per_warp), each 16 kWeightTiles rows.
-template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles>
+template <bool kFp8, int kWeightTiles, int kInFlight, int kTokenTiles, bool kSplit>
 __global__ void __launch_bounds__(kGroupedMatmulMaxWarps * kWarp)
     GroupedMatmulKernel(const GroupedArgs p) {
   __shared__ int64_t warp_sums[kGroupedMatmulMaxWarps];
@@ -307,46 +310,52 @@ __global__ void __launch_bounds__(kGroupedMatmulMaxWarps * kWarp)
   // beyond warp_sums, as before the split, and the L1 left for x stays the largest.
   extern __shared__ float partials[];  // [warps_per_block][4][32] when S > 1
   const int warp_in_block = threadIdx.x / kWarp;
-  const int slice = warp_in_block % p.k_slices, group_in_block = warp_in_block / p.k_slices;
-  const int groups_per_block = static_cast<int>(blockDim.x / kWarp) / p.k_slices;
+  const int k_slices = kSplit ? p.k_slices : 1;
+  const int slice = warp_in_block % k_slices, group_in_block = warp_in_block / k_slices;
+  const int groups_per_block = static_cast<int>(blockDim.x / kWarp) / k_slices;
   const int64_t group = static_cast<int64_t>(block % p.blocks_per_expert) * groups_per_block + group_in_block;
   const int chunk_begin = min(p.chunks, slice * p.slice_chunks);
   const int chunk_end = min(p.chunks, chunk_begin + p.slice_chunks);
   const int64_t first = group * p.tiles_per_warp;
   for (int64_t tile = first; tile < first + p.tiles_per_warp && tile * kRowsPerWarpTile < p.n; ++tile)
-    WarpTile<kFp8, kWeightTiles, kInFlight, kTokenTiles>::Run(
+    WarpTile<kFp8, kWeightTiles, kInFlight, kTokenTiles, kSplit>::Run(
         p, expert, tile * kRowsPerWarpTile, begin, end, threadIdx.x % kWarp, slice, chunk_begin, chunk_end,
-        1 + group_in_block, partials + group_in_block * p.k_slices * 4 * kWarp);
+        1 + group_in_block, partials + group_in_block * k_slices * 4 * kWarp);
 }
 
 // --------------------------------------------------------------------------- plan and dispatch
 
 using KernelFn = void (*)(GroupedArgs);
 
-template <bool kFp8, int kWeightTiles, int kInFlight>
+template <bool kFp8, int kWeightTiles, int kInFlight, bool kSplit>
 KernelFn ForTokenTiles(int token_tiles) {
   switch (token_tiles) {
-    case 1: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 1>;
-    case 2: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 2>;
-    case 4: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 4>;
-    case 8: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 8>;
+    case 1: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 1, kSplit>;
+    case 2: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 2, kSplit>;
+    case 4: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 4, kSplit>;
+    case 8: return GroupedMatmulKernel<kFp8, kWeightTiles, kInFlight, 8, kSplit>;
   }
   return nullptr;
 }
 
-template <bool kFp8>
+template <bool kFp8, bool kSplit>
 KernelFn ForShape(int weight_tiles, int chunks_in_flight, int token_tiles) {
-  if (weight_tiles == 1 && chunks_in_flight == 2) return ForTokenTiles<kFp8, 1, 2>(token_tiles);
-  if (weight_tiles == 1 && chunks_in_flight == 4) return ForTokenTiles<kFp8, 1, 4>(token_tiles);
-  if (weight_tiles == 2 && chunks_in_flight == 2) return ForTokenTiles<kFp8, 2, 2>(token_tiles);
-  if (weight_tiles == 2 && chunks_in_flight == 4) return ForTokenTiles<kFp8, 2, 4>(token_tiles);
+  if (weight_tiles == 1 && chunks_in_flight == 2) return ForTokenTiles<kFp8, 1, 2, kSplit>(token_tiles);
+  if (weight_tiles == 1 && chunks_in_flight == 4) return ForTokenTiles<kFp8, 1, 4, kSplit>(token_tiles);
+  if (weight_tiles == 2 && chunks_in_flight == 2) return ForTokenTiles<kFp8, 2, 2, kSplit>(token_tiles);
+  if (weight_tiles == 2 && chunks_in_flight == 4) return ForTokenTiles<kFp8, 2, 4, kSplit>(token_tiles);
   return nullptr;
 }
 
-KernelFn KernelFor(const GroupedMatmulDims& dims, const GroupedMatmulPlan& plan) {
+template <bool kSplit>
+KernelFn ForWeights(const GroupedMatmulDims& dims, const GroupedMatmulPlan& plan) {
   return dims.weight_type == GroupedWeightType::kFp8E4m3
-             ? ForShape<true>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles)
-             : ForShape<false>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles);
+             ? ForShape<true, kSplit>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles)
+             : ForShape<false, kSplit>(plan.weight_tiles, plan.chunks_in_flight, plan.token_tiles);
+}
+
+KernelFn KernelFor(const GroupedMatmulDims& dims, const GroupedMatmulPlan& plan) {
+  return plan.k_slices > 1 ? ForWeights<true>(dims, plan) : ForWeights<false>(dims, plan);
 }
 
 // The fewest 8-token tiles (1, 2, 4 or 8) that hold an expert's rows in one
@@ -391,11 +400,11 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
   p.weight_tiles = tuning.weight_tiles > 0 ? tuning.weight_tiles : (row_bytes <= 2048 || split ? 1 : 2);
   p.warps_per_block = tuning.warps_per_block > 0 ? tuning.warps_per_block : 4;
   if (p.warps_per_block > kGroupedMatmulMaxWarps || tuning.tiles_per_warp < 0) return cudaErrorInvalidValue;
+  // A split of K, from the weight's shape alone (it fixes y's bits: grouped_matmul.h).
+  p.k_slices = GroupedMatmulKSlices(dims);
   const KernelFn kernel = KernelFor(dims, p);
   if (kernel == nullptr) return cudaErrorInvalidValue;  // a tuning value outside the variants
 
-  // A split of K, from the weight's shape alone (it fixes y's bits: grouped_matmul.h).
-  p.k_slices = GroupedMatmulKSlices(dims);
   // The block's warps are whole tile groups of k_slices warps each; a warp count below one
   // group becomes one group, and a count that is not a multiple of k_slices is cut to one.
   p.warps_per_block = std::max(1, p.warps_per_block / p.k_slices) * p.k_slices;
