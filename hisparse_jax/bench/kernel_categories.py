@@ -14,6 +14,11 @@
 A kernel is known by its name and by the HLO instruction it ran for (`Instruction`, read from the
 compiled program by `hlo_instructions`): the instruction's opcode, the named scope of the model
 code it came from, its custom-call target and, for a fusion, what it fuses.
+
+A matmul is a matmul whatever the compiler made of it: XLA may rewrite a dot whose batch leaves
+one row (MLA's query absorption at batch 1: q [H, 192] x w_uk [H, 192, 512]) into elementwise
+products and a reduce, fused into a kernel named after another op (`input_concatenate_fusion`).
+Such a fusion still reads the weight, so a reduce fused from a `dot_general` counts as the dot.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class Instruction:
     scope: str  # the op_name metadata: jit(...)/while/body/decode_step/indexer/...
     target: str  # custom_call_target, or ""
     fused_ops: tuple[str, ...]  # opcodes inside a fusion
+    fused_dot_scopes: tuple[str, ...] = ()  # scopes of the reduces inside a fusion that came from a dot_general
 
 
 def hlo_instructions(program: str | hlo.Module) -> dict[str, Instruction]:
@@ -46,10 +52,12 @@ def hlo_instructions(program: str | hlo.Module) -> dict[str, Instruction]:
     out = {}
     for inst in module.instructions.values():
         body = inst.fusion_body
-        fused = ()
+        fused, dots = (), ()
         if inst.opcode == "fusion" and body in module.computations:
             fused = tuple(i.opcode for i in module.computations[body])
-        found = Instruction(inst.opcode, inst.scope, inst.target, fused)
+            dots = tuple(i.scope for i in module.computations[body]
+                         if i.opcode == "reduce" and i.scope.endswith("/dot_general"))
+        found = Instruction(inst.opcode, inst.scope, inst.target, fused, dots)
         out[inst.name] = found
         out.setdefault(inst.name.replace(".", "_"), found)  # how kernels are named after instructions
     return out
@@ -76,9 +84,9 @@ def classify(kernel: str, instruction: Instruction | None) -> str:
         and set(inst.fused_ops) <= {*_COPY_OPS, "parameter", "bitcast", "constant", "tuple"}
     ):
         return "copies"
-    if "/attend" in scope:
+    if "/attend" in scope or any("/attend" in s.lower() for s in inst.fused_dot_scopes):
         return "attention"
-    if _GEMM.search(kernel) or inst.opcode == "dot" or "gemm" in inst.target.lower():
+    if _GEMM.search(kernel) or inst.opcode == "dot" or "gemm" in inst.target.lower() or inst.fused_dot_scopes:
         return "weights/FFN"
     if "/indexer" in scope:
         return "indexer"

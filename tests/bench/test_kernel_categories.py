@@ -46,8 +46,51 @@ def test_instructions_carry_their_model_scope():
         ("loop_dynamic_slice_fusion", kernel_categories.Instruction("fusion", "jit(f)/while/body", "",
                                                           ("parameter", "dynamic-slice")), "copies"),
         ("memcpy32_post", None, "copies"),
+        # a dot XLA rewrote as products and a reduce (MLA's query absorption at batch 1, H200)
+        ("input_concatenate_fusion_7", kernel_categories.Instruction(
+            "fusion", "jit(f)/decode_step/mla_project/concatenate", "", ("parameter", "convert", "multiply", "reduce"),
+            ("jit(f)/decode_step/mla_project/...hn,hnc->...hc/dot_general",)), "weights/FFN"),
+        ("input_reduce_fusion_65", kernel_categories.Instruction(
+            "fusion", "jit(f)/decode_step/attention/x", "", ("multiply", "reduce"),
+            ("jit(f)/decode_step/attention/attend/...hd,...nd->...hn/dot_general",)), "attention"),
         ("loop_select_fusion", kernel_categories.Instruction("fusion", "jit(f)/decode_step/sample", "", ("select",)), "other"),
     ],
 )
 def test_kernels_fall_in_their_category(kernel, instruction, category):
     assert kernel_categories.classify(kernel, instruction) == category
+
+
+# The shape of the H200's compiled glm5-h200 full-KV step at batch 1 (256K), cut to one fusion: the
+# query absorption's dot became products and a reduce in a fusion named after a concatenate.
+_REWRITTEN_DOT_HLO = """HloModule jit__generate_program
+
+%region_add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %add.1 = f32[] add(%a, %b)
+}
+
+%fused_concatenate.7 (param_0.1: bf16[64,192,512], param_1.1: f32[64,192]) -> f32[64,512] {
+  %param_0.1 = bf16[64,192,512]{2,1,0} parameter(0)
+  %convert.2 = f32[64,192,512]{2,1,0} convert(%param_0.1), metadata={op_name="jit(_generate_program)/decode_step/mla_project/...hn,hnc->...hc/dot_general"}
+  %param_1.1 = f32[64,192]{1,0} parameter(1)
+  %broadcast.1 = f32[64,192,512]{2,1,0} broadcast(%param_1.1), dimensions={0,1}
+  %multiply.1 = f32[64,192,512]{2,1,0} multiply(%convert.2, %broadcast.1), metadata={op_name="jit(_generate_program)/decode_step/mla_project/...hn,hnc->...hc/dot_general"}
+  %constant.1 = f32[] constant(0)
+  ROOT %reduce.45 = f32[64,512]{1,0} reduce(%multiply.1, %constant.1), dimensions={1}, to_apply=%region_add, metadata={op_name="jit(_generate_program)/decode_step/mla_project/...hn,hnc->...hc/dot_general"}
+}
+
+ENTRY %main (w: bf16[64,192,512], q: f32[64,192]) -> f32[64,512] {
+  %w = bf16[64,192,512]{2,1,0} parameter(0)
+  %q = f32[64,192]{1,0} parameter(1)
+  ROOT %input_concatenate_fusion.7 = f32[64,512]{1,0} fusion(%w, %q), kind=kInput, calls=%fused_concatenate.7, metadata={op_name="jit(_generate_program)/decode_step/mla_project/concatenate"}
+}
+"""
+
+
+def test_a_dot_rewritten_as_a_reduce_reads_weights():
+    instructions = kernel_categories.hlo_instructions(_REWRITTEN_DOT_HLO)
+    found = instructions["input_concatenate_fusion_7"]
+    assert found.fused_dot_scopes and "reduce" in found.fused_ops
+    assert kernel_categories.classify("input_concatenate_fusion_7", found) == "weights/FFN"
+    assert kernel_categories.classify("add", instructions["add.1"]) == "other"
