@@ -50,6 +50,7 @@ constexpr int kWarmup = 10;
 constexpr int64_t kTargetRecords = 131072;
 constexpr double kTargetUsPerRowAt80 = 3.0;
 constexpr double kTargetUsAt2 = 20.0;
+constexpr double kTargetUsAt17 = 20.0;  // the roofline issue: HiSparse's capacity batch at 128K
 
 __device__ uint64_t SplitMix(uint64_t z) {
   z = (z + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
@@ -276,6 +277,7 @@ int main(int argc, char** argv) {
 
   const Result* at80 = Find(results, 80, kTargetRecords, 0);
   const Result* at2 = Find(results, 2, kTargetRecords, 0);
+  const Result* at17 = Find(results, 17, kTargetRecords, 0);
   std::printf("\ntargets (R = %lld, k = %lld, normal scores):\n", (long long)kTargetRecords,
               (long long)kTopK);
   if (at80)
@@ -284,6 +286,9 @@ int main(int argc, char** argv) {
   if (at2)
     std::printf("  2 rows: %.2f us in all (median), target <= %.1f: %s\n", at2->us_median,
                 kTargetUsAt2, at2->us_median <= kTargetUsAt2 ? "met" : "MISSED");
+  if (at17)
+    std::printf("  17 rows: %.2f us in all (median), target <= %.1f: %s\n", at17->us_median,
+                kTargetUsAt17, at17->us_median <= kTargetUsAt17 ? "met" : "MISSED");
 
   FILE* f = harness::OpenJson(json_path);
   std::fprintf(f,
