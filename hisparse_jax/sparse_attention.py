@@ -66,7 +66,7 @@ def sparse_attention(
       [b, H, 512] float32; zeros for a request with no valid token at all.
     """
     _check_operands(q, source, index, tail, tail_valid)
-    _checks.check_int32(_OP, "layer", jnp.asarray(layer))
+    _checks.check_int32(_OP, "layer", layer)
     if _shape(layer) != ():
         _fail(ValueError, f"layer has shape {_shape(layer)}; it must be a scalar")
     layer = jnp.asarray(layer, jnp.int32)

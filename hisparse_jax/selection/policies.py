@@ -460,7 +460,14 @@ def _check_ids(ids) -> np.ndarray:
         raise ValueError(f"ids must be record ids >= 0 or -1 (padding), got {ids.min()}")
     if ids.max() >= np.iinfo(np.int32).max:
         raise ValueError(f"ids must be below 2**31 - 1, got {ids.max()}")
-    return ids.astype(np.int32, copy=False)
+    ids = ids.astype(np.int32, copy=False)
+    if ids.shape[1] * (int(ids.max()) + 2) > 4 * ids.size:
+        # The simulations map ids to slots with tables of a column per id, so a few large ids
+        # (2**28 costs 1.2 GiB) would size them; renumber the ids that occur, keeping their order
+        # (every policy sees only equality and order), and -1 stays -1 (the smallest value).
+        unique, dense = np.unique(ids, return_inverse=True)
+        ids = (dense.reshape(ids.shape) - int(unique[0] == -1)).astype(np.int32)
+    return ids
 
 
 def _as_layers(ids) -> np.ndarray:

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ..npz_files import NpzFile
+
 FORMAT = "hisparse-selection-trace"
 VERSION = 1
 
@@ -62,6 +64,9 @@ class RecordedTrace:
         if sealed.shape != (steps, streams) or not np.issubdtype(sealed.dtype, np.integer):
             raise ValueError(f"RecordedTrace.sealed must be integer [steps, streams] = [{steps}, {streams}], got "
                              f"{sealed.dtype} {list(sealed.shape)}")
+        if sealed.size and (sealed.min() < 0 or sealed.max() > 2**31 - 1):  # before the cast below
+            bad = int(sealed.min()) if sealed.min() < 0 else int(sealed.max())
+            raise ValueError(f"RecordedTrace.sealed holds {bad}, outside [0, 2^31): sealed counts are int32")
         if not isinstance(self.page_size, (int, np.integer)) or self.page_size < 1:
             raise ValueError(f"RecordedTrace.page_size must be a positive int, got {self.page_size!r}")
         _check_rows(ids, sealed.astype(np.int32))
@@ -162,35 +167,48 @@ def encode(trace: RecordedTrace) -> tuple[np.ndarray, bytes]:
     return counts, payload
 
 
+def _inflate(payload: bytes, limit: int) -> bytes:
+    """zlib.decompress that stops at `limit` bytes: a few bytes of zlib can expand to gigabytes."""
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(payload, limit + 1)
+    except zlib.error as err:
+        raise ValueError(f"corrupt payload ({err})") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise ValueError(f"corrupt payload (it expands past the {limit} bytes its counts allow)")
+    if not d.eof:
+        raise ValueError("truncated payload")
+    return out
+
+
 def decode(counts: np.ndarray, payload: bytes, steps: int, layers: int, streams: int, k: int,
            width: int) -> np.ndarray:
-    """The inverse of `encode`: ids [steps, layers, streams, k] int32."""
+    """The inverse of `encode`: ids [steps, layers, streams, k] int32.
+
+    Each row's selection is kept as a sorted array and updated by its toggles, so the cost is in
+    the ids a step changes, never in `width` (a file may declare any width)."""
     rows = layers * streams
-    gaps = varint_decode(zlib.decompress(payload))
-    if gaps.size != counts.sum():
-        raise ValueError(f"recorded trace: corrupt payload ({gaps.size} ids, the counts say {counts.sum()})")
+    total = int(counts.sum())
+    gaps = varint_decode(_inflate(payload, 5 * total))  # a varint is at most 5 bytes
+    if gaps.size != total:
+        raise ValueError(f"corrupt payload ({gaps.size} ids, the counts say {total})")
     ids = np.full((steps, rows, k), -1, np.int32)
-    present = np.zeros((rows, width), bool)
+    held = [np.zeros(0, np.int64) for _ in range(rows)]
     offset = 0
     for t in range(steps):
-        n = int(counts[t].sum())
-        g = gaps[offset : offset + n]
-        offset += n
-        if n:
-            r = np.repeat(np.arange(rows), counts[t])
-            starts = np.concatenate([[0], np.cumsum(counts[t])[:-1]])
-            total = np.cumsum(g)  # gaps restart at each row: subtract the sum before the row
-            before_row = np.where(starts > 0, total[np.clip(starts - 1, 0, n - 1)], 0)
-            i = total - np.repeat(before_row, counts[t])
-            if i.min() < 0 or i.max() >= width:
-                raise ValueError("recorded trace: corrupt payload (an id outside the records)")
-            present[r, i] ^= True
-        rr, ii = np.nonzero(present)
-        held = np.bincount(rr, minlength=rows)
-        if held.max(initial=0) > k:
-            raise ValueError(f"recorded trace: corrupt payload (a selection of more than k={k} ids)")
-        row_start = np.concatenate([[0], np.cumsum(held)[:-1]])
-        ids[t, rr, np.arange(rr.size) - row_start[rr]] = ii
+        for r in np.flatnonzero(counts[t]):
+            g = gaps[offset : offset + counts[t, r]]
+            offset += int(counts[t, r])
+            if g[1:].min(initial=1) < 1:
+                raise ValueError("corrupt payload (a row's toggled ids repeat)")
+            toggled = np.cumsum(g)
+            if toggled[-1] >= width:
+                raise ValueError(f"corrupt payload (an id outside the {width} records)")
+            held[r] = np.setxor1d(held[r], toggled, assume_unique=True)
+            if held[r].size > k:
+                raise ValueError(f"corrupt payload (a selection of more than k={k} ids)")
+        for r in range(rows):
+            ids[t, r, : held[r].size] = held[r]
     return ids.reshape(steps, layers, streams, k)
 
 
@@ -208,20 +226,55 @@ def save_trace(path: str | Path, trace: RecordedTrace) -> int:
     return len(buffer.getvalue())
 
 
-def load_trace(path: str | Path) -> RecordedTrace:
-    """Reads a trace `save_trace` wrote; a file of another kind is a one-line ValueError."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"recorded trace {str(path)!r}: no such file")
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            header: dict[str, Any] = json.loads(f["header"].tobytes().decode())
-            counts, sealed, payload = f["counts"].astype(np.int64), f["sealed"], f["payload"].tobytes()
-    except (OSError, ValueError, KeyError, json.JSONDecodeError) as err:
-        raise ValueError(f"recorded trace {str(path)!r}: not a selection trace file ({err})") from None
-    if header.get("format") != FORMAT or header.get("version") != VERSION:
-        raise ValueError(f"recorded trace {str(path)!r}: format {header.get('format')!r} version "
-                         f"{header.get('version')!r}, expected {FORMAT!r} version {VERSION}")
-    s, L, S, k = (int(header[n]) for n in ("steps", "layers", "streams", "k"))
-    ids = decode(counts.reshape(s, L * S), payload, s, L, S, k, int(header["width"]))
-    return RecordedTrace(ids=ids, sealed=sealed, page_size=int(header["page_size"]), source=header["source"])
+# Bounds a trace file must respect before anything is allocated for it.
+MAX_TRACE_BYTES = 4 << 30  # its decoded ids (steps x layers x streams x k int32); load_trace(max_bytes=)
+MAX_K = 1 << 16  # ids per selection (top-k sizes in use are up to 8192)
+_INT32_MAX = 2**31 - 1
+
+
+def _header_int(f: NpzFile, header: dict, name: str, low: int, high: int) -> int:
+    value = header.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        f.fail(f"its header's {name} is {value!r}, expected an int in [{low}, {high}]")
+    return value
+
+
+def load_trace(path: str | Path, *, max_bytes: int = MAX_TRACE_BYTES) -> RecordedTrace:
+    """Reads a trace `save_trace` wrote. Whatever the bytes (truncated, tampered, empty, another
+    kind of file, a declared shape too large for `max_bytes` of decoded ids), the error is one
+    ValueError naming the file, raised before the memory a bad header asks for is allocated."""
+    with NpzFile(path, "recorded trace") as f:
+        try:
+            header: dict[str, Any] = json.loads(f.array("header", max_bytes=1 << 20, kinds="u").tobytes().decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            f.fail(f"its header is not JSON ({err})")
+        if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != VERSION:
+            got = (header.get("format"), header.get("version")) if isinstance(header, dict) else (None, None)
+            f.fail(f"format {got[0]!r} version {got[1]!r}, expected {FORMAT!r} version {VERSION}")
+        s, L, S = (_header_int(f, header, n, 1, _INT32_MAX) for n in ("steps", "layers", "streams"))
+        k = _header_int(f, header, "k", 1, MAX_K)
+        width = _header_int(f, header, "width", 1, _INT32_MAX)
+        page_size = _header_int(f, header, "page_size", 1, _INT32_MAX)
+        rows = L * S
+        if s * rows * k * 4 > max_bytes:
+            f.fail(f"{s} steps x {L} layers x {S} streams x k = {k} ids would take {s * rows * k * 4 / 2**30:.1f} GiB "
+                   f"decoded, more than max_bytes = {max_bytes / 2**30:.1f} GiB")
+        counts = f.array("counts", max_bytes=s * rows * 8, kinds="iu")
+        sealed = f.array("sealed", max_bytes=s * S * 8, kinds="iu")
+        if counts.shape != (s, rows) or sealed.shape != (s, S):
+            f.fail(f"counts {list(counts.shape)} and sealed {list(sealed.shape)} do not match the header's "
+                   f"[steps, layers x streams] = [{s}, {rows}] and [steps, streams] = [{s}, {S}]")
+        if counts.size and (counts.min() < 0 or counts.max() > 2 * k):
+            f.fail(f"a step toggles {int(counts.max())} ids of a row; at most 2 k = {2 * k} can change")
+        if sealed.min() < 0 or sealed.max() > _INT32_MAX:
+            f.fail(f"sealed holds {int(sealed.min()) if sealed.min() < 0 else int(sealed.max())}, outside [0, 2^31)")
+        if width != max(int(sealed.max()), 1):
+            f.fail(f"its header's width {width} is not the most records sealed ({int(sealed.max())})")
+        total = int(counts.sum(dtype=np.int64))
+        payload = f.array("payload", max_bytes=5 * total + total // 100 + 1024, kinds="u").tobytes()
+        try:
+            ids = decode(counts.astype(np.int64), payload, s, L, S, k, width)
+            return RecordedTrace(ids=ids, sealed=sealed.astype(np.int32), page_size=page_size,
+                                 source=header.get("source", {}))
+        except (ValueError, TypeError) as err:
+            f.fail(str(err))

@@ -125,7 +125,10 @@ def test_without_matplotlib_the_json_is_still_written(tmp_path, capsys, monkeypa
          ["argument --k: k = 100 exceeds the 64 records", "lower --k or raise --records"]),
         (["--trace-file", "TRACE", "--records", "64"], ["argument --records: applies to --synthetic only"]),
         (["--trace-file", "missing.npz"], ["argument --trace-file", "no such file"]),
-        (["--trace-file", "NOT_A_TRACE"], ["argument --trace-file", "not a selection trace file"]),
+        (["--trace-file", "NOT_A_TRACE"], ["argument --trace-file", "not a .npz archive"]),
+        (["--trace-file", "TRUNCATED"], ["argument --trace-file", "not a .npz archive"]),
+        (["--trace-file", "EMPTY"], ["argument --trace-file", "not a .npz archive"]),
+        (["--trace-file", "DIRECTORY"], ["argument --trace-file", "is a directory, not a file"]),
         (["--trace-file", "TRACE", "--warm", "10"], ["argument --warm: 10 is not below the trace's 10 steps"]),
     ],
 )
@@ -133,8 +136,12 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv
     trace, other = tmp_path / "trace.npz", tmp_path / "notes.txt"
     _recorded(trace)
     other.write_text("not a trace\n")
-    argv = [{"TRACE": str(trace), "NOT_A_TRACE": str(other), "missing.npz": str(tmp_path / "missing.npz")}.get(a, a)
-            for a in argv]
+    (tmp_path / "truncated.npz").write_bytes(trace.read_bytes()[: trace.stat().st_size // 2])
+    (tmp_path / "empty.npz").write_bytes(b"")
+    (tmp_path / "folder.npz").mkdir()
+    argv = [{"TRACE": str(trace), "NOT_A_TRACE": str(other), "missing.npz": str(tmp_path / "missing.npz"),
+             "TRUNCATED": str(tmp_path / "truncated.npz"), "EMPTY": str(tmp_path / "empty.npz"),
+             "DIRECTORY": str(tmp_path / "folder.npz")}.get(a, a) for a in argv]
     err = one_line_error(["policies", *argv, "--out", str(tmp_path / "out")])
     for needle in needles:
         assert needle in err, (needle, err)

@@ -343,3 +343,15 @@ def test_random_is_seeded():
     a, b = cp.simulate(ids, 9, "random", seed=1), cp.simulate(ids, 9, "random", seed=1)
     np.testing.assert_array_equal(a, b)
     assert any(not np.array_equal(a, cp.simulate(ids, 9, "random", seed=s)) for s in range(2, 6))
+
+
+@pytest.mark.parametrize("policy", cp.POLICIES)
+def test_large_ids_cost_no_table_of_their_size(policy):
+    """Ids far apart (2**28 would size a 1.2 GiB map) give the misses of the same trace with its
+    ids renumbered in order, and the overlaps too."""
+    rng = np.random.default_rng(5)
+    small = np.stack([np.stack([np.sort(rng.choice(40, 6, replace=False)) for _ in range(3)]) for _ in range(12)])
+    small[2, 1, 4:] = -1
+    large = np.where(small >= 0, small * (2**28 // 40) + 7, -1)
+    assert np.array_equal(cp.simulate(large, 9, policy, seed=3), cp.simulate(small, 9, policy, seed=3))
+    assert np.allclose(cp.step_overlap(large[:, None]), cp.step_overlap(small[:, None]), equal_nan=True)

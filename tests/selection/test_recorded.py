@@ -67,7 +67,7 @@ def test_other_files_are_refused(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         load_trace(tmp_path / "missing.npz")
     (tmp_path / "text.npz").write_text("not a trace")
-    with pytest.raises(ValueError, match="not a selection trace file"):
+    with pytest.raises(ValueError, match="not a .npz archive"):
         load_trace(tmp_path / "text.npz")
     np.savez(tmp_path / "other.npz", header=np.frombuffer(b'{"format": "x", "version": 1}', np.uint8),
              counts=np.zeros(1), sealed=np.zeros(1), payload=np.zeros(1, np.uint8))

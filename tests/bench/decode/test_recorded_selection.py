@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 
 import jax.numpy as jnp
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -178,7 +180,9 @@ def _refuse_compiling(monkeypatch):
         (["--selection", "recorded", "--trace-file", "{trace}", "--trace-beta", "0.5", "--trace-memoryless-layers",
           "1"], ["--trace-beta, --trace-memoryless-layers:", "drop them"]),
         (["--selection", "recorded", "--trace-file", "{dir}/missing.npz"], ["--trace-file", "no such file"]),
-        (["--selection", "recorded", "--trace-file", "{dir}/junk.npz"], ["--trace-file", "not a selection trace file"]),
+        (["--selection", "recorded", "--trace-file", "{dir}/junk.npz"], ["--trace-file", "not a .npz archive"]),
+        (["--selection", "recorded", "--trace-file", "{dir}/cut.npz"], ["--trace-file", "not a .npz archive"]),
+        (["--selection", "recorded", "--trace-file", "{dir}"], ["--trace-file", "is a directory, not a file"]),
         (["--selection", "recorded", "--trace-file", "{k8}"], ["k=8", "the model's top_k is 16", "pass --top-k 8"]),
         (["--selection", "recorded", "--trace-file", "{k64}"], ["k=64", "pass --top-k 64 --hot-slots 64"]),
         (["--selection", "recorded", "--trace-file", "{paged}"],
@@ -196,6 +200,7 @@ def test_a_recorded_trace_that_does_not_fit_is_one_line_and_exit_2_before_compil
                  k64=_write(tmp_path, _dsa_trace(k=64), "k64.npz"),
                  paged=_write(tmp_path, _dsa_trace(page_size=16), "paged.npz"), dir=str(tmp_path))
     (tmp_path / "junk.npz").write_bytes(b"not an npz")
+    (tmp_path / "cut.npz").write_bytes(Path(files["trace"]).read_bytes()[:200])
     _refuse_compiling(monkeypatch)
     # The case's own arguments come last: they override the defaults before them.
     argv = ["decode", "--contexts", "40", *FAST, "--out", str(tmp_path / "out"), *(a.format(**files) for a in argv)]

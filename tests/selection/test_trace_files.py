@@ -1,0 +1,153 @@
+"""A selection trace file from untrusted bytes (hisparse_jax.selection.recorded.load_trace): whatever
+is wrong with it is one ValueError line naming the file, raised fast and before the memory a
+bad header asks for is allocated."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+import zlib
+
+import numpy as np
+import pytest
+
+from hisparse_jax.selection.recorded import MAX_K, RecordedTrace, load_trace, save_trace
+
+
+def _trace(steps=3, layers=2, streams=2, k=4) -> RecordedTrace:
+    sealed = (10 + np.arange(steps))[:, None].repeat(streams, 1).astype(np.int32)
+    ids = np.full((steps, layers, streams, k), -1, np.int32)
+    ids[..., :3] = [1, 4, 7]
+    return RecordedTrace(ids=ids, sealed=sealed, source=dict(kind="test"))
+
+
+def _members(path) -> dict[str, np.ndarray]:
+    with np.load(path) as f:
+        return {n: f[n] for n in f.files}
+
+
+def _write(path, members: dict, header_changes: dict | None = None):
+    """An archive like save_trace's, with members or header fields replaced."""
+    header = json.loads(members["header"].tobytes())
+    header.update(header_changes or {})
+    members = {**members, "header": np.frombuffer(json.dumps(header).encode(), np.uint8)}
+    np.savez_compressed(path, **members)
+
+
+@pytest.fixture
+def good(tmp_path):
+    path = tmp_path / "good.npz"
+    save_trace(path, _trace())
+    return path
+
+
+def _refused(path, needle: str) -> str:
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as err:
+        load_trace(path)
+    message = str(err.value)
+    assert needle in message, message
+    assert "\n" not in message and str(path) in message, message
+    assert time.perf_counter() - start < 5, "a bad file must be refused fast"
+    return message
+
+
+def test_the_good_file_loads(good):
+    assert np.array_equal(load_trace(good).ids, _trace().ids)
+
+
+def test_truncated_empty_random_and_a_directory(tmp_path, good):
+    data = good.read_bytes()
+    (tmp_path / "truncated.npz").write_bytes(data[: len(data) // 2])
+    _refused(tmp_path / "truncated.npz", "not a .npz archive")
+    (tmp_path / "empty.npz").write_bytes(b"")
+    _refused(tmp_path / "empty.npz", "not a .npz archive")
+    (tmp_path / "random.npz").write_bytes(np.random.default_rng(0).bytes(5000))
+    _refused(tmp_path / "random.npz", "not a .npz archive")
+    (tmp_path / "folder.npz").mkdir()
+    _refused(tmp_path / "folder.npz", "is a directory, not a file")
+    _refused(tmp_path / "missing.npz", "no such file")
+
+
+def test_a_tampered_member_is_damaged(tmp_path, good):
+    """Bytes flipped inside a compressed member: zlib's error or the zip's CRC, either way one line."""
+    data = bytearray(good.read_bytes())
+    with zipfile.ZipFile(good) as z:
+        info = z.getinfo("payload.npy")
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    for i in range(start + 5, start + info.compress_size - 2):
+        data[i] ^= 0xFF
+    (tmp_path / "tampered.npz").write_bytes(bytes(data))
+    _refused(tmp_path / "tampered.npz", "'payload' array is damaged")
+
+
+def test_an_object_array_is_refused_without_unpickling(tmp_path, good):
+    members = _members(good)
+    buffer = io.BytesIO()
+    np.save(buffer, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    path = tmp_path / "pickled.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, value in members.items():
+            one = io.BytesIO()
+            np.save(one, value)
+            z.writestr(f"{name}.npy", one.getvalue() if name != "counts" else buffer.getvalue())
+    _refused(path, "'counts' array holds object")
+
+
+def test_a_payload_that_inflates_past_its_counts(tmp_path, good):
+    """A zlib bomb: ~1 KB of zlib expanding to 1 MiB, where the counts allow 480 bytes of varints
+    (a larger bomb is refused sooner, by the size of the payload member itself)."""
+    members = _members(good)
+    members["counts"] = np.full_like(members["counts"], 8)  # the most a row may toggle at k = 4
+    bomb = zlib.compress(b"\x01" * (1 << 20), 9)
+    assert len(bomb) < 5 * members["counts"].sum() + 1024
+    members["payload"] = np.frombuffer(bomb, np.uint8)
+    _write(tmp_path / "bomb.npz", members)
+    _refused(tmp_path / "bomb.npz", "expands past")
+
+
+def test_a_huge_payload_member_is_refused_by_its_size(tmp_path, good):
+    members = _members(good)
+    members["payload"] = np.frombuffer(zlib.compress(b"\x01" * (64 << 20), 9), np.uint8)
+    _write(tmp_path / "big.npz", members)
+    _refused(tmp_path / "big.npz", "'payload' array declares")
+
+
+@pytest.mark.parametrize("changes, needle", [
+    (dict(k=2**29), f"k is {2**29}, expected an int in [1, {MAX_K}]"),
+    (dict(k=True), "k is True"),
+    (dict(width=2**33), "width is 8589934592"),
+    (dict(width=2**30), "width 1073741824 is not the most records sealed"),
+    (dict(steps=2**20), "do not match the header"),
+    (dict(steps=2**20, layers=2**10), "GiB decoded, more than max_bytes"),
+    (dict(format="other"), "format 'other' version 1"),
+    (dict(version=2), "version 2, expected"),
+])
+def test_a_header_declaring_what_the_file_is_not(tmp_path, good, changes, needle):
+    _write(tmp_path / "bad.npz", _members(good), changes)
+    _refused(tmp_path / "bad.npz", needle)
+
+
+def test_a_member_declaring_a_huge_shape_is_not_allocated(tmp_path, good):
+    members = _members(good)
+    one = io.BytesIO()
+    np.save(one, members["sealed"])
+    raw = one.getvalue().replace(b"(3, 2)", b"(3, 2000000000000)".ljust(len(b"(3, 2)")))
+    path = tmp_path / "huge.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, value in members.items():
+            buf = io.BytesIO()
+            np.save(buf, value)
+            z.writestr(f"{name}.npy", raw if name == "sealed" else buf.getvalue())
+    _refused(path, "'sealed' array declares")
+
+
+def test_sealed_outside_int32_is_refused_not_wrapped(tmp_path, good):
+    members = _members(good)
+    members["sealed"] = members["sealed"].astype(np.int64) + 2**32
+    _write(tmp_path / "wide.npz", members)
+    _refused(tmp_path / "wide.npz", "outside [0, 2^31)")
+    with pytest.raises(ValueError, match="sealed holds 429496730[0-9], outside"):
+        RecordedTrace(ids=_trace().ids, sealed=members["sealed"])
