@@ -20,7 +20,7 @@ import jax
 
 from ..selection.recorded import save_trace
 from . import fit as fit_lib
-from .checkpoint import save_model
+from .checkpoint import load_model, save_model
 from .corpus import Corpus
 from .record import record_trace
 
@@ -84,6 +84,7 @@ def _fit(args) -> None:
 
 
 def _record(args, argv=None) -> None:
+    load_model(args.checkpoint)  # a bad checkpoint is refused before the corpus is read
     corpus = Corpus.from_roots([Path(r) for r in args.roots] if args.roots else None)
     trace = record_trace(args.checkpoint, corpus, documents=args.documents, prefill=args.prefill, steps=args.steps,
                          mode=args.mode, top_k=args.top_k)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
+import sys
 from pathlib import Path
 
 import jax
@@ -12,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..models import dsa
+from ..npz_files import NpzFile
 
 FORMAT = "hisparse-dsa-checkpoint"
 # Fields a loader may change: they size the decode (cache, context, kernels), not the weights;
@@ -29,15 +32,30 @@ def _config_fields(config: dsa.Config) -> dict:
     return out
 
 
+# What a stored weight array may be, by the config's dtype: bfloat16 is stored as its raw uint16 bits.
+_STORED = {"bfloat16": np.dtype(np.uint16), "float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
+
+
+def _digest(config_fields: dict, arrays: list[np.ndarray]) -> str:
+    """sha256 of the config and every stored array (dtype, shape, bytes), in order."""
+    h = hashlib.sha256(json.dumps(config_fields, sort_keys=True).encode())
+    for a in arrays:
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
 def save_model(path: str | Path, config: dsa.Config, weights: dsa.Weights, meta: dict | None = None) -> int:
-    """Writes the weights (cast to config.dtype) with the config and `meta`; returns the file's bytes."""
+    """Writes the weights (cast to config.dtype) with the config, `meta` and the content hash of
+    both (checked by load_model); returns the file's bytes."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(weights)
     arrays = {}
     for i, (path_, leaf) in enumerate(leaves):
         a = np.asarray(jax.device_get(jnp.asarray(leaf, config.dtype)))
         arrays[f"w{i:04d}"] = a.view(np.uint16) if a.dtype == jnp.bfloat16 else a
-    header = dict(format=FORMAT, config=_config_fields(config), meta=meta or {},
-                  leaves=[jax.tree_util.keystr(p) for p, _ in leaves])
+    fields = _config_fields(config)
+    header = dict(format=FORMAT, config=fields, meta=meta or {}, leaves=[jax.tree_util.keystr(p) for p, _ in leaves],
+                  sha256=_digest(fields, list(arrays.values())))
     buffer = io.BytesIO()
     np.savez_compressed(buffer, header=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
     Path(path).write_bytes(buffer.getvalue())
@@ -45,29 +63,52 @@ def save_model(path: str | Path, config: dsa.Config, weights: dsa.Weights, meta:
 
 
 def load_model(path: str | Path, **decode_overrides):
-    """(config, weights, meta) of a saved model; decode_overrides may set DECODE_FIELDS only."""
+    """(config, weights, meta) of a saved model; decode_overrides may set DECODE_FIELDS only.
+
+    The file is read from untrusted bytes (npz_files): each weight must be stored in the dtype the
+    config names and have the shape the config gives it, and the content hash must match; a file
+    written before checkpoints carried a hash loads with a warning."""
     unknown = sorted(set(decode_overrides) - set(DECODE_FIELDS))
     if unknown:
         raise ValueError(f"load_model: {', '.join(unknown)} change the weights' shapes; only "
                          f"{', '.join(DECODE_FIELDS)} may be overridden")
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"load_model: {str(path)!r}: no such file")
-    with np.load(path, allow_pickle=False) as f:
-        header = json.loads(f["header"].tobytes().decode())
-        if header.get("format") != FORMAT:
-            raise ValueError(f"load_model: {str(path)!r} is not a {FORMAT} file")
-        arrays = [f[f"w{i:04d}"] for i in range(len(header["leaves"]))]
-    config = dsa.Config(**{**header["config"], **decode_overrides})
-    template = jax.eval_shape(lambda: dsa.init_weights(config, 0))
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
-    if [jax.tree_util.keystr(p) for p, _ in leaves] != header["leaves"]:
-        raise ValueError(f"load_model: {str(path)!r} holds another weight layout than this version's dsa.Weights")
-    stored = np.dtype(header["config"]["dtype"])
+    with NpzFile(path, "checkpoint") as f:
+        try:
+            header = json.loads(f.array("header", max_bytes=1 << 24, kinds="u").tobytes().decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            f.fail(f"its header is not JSON ({err})")
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            f.fail(f"not a {FORMAT} file")
+        fields, names = header.get("config"), header.get("leaves")
+        if not isinstance(fields, dict) or not isinstance(names, list):
+            f.fail("its header has no config or leaves")
+        stored = _STORED.get(fields.get("dtype"))
+        if stored is None:
+            f.fail(f"its config's dtype is {fields.get('dtype')!r}; checkpoints hold {', '.join(_STORED)}")
+        try:
+            config = dsa.Config(**{**fields, **decode_overrides})
+        except (TypeError, ValueError) as err:
+            f.fail(f"its config does not make a model ({err})")
+        template = jax.eval_shape(lambda: dsa.init_weights(config, 0))
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
+        if [jax.tree_util.keystr(p) for p, _ in leaves] != names:
+            f.fail("holds another weight layout than this version's dsa.Weights")
+        arrays = []
+        for i, (key, spec) in enumerate(leaves):
+            name = f"w{i:04d}"
+            # 8 bytes an element at most: a weight of the wrong dtype is then named as such, below
+            a = f.array(name, max_bytes=int(np.prod(spec.shape)) * 8, kinds="biuf")
+            if a.dtype != stored or a.shape != tuple(spec.shape):
+                f.fail(f"weight {name} ({jax.tree_util.keystr(key)}) is {a.dtype} {list(a.shape)}; the config's "
+                       f"dtype {fields['dtype']} and shapes need {stored} {list(spec.shape)}")
+            arrays.append(a)
+        if "sha256" not in header:
+            print(f"load_model: {str(path)!r} carries no content hash (written before checkpoints had one); "
+                  "its weights' integrity is not checked", file=sys.stderr)
+        elif _digest(fields, arrays) != header["sha256"]:
+            f.fail("its content hash does not match its config and weights (the file was changed after it was saved)")
     values = []
     for (_, spec), a in zip(leaves, arrays):
-        a = a.view(jnp.bfloat16) if stored == jnp.bfloat16 and a.dtype == np.uint16 else a
-        if a.shape != spec.shape:
-            raise ValueError(f"load_model: a weight of shape {a.shape} where the config needs {spec.shape}")
+        a = a.view(jnp.bfloat16) if stored == np.uint16 else a
         values.append(jnp.asarray(a).astype(spec.dtype))
-    return config, jax.tree_util.tree_unflatten(treedef, values), header["meta"]
+    return config, jax.tree_util.tree_unflatten(treedef, values), header.get("meta", {})
