@@ -16,6 +16,7 @@ struct DevicePrefetch {
   cudaStream_t stream = nullptr;
   cudaEvent_t decided = nullptr;  // the compute stream's work before a fork
   std::unordered_map<int64_t, cudaEvent_t> done;  // slot -> its last copy's completion
+  std::unordered_map<int64_t, const void*> destination;  // slot -> the hot buffer its last copy writes
 };
 
 std::mutex mu;
@@ -63,7 +64,7 @@ int64_t PrefetchFetchBlocks() {
   return blocks;
 }
 
-cudaError_t ForkPrefetch(cudaStream_t stream, int64_t slot,
+cudaError_t ForkPrefetch(cudaStream_t stream, int64_t slot, const void* destination,
                          const std::function<cudaError_t(cudaStream_t)>& launch) {
   std::lock_guard<std::mutex> lock(mu);
   DevicePrefetch* d = nullptr;
@@ -75,15 +76,23 @@ cudaError_t ForkPrefetch(cudaStream_t stream, int64_t slot,
   if (cudaError_t err = cudaEventRecord(d->decided, stream); err != cudaSuccess) return err;
   if (cudaError_t err = cudaStreamWaitEvent(d->stream, d->decided, 0); err != cudaSuccess) return err;
   if (cudaError_t err = launch(d->stream); err != cudaSuccess) return err;
+  d->destination[slot] = destination;
   return cudaEventRecord(done, d->stream);
 }
 
-cudaError_t JoinPrefetch(cudaStream_t stream, int64_t slot) {
+cudaError_t JoinPrefetch(cudaStream_t stream, int64_t slot, const void* destination,
+                         bool* other_destination) {
   std::lock_guard<std::mutex> lock(mu);
+  *other_destination = false;
   DevicePrefetch* d = nullptr;
   if (cudaError_t err = ForDevice(&d); err != cudaSuccess) return err;
   const auto found = d->done.find(slot);
   if (found == d->done.end()) return cudaSuccess;
+  const auto written = d->destination.find(slot);
+  if (written != d->destination.end() && written->second != destination) {
+    *other_destination = true;
+    return cudaSuccess;
+  }
   return cudaStreamWaitEvent(stream, found->second, 0);
 }
 

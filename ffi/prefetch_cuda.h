@@ -23,15 +23,20 @@ int64_t PrefetchFetchBlocks();
 
 // Enqueues what `launch` enqueues on the stream it is given (the current
 // device's prefetch stream, high priority, created on first use) after all
-// work already enqueued on `stream`, and records its completion under `slot`.
-// Returns the first error of an event, the stream or `launch`.
-cudaError_t ForkPrefetch(cudaStream_t stream, int64_t slot,
+// work already enqueued on `stream`, and records its completion under `slot`
+// with the hot buffer it writes (`destination`). Returns the first error of an
+// event, the stream or `launch`.
+cudaError_t ForkPrefetch(cudaStream_t stream, int64_t slot, const void* destination,
                          const std::function<cudaError_t(cudaStream_t)>& launch);
 
 // Makes `stream` wait for the last copy ForkPrefetch recorded under `slot` on
 // the current device (none recorded: returns at once). Never waits for less:
 // the prefetch stream is in order, so a later record of the slot covers it.
-cudaError_t JoinPrefetch(cudaStream_t stream, int64_t slot);
+// *other_destination is set when that copy writes another hot buffer than
+// `destination` (a join into another cache than the resolve's): then nothing
+// is enqueued, since waiting would not put the records where the join says.
+cudaError_t JoinPrefetch(cudaStream_t stream, int64_t slot, const void* destination,
+                         bool* other_destination);
 
 }  // namespace hisparse
 

@@ -33,8 +33,15 @@ ffi::Error PrefetchJoinCudaImpl(cudaStream_t stream, ffi::AnyBuffer hot_in, ffi:
       err.failure())
     return err;
   // The wait comes first: a carried copy of hot must see the records.
-  if (cudaError_t err = JoinPrefetch(stream, prefetch_slot); err != cudaSuccess)
+  bool other_destination = false;
+  if (cudaError_t err = JoinPrefetch(stream, prefetch_slot, hot_in.untyped_data(), &other_destination);
+      err != cudaSuccess)
     return CudaError(op, "waiting for the prefetch stream", err);
+  if (other_destination)
+    return ffi::Error::InvalidArgument(
+        std::string(op) + ": the copy of prefetch_slot " + std::to_string(prefetch_slot) +
+        " writes another hot buffer than this join's; join a PendingFetch into the cache its "
+        "resolve_prefetch returned");
   for (auto [in, out, name] : {std::tuple{hot_in, &hot, "hot"}, {misses_in, &misses, "misses"}}) {
     if (auto err = Carry(op, name, in, *out, stream); err.failure()) return err;
   }

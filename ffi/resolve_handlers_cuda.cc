@@ -66,7 +66,7 @@ ffi::Error ResolveCudaLaunch(cudaStream_t stream, ResolveOperands& ops, bool fet
   if (err == cudaSuccess && fork) {
     // The decision stays on XLA's stream; the copy reads the miss plan it wrote.
     const ResolveDims d = *dims;
-    err = ForkPrefetch(stream, prefetch_slot, [&](cudaStream_t side) {
+    err = ForkPrefetch(stream, prefetch_slot, ops.hot->untyped_data(), [&](cudaStream_t side) {
       return LaunchResolveFetch(d, layer_index, io, PrefetchFetchBlocks(), side, &failed_kernel);
     });
   }

@@ -129,6 +129,9 @@ def write_records_inplace(host_pool, records, start, count=None, *, implementati
     The pool passed in is consumed (donated); use the returned array. Rows that
     would land outside the pool are a ValueError before anything runs.
     """
+    _checks.check_int32("write_records_inplace", "start", start)  # before the casts below
+    if count is not None:
+        _checks.check_int32("write_records_inplace", "count", count)
     start = jnp.asarray(start, jnp.int32)
     n = records.shape[start.ndim + 1]
     count = jnp.full(start.shape, n, jnp.int32) if count is None else jnp.asarray(count, jnp.int32)

@@ -37,6 +37,8 @@ class PendingFetch:
         which the copy reads; layer: the int32 layer scalar it reads.
       slot: static; the key that pairs the resolve with its join.
       in_flight: static; False where the copy already happened in the resolve (CPU, reference).
+      hot: static; the shape and dtype of the hot buffer the copy writes, which the join's cache
+        must have (the CUDA join also checks that it is the same buffer).
     """
 
     misses: jax.Array
@@ -45,6 +47,7 @@ class PendingFetch:
     layer: jax.Array
     slot: int = dataclasses.field(metadata=dict(static=True))
     in_flight: bool = dataclasses.field(metadata=dict(static=True))
+    hot: tuple = dataclasses.field(default=(), metadata=dict(static=True))
 
 
 def resolve_prefetch(
@@ -70,14 +73,19 @@ def resolve_prefetch(
       are undefined until `join_prefetch(cache, pending, after)`; read `hot` only from the join's
       result (slot_record and lru are final at once).
     """
-    if not isinstance(slot, int) or isinstance(slot, bool) or slot < 0:
-        raise ValueError(f"resolve_prefetch: slot must be a Python int >= 0 (one per layer of the program), "
-                         f"got {slot!r}")
+    if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < 2**31:
+        raise ValueError(f"resolve_prefetch: slot must be a Python int in [0, 2^31) (one per layer of the "
+                         f"program), got {slot!r}")
     result, cache, impl, layer = resolve_with(targets.RESOLVE_PREFETCH, cache, host_pool, selection, sealed, layer,
                                               implementation=implementation, fetch=fetch, launch=launch,
                                               checked=checked, prefetch_slot=slot)
-    pending = PendingFetch(result.misses, result.miss_records, result.miss_slots, layer, slot, impl == "ffi")
+    pending = PendingFetch(result.misses, result.miss_records, result.miss_slots, layer, slot, impl == "ffi",
+                           _hot_type(cache))
     return result, cache, pending
+
+
+def _hot_type(cache: HotCache) -> tuple:
+    return (tuple(jax.typeof(cache.hot).shape), str(jax.typeof(cache.hot).dtype))
 
 
 def join_prefetch(cache: HotCache, pending: PendingFetch, after) -> tuple[HotCache, jax.Array]:
@@ -91,6 +99,9 @@ def join_prefetch(cache: HotCache, pending: PendingFetch, after) -> tuple[HotCac
     if not isinstance(pending, PendingFetch):
         raise TypeError(f"join_prefetch: pending must be resolve_prefetch's PendingFetch, got "
                         f"{type(pending).__name__}")
+    if pending.hot != _hot_type(cache):
+        raise ValueError(f"join_prefetch: the pending copy writes a hot buffer of {pending.hot}, this cache's is "
+                         f"{_hot_type(cache)}; join a PendingFetch into the cache its resolve_prefetch returned")
     if not pending.in_flight:
         return cache, pending.misses
     leaves = jax.tree_util.tree_leaves(after)

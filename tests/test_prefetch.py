@@ -157,8 +157,8 @@ def test_bad_arguments_are_refused():
                          dtype=np.float32)
     cache, pool = hs.init_hot_cache(cfg), to_pinned_host(np.zeros(cfg.pool_shape, np.float32))
     sel, sealed = jnp.zeros((1, 2), jnp.int32), jnp.full((1,), 8, jnp.int32)
-    for slot in (-1, True, 1.0, None):
-        with pytest.raises(ValueError, match="slot must be a Python int >= 0"):
+    for slot in (-1, True, 1.0, None, 2**31, 2**63):
+        with pytest.raises(ValueError, match=r"slot must be a Python int in \[0, 2\^31\)"):
             hs.resolve_prefetch(cache, pool, sel, sealed, 0, slot=slot)
     with pytest.raises(TypeError, match="pending must be resolve_prefetch's PendingFetch"):
         hs.join_prefetch(cache, object(), jnp.ones(1))
@@ -166,3 +166,31 @@ def test_bad_arguments_are_refused():
         _, cache, pending = hs.resolve_prefetch(cache, pool, sel, sealed, 0, slot=0, implementation="ffi")
         with pytest.raises(ValueError, match="after must hold at least one array"):
             hs.join_prefetch(cache, pending, ())
+
+
+def test_a_join_refuses_a_pending_copy_of_another_cache():
+    """A PendingFetch joined into a cache whose hot buffer is not the one its copy writes: refused
+    by shape and dtype on every platform, and by the buffer itself in the CUDA join."""
+    def config(records_width):
+        return hs.CacheConfig(num_layers=2, stream_shape=(2,), pool_records=16, hot_slots=4, top_k=2,
+                              record_width=records_width, dtype=np.float32)
+    cfg = config(4)
+    host = np.arange(np.prod(cfg.pool_shape), dtype=np.float32).reshape(cfg.pool_shape)
+    pool = to_pinned_host(host)
+    sel, sealed = jnp.asarray([[1, 3], [2, 5]], jnp.int32), jnp.full((2,), 16, jnp.int32)
+    for implementation in IMPLEMENTATIONS:
+        result, mine, pending = hs.resolve_prefetch(hs.init_hot_cache(cfg), pool, sel, sealed, 1, slot=7,
+                                                    implementation=implementation)
+        with pytest.raises(ValueError, match="join a PendingFetch into the cache its resolve_prefetch returned"):
+            hs.join_prefetch(hs.init_hot_cache(config(2)), pending, jnp.ones(1))
+        joined, _ = hs.join_prefetch(mine, pending, jnp.ones(1))  # its own cache: fine
+        slots = np.asarray(result.slots)
+        for stream in range(2):
+            assert np.array_equal(np.asarray(joined.hot)[1, stream, slots[stream]], host[1, stream, np.asarray(sel)[stream]])
+    if "ffi" in IMPLEMENTATIONS and jax.default_backend() == "gpu":
+        _, mine, pending = hs.resolve_prefetch(hs.init_hot_cache(cfg), pool, sel, sealed, 1, slot=7,
+                                               implementation="ffi")
+        other = hs.init_hot_cache(cfg)  # same shape, another buffer
+        with pytest.raises(Exception, match="writes another hot buffer than this join's"):
+            jax.block_until_ready(hs.join_prefetch(other, pending, jnp.ones(1)))
+        hs.join_prefetch(mine, pending, jnp.ones(1))

@@ -184,6 +184,13 @@ def _bad_resolve_operands():
         row("layer_float", ok.replace(layer=jnp.float32(0)), TypeError, r"resolve: layer must be int32, got float32"),
         row("layer_vector", ok.replace(layer=jnp.zeros((1,), jnp.int32)), ValueError,
             r"resolve: layer must be a scalar, got shape \(1,\)"),
+        # JAX without x64 casts an int64 NumPy array to int32 by dropping the high bits: 2**32 + 1 -> 1
+        row("selection_int64_wraps", ok.replace(selection=np.asarray(ok.selection, np.int64) + 2**32), ValueError,
+            r"resolve: selection holds 42949672\d\d, outside int32 \[-2147483648, 2147483647\].*a cast would wrap"),
+        row("sealed_int64_wraps", ok.replace(sealed=np.asarray(ok.sealed, np.int64) - 2**32), ValueError,
+            r"resolve: sealed holds -42949672\d\d, outside int32"),
+        row("selection_list_wraps", ok.replace(selection=[[0, 1, 2**40], [0, 1, 2]]), ValueError,
+            r"resolve: selection holds 1099511627776, outside int32"),
     ]
 
 
@@ -469,3 +476,23 @@ def test_pool_write_handler_refuses_malformed_operands():
         match=r"hisparse_pool_write: records .* must be \[L, \*streams, n, ...record of host_pool\]",
     ):
         jax.block_until_ready(call(pool, jnp.zeros((2, 3, 2, 1, 4), jnp.float32), start, count))
+
+
+def test_in_range_numpy_ints_of_any_width_pass(implementation):
+    """A NumPy int64 selection whose ids fit int32 is accepted (the cast is exact)."""
+    ok = operands()
+    got, _ = ok.replace(selection=np.asarray(ok.selection, np.int64)).resolve(implementation)
+    want, _ = ok.resolve(implementation)
+    assert np.array_equal(np.asarray(got.slots), np.asarray(want.slots))
+
+
+def test_topk_sealed_and_pool_write_counts_do_not_wrap():
+    scores = jnp.zeros((2, 8), jnp.float32)
+    with pytest.raises(ValueError, match=r"select_topk: sealed holds 4294967300, outside int32"):
+        hs.select_topk(scores, np.array([4, 2**32 + 4], np.int64), 2)
+    cfg = hs.CacheConfig(num_layers=1, stream_shape=(1,), pool_records=8, hot_slots=4, top_k=2, record_width=2,
+                         dtype=np.float32)
+    pool = hs.alloc_host_pool(cfg)
+    records = jnp.zeros((1, 1, 2, 1, 2), jnp.float32)
+    with pytest.raises(ValueError, match=r"write_records_inplace: start holds 4294967296, outside int32"):
+        hs.write_records_inplace(pool, records, start=np.array([2**32], np.int64))
