@@ -26,8 +26,9 @@ class Parser(argparse.ArgumentParser):
         raise BenchError(message, status=2)
 
 
-def _number(kind, what: str, minimum):
-    """An argparse type: a `kind` number >= minimum (finite), else a message naming `what`."""
+def _number(kind, what: str, minimum, maximum=None, why: str = ""):
+    """An argparse type: a `kind` number >= minimum (finite, <= maximum if given), else a message
+    naming `what` (and `why` the maximum)."""
 
     def parse(text: str):
         try:
@@ -36,6 +37,8 @@ def _number(kind, what: str, minimum):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if not (math.isfinite(value) and value >= minimum):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{text} exceeds {maximum} ({why})")
         return value
 
     parse.__name__ = what
@@ -43,7 +46,8 @@ def _number(kind, what: str, minimum):
 
 
 _count = _number(int, "a positive integer", 1)
-_tokens = _number(int, "a positive number of tokens", 1)
+# Positions and record ids are int32, and a context needs room for the tokens decoded after it.
+_tokens = _number(int, "a positive number of tokens", 1, 2**30, "positions and record ids are int32")
 _size = _number(float, "a positive size", 1e-12)
 
 

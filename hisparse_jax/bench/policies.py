@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from ..selection import policies as cache_policies, recorded, synthetic as traces
+from . import outputs
 from .errors import BenchError
 from .progress import Progress
 
@@ -100,10 +101,10 @@ def _check_against(source: _Source, args) -> int:
 
 def run(args) -> int:
     """hisparse-bench policies: replays, writes policies.json (and plots), prints the tables."""
+    outputs.check_folder("--out", args.out)
     sources = _sources(args)
     warms = [_check_against(s, args) for s in sources]
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     entries = []
     with Progress(len(sources) * (1 + len(args.policies) * len(args.ratios)), "policies") as progress:
         for source, warm in zip(sources, warms):
@@ -118,11 +119,16 @@ def run(args) -> int:
             entries.append(dict(label=source.label, trace=source.trace, **result))
     report = dict(command=" ".join(["hisparse-bench", *getattr(args, "argv", ["policies"])]), policies=list(args.policies), ratios=list(args.ratios),
                   traces=entries)
-    (out / "policies.json").write_text(json.dumps(report, indent=1))
-    for entry in entries:
+    for entry in entries:  # the tables first: a report that cannot be written loses no result
         print(format_entry(entry))
         print()
-    written = [] if args.no_plots else write_plots(report, out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "policies.json").write_text(json.dumps(report, indent=1))
+        written = [] if args.no_plots else write_plots(report, out)
+    except OSError as err:
+        raise BenchError(f"--out {str(out)!r}: the report could not be written ({err}); the tables above "
+                         "are the run's results", status=1) from None
     print(f"wrote {out / 'policies.json'}" + "".join(f", {p}" for p in written))
     return 0
 

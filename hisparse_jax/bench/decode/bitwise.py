@@ -21,6 +21,7 @@ import numpy as np
 
 from ... import decode
 from ...models import get_family
+from .. import outputs
 from ..errors import BenchError
 from .runner import DecodeRun, time_in_turns, tokens_needed, warm_up
 
@@ -95,11 +96,17 @@ def compare(args) -> dict:
 
 def run(args) -> int:
     """hisparse-bench bitwise: prints the summary (JSON), writes it to --json; 1 if the modes differ."""
+    if args.json:
+        outputs.check_file("--json", args.json)
     summary = compare(args)
     print(json.dumps(summary, indent=1))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(summary, f, indent=1)
+        except OSError as err:
+            raise BenchError(f"--json {args.json!r}: the summary could not be written ({err}); it is printed "
+                             "above", status=1) from None
     if not (summary["tokens_equal"] and summary["logits_equal"]):
         print("hisparse-bench: error: hisparse and device decodes differ", file=sys.stderr)
         return 1

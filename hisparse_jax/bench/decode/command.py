@@ -9,9 +9,10 @@ and the HiSparse / full-KV ratios with their spread. An equal-batch run
 (HiSparse at the baseline's batch) compares TPOT directly; a no-IO run
 (--no-io: RESOLVE without the record copy) splits resolve cost from IO.
 
-Every argument is checked before anything is compiled; a bad one, or a run
-whose batch 1 does not fit the budgets, ends the command with a one-line
-error. The bench refuses to time the pure-JAX reference RESOLVE unless asked
+Every argument and output folder is checked before anything is compiled; a
+bad one ends the command with a one-line error, as does a run whose batch 1
+does not fit the budgets (found by compiling the decode at batch 1, to name a
+budget that fits). The bench refuses to time the pure-JAX reference RESOLVE unless asked
 (--allow-reference), and names the implementation that ran.
 
 Without arguments it runs a small CPU default (DSA tiny preset, about a
@@ -33,7 +34,9 @@ import jax
 from ... import _ffi
 from ...selection import synthetic as traces
 from ...models.weights import weight_bytes
+from .. import outputs
 from .. import profile as profile_lib
+from ..errors import BenchError
 from .. import roofline
 from ..progress import Progress
 from . import report as report_lib
@@ -47,19 +50,31 @@ from .runner import (DecodeRun, RecordedSelection, profile_run, start_run, time_
 def run(args) -> int:
     """hisparse-bench decode: plans (a BenchError on a bad argument), then prints the plan
     (--explain) or times it, writes decode.json (and plots) and prints the tables."""
+    if args.profile_dir is not None and not args.profile:
+        raise BenchError("--profile-dir keeps the traces of --profile's profiled calls; add --profile "
+                         "(or drop --profile-dir)")
+    if not args.explain:  # --explain writes nothing
+        outputs.check_folder("--out", args.out)
+        if args.profile_dir is not None:
+            outputs.check_folder("--profile-dir", args.profile_dir)
     plan_ = build_plan(args)
     if args.explain:
         print(explain(plan_))
         return 0
     report = run_decode(args, plan_)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "decode.json").write_text(json.dumps(report, indent=1))
+    # The tables first: a report that cannot be written (a disk filled meanwhile) loses no result.
     print(header(report))
     print(format_table(report))
     if report["profiles"]:
         print(profile_lib.format_profile(report["profiles"]))
-    written = [] if args.no_plots else write_plots(report, out)
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "decode.json").write_text(json.dumps(report, indent=1))
+        written = [] if args.no_plots else write_plots(report, out)
+    except OSError as err:
+        raise BenchError(f"--out {str(out)!r}: the report could not be written ({err}); the tables above "
+                         "are the run's results", status=1) from None
     print(f"wrote {out / 'decode.json'}" + "".join(f", {p}" for p in written))
     return 0
 

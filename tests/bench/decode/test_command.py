@@ -60,6 +60,8 @@ FAST = ["--steps", "2", "--reps", "3", "--max-batch", "3", "--device-budget-mib"
         (["--selection", "trace", "--trace-beta", "2"], ["TraceConfig.beta"]),
         (["--modes", "device", "--no-io"], ["--no-io", "add hisparse to --modes"]),
         (["--modes", "device", "--prefetch"], ["--prefetch", "add hisparse to --modes"]),
+        (["--contexts", "99999999999"], ["argument --contexts", "99999999999 exceeds", "int32"]),
+        (["--profile-dir", "prof"], ["--profile-dir keeps the traces of --profile", "add --profile"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv, needles, one_line_error):
@@ -277,3 +279,35 @@ def test_synthetic_fill_trace_selection_and_no_io_run(tmp_path):
     assert quiet["max_context"] == tokens_needed(64, 2, 3, no_io=True) + 1
     (ratio,) = data["ratios"]
     assert ratio["tokens_equal_at_equal_batch"] is True
+
+
+@pytest.mark.parametrize("where, needle", [
+    ("{file}/x", "is not a folder, so nothing can be written under it"),
+    ("{file}", "exists and is not a folder"),
+])
+@pytest.mark.parametrize("command", [
+    ["decode", "--contexts", "64"],
+    ["policies", "--synthetic", "glm-5.1", "--records", "64", "--k", "8", "--steps", "4"],
+])
+def test_an_unusable_out_is_refused_before_any_work(tmp_path, command, where, needle, one_line_error, monkeypatch):
+    """`--out /dev/null/x` used to fail after the whole run, losing it; now before anything runs."""
+    (tmp_path / "notes.txt").write_text("a file, not a folder\n")
+    out = where.format(file=tmp_path / "notes.txt")
+    from hisparse_jax.bench.decode import command as decode_command
+    monkeypatch.setattr(decode_command, "build_plan", lambda args: pytest.fail("planned despite a bad --out"))
+    err = one_line_error([*command, "--out", out])
+    assert f"--out {out!r}" in err and needle in err, err
+
+
+def test_a_report_that_cannot_be_written_keeps_the_printed_tables(tmp_path, capsys, monkeypatch):
+    """The tables print first; a write that fails afterwards is one line, exit 1."""
+    from hisparse_jax.bench.decode import command
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(command.Path, "write_text", refuse)
+    assert cli.main(["decode", "--contexts", "64", *FAST, "--out", str(tmp_path / "out")]) == 1
+    out, err = capsys.readouterr()
+    assert "| context |" in out and "wrote" not in out
+    assert err.count("\n") == 1 and "the report could not be written" in err and "tables above" in err

@@ -1,0 +1,35 @@
+"""Output locations, checked before any work: a benchmark that runs for minutes and then cannot
+write its report loses the run (`--out /dev/null/x` used to fail only at the end)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import BenchError
+
+
+def check_folder(flag: str, path: str | os.PathLike) -> None:
+    """`path` is a folder the command may create or write: it is one, or its nearest existing
+    ancestor is a writable folder. Nothing is created here (a refused run leaves no trace)."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise BenchError(f"{flag} {str(path)!r}: exists and is not a folder; give a folder for the report")
+    probe = target
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise BenchError(f"{flag} {str(path)!r}: {str(probe)!r} is not a folder, so nothing can be written "
+                         "under it; give another path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise BenchError(f"{flag} {str(path)!r}: {str(probe)!r} is not writable; give another path")
+
+
+def check_file(flag: str, path: str | os.PathLike) -> None:
+    """`path` is a file the command may write: not a folder, and its folder can be created or written."""
+    target = Path(path)
+    if target.is_dir():
+        raise BenchError(f"{flag} {str(path)!r}: is a folder; give a file name")
+    check_folder(flag, target.parent if str(target.parent) else ".")
