@@ -14,22 +14,25 @@ def check_folder(flag: str, path: str | os.PathLike) -> None:
     ancestor is a writable folder. Nothing is created here (a refused run leaves no trace)."""
     target = Path(path)
     if target.exists() and not target.is_dir():
-        raise BenchError(f"{flag} {str(path)!r}: exists and is not a folder; give a folder for the report")
-    probe = target
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir():
-        raise BenchError(f"{flag} {str(path)!r}: {str(probe)!r} is not a folder, so nothing can be written "
-                         "under it; give another path")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise BenchError(f"{flag} {str(path)!r}: {str(probe)!r} is not writable; give another path")
+        raise BenchError(f"{flag} {str(path)!r}: exists and is not a folder; give a folder")
+    _check_ancestor(flag, path, target)
 
 
 def check_file(flag: str, path: str | os.PathLike) -> None:
-    """`path` is a file the command may write: not a folder, and its folder can be created or written."""
+    """`path` is a file the command may write: not a folder, and its folder exists or can be
+    created under a writable one."""
     target = Path(path)
     if target.is_dir():
         raise BenchError(f"{flag} {str(path)!r}: is a folder; give a file name")
-    check_folder(flag, target.parent if str(target.parent) else ".")
+    _check_ancestor(flag, path, target.parent)
+
+
+def _check_ancestor(flag: str, shown, folder: Path) -> None:
+    probe = folder
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise BenchError(f"{flag} {str(shown)!r}: {str(probe)!r} is not a folder, so nothing can be written "
+                         "under it; give another path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise BenchError(f"{flag} {str(shown)!r}: {str(probe)!r} is not writable; give another path")

@@ -1,7 +1,7 @@
 """`python -m hisparse_jax.train fit|record`: train the DSA model, record its selection traces.
 
-  python -m hisparse_jax.train fit --out results/train                 # the trace model (GPU, ~10 min)
-  python -m hisparse_jax.train fit --model tiny --plan tiny --out /tmp/t   # seconds, CPU
+  python -m hisparse_jax.train fit --out results/train   # GPU: the trace model (~10 min); CPU: tiny (seconds)
+  python -m hisparse_jax.train fit --model tiny --out /tmp/t   # the tiny model anywhere
   python -m hisparse_jax.train record --checkpoint results/train/model.npz --out trace.npz
 
 Every bad argument is a one-line error and exit status 2 (docs/training.md).
@@ -18,6 +18,8 @@ from pathlib import Path
 
 import jax
 
+from ..bench import outputs
+from ..bench.errors import BenchError
 from ..selection.recorded import save_trace
 from . import fit as fit_lib
 from .checkpoint import load_model, save_model
@@ -38,11 +40,14 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m hisparse_jax.train", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fit", help="train the DSA model: dense warm-up, then sparse training")
-    f.add_argument("--model", default="trace-model", choices=list(fit_lib.MODELS))
+    f.add_argument("--model", default=None, choices=list(fit_lib.MODELS),
+                   help="trace-model: the model of the recorded traces (bfloat16, ~8 minutes on an H200; XLA:CPU "
+                        "cannot train bfloat16); tiny: float32, trains on a CPU in seconds "
+                        "(default: trace-model on a GPU, tiny on a CPU)")
     f.add_argument("--plan", default=None, choices=list(fit_lib.PLANS), help="(default: the model's name)")
     f.add_argument("--max-steps", type=int, default=None, help="cap on every phase's steps (quick runs)")
     f.add_argument("--time-scale", type=float, default=1.0, help="factor on every phase's time budget")
-    f.add_argument("--seed", type=int, default=None)
+    f.add_argument("--seed", type=int, default=None, help="the plan's seed for the weights and the batches")
     f.add_argument("--roots", nargs="+", default=None, help="folders of text (default: the Python standard library)")
     f.add_argument("--out", required=True, help="folder for model.npz and training.json")
     r = sub.add_parser("record", help="record the model's selections while it decodes long held-out documents")
@@ -58,7 +63,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fit(args) -> None:
+    cpu = jax.default_backend() == "cpu"
+    if args.model is None:
+        args.model = "tiny" if cpu else "trace-model"
     config = fit_lib.model_config(args.model)
+    if cpu and config.dtype == "bfloat16":
+        raise ValueError(f"--model {args.model} is bfloat16, which XLA:CPU cannot train (it has no bfloat16 dot); "
+                         "train it on a GPU, or give --model tiny on a CPU")
     plan = fit_lib.PLANS[args.plan or args.model]
     if args.max_steps is not None and args.max_steps < 1:
         raise ValueError(f"--max-steps must be a positive int, got {args.max_steps}")
@@ -72,18 +83,29 @@ def _fit(args) -> None:
     plan = dataclasses.replace(plan, phases=phases, **({} if args.seed is None else dict(seed=args.seed)))
     corpus = Corpus.from_roots([Path(r) for r in args.roots] if args.roots else None)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    _check_output("--out", out)
     weights, history, summary = fit_lib.fit(config, plan, corpus, log=lambda m: print(m, flush=True))
     meta = dict(model=args.model, plan=dataclasses.asdict(plan), data="byte-level; " + ", ".join(
         sorted({d.name.split("/")[0] for d in corpus.train})), train_documents=len(corpus.train),
         held_out_documents=len(corpus.held_out), summary=summary,
         device=str(jax.devices()[0].device_kind), jax=jax.__version__, date=time.strftime("%Y-%m-%d"))
+    out.mkdir(parents=True, exist_ok=True)
     size = save_model(out / "model.npz", config, weights, meta)
     (out / "training.json").write_text(json.dumps(dict(meta, history=history), indent=1))
     print(f"wrote {out / 'model.npz'} ({size / 2**20:.1f} MiB) and {out / 'training.json'}")
 
 
+def _check_output(flag: str, path: Path, folder: bool = True) -> None:
+    """Before any work: `path` is a folder (or a file) that exists or can be created (minutes of
+    training or recording must not end in an unwritable path)."""
+    try:
+        (outputs.check_folder if folder else outputs.check_file)(flag, path)
+    except BenchError as err:
+        raise ValueError(str(err)) from None
+
+
 def _record(args, argv=None) -> None:
+    _check_output("--out", Path(args.out), folder=False)
     load_model(args.checkpoint)  # a bad checkpoint is refused before the corpus is read
     corpus = Corpus.from_roots([Path(r) for r in args.roots] if args.roots else None)
     trace = record_trace(args.checkpoint, corpus, documents=args.documents, prefill=args.prefill, steps=args.steps,

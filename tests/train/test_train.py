@@ -216,6 +216,10 @@ def test_cli_fit_and_record(text_root, tmp_path, capsys):
     (["fit", "--model", "tiny", "--time-scale", "0", "--out", "x"], "--time-scale must be > 0"),
     (["fit", "--model", "tiny", "--seed", "-1", "--out", "x"], "--seed must be an int >= 0"),
     (["record", "--checkpoint", "missing.npz", "--out", "x.npz", "--roots", "."], "no such file"),
+    (["fit", "--out", "/dev/null/x"], "'/dev/null' is not a folder"),
+    (["record", "--checkpoint", "m.npz", "--out", "/dev/null/t.npz"], "'/dev/null' is not a folder"),
+    pytest.param(["fit", "--model", "trace-model", "--out", "x"], "XLA:CPU cannot train",
+                 marks=pytest.mark.skipif(jax.default_backend() != "cpu", reason="a GPU trains bfloat16")),
     (["fit"], "required"),
 ])
 def test_cli_bad_arguments_are_one_line(argv, message, capsys):
