@@ -220,15 +220,20 @@ def explain(plan_: Plan) -> str:
         per_layer = {part: n / config.num_layers for part, n in weight_bytes(plan_.family, config).items()}
         lines += plan_.derivation.lines(per_layer)
     lines.append(f"device budget {fmt_bytes(plan_.device_budget)}, host budget {fmt_bytes(plan_.host_budget)}")
+    if plan_.state_only:
+        lines.append("on a CPU: batches from the decode state alone, nothing compiled; on the GPU the compiled "
+                     "program's working memory counts too, so its batches can be smaller")
     for c in plan_.contexts:
         for mode, cap in c.caps.items():
+            working = ("" if plan_.state_only else
+                       f"; compiled working memory {fmt_bytes(cap.working_fixed)} + "
+                       f"{fmt_bytes(cap.working_per_request + cap.trace_ids_per_request)} per request "
+                       f"(trace ids {fmt_bytes(cap.trace_ids_per_request)}), "
+                       f"{fmt_bytes(cap.working_at_max_batch)} at batch {cap.max_batch}")
             lines.append(f"context {c.context}: {MODE_NAMES[mode]} batch {cap.max_batch} (limited by "
                          f"{cap.limited_by}); per request {fmt_bytes(cap.device_per_request)} device, "
-                         f"{fmt_bytes(cap.host_per_request)} host; fixed {fmt_bytes(cap.device_fixed)} device; "
-                         f"compiled working memory {fmt_bytes(cap.working_fixed)} + "
-                         f"{fmt_bytes(cap.working_per_request + cap.trace_ids_per_request)} per request "
-                         f"(trace ids {fmt_bytes(cap.trace_ids_per_request)}), "
-                         f"{fmt_bytes(cap.working_at_max_batch)} at batch {cap.max_batch}")
+                         f"{fmt_bytes(cap.host_per_request)} host; fixed {fmt_bytes(cap.device_fixed)} device"
+                         + working)
         lines.append(f"context {c.context}: runs " + "; ".join(
             f"{r.kind} {MODE_NAMES[r.mode]} batch {r.batch}" + ("" if r.trace is None else f" ({r.trace.name})")
             for r in c.runs))

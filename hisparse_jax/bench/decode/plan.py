@@ -88,6 +88,7 @@ class Plan:
     in_turns: bool
     timing_note: str
     derivation: object = None
+    state_only: bool = False  # capacities of the decode state alone (--explain on a CPU): nothing compiled
 
 
 def _flag_fields(family) -> dict[str, str]:
@@ -450,7 +451,11 @@ def build_plan(args) -> Plan:
     budget, host_budget = _device_budget(args), _host_budget(args)
     _allow_pinned_host(host_budget)  # before the backend starts
     platform = _ffi.platform_of(jax.default_backend())
-    _check_dtype(args, _field_value(family, args.preset, overrides, "dtype"), platform)
+    # --explain on a CPU prints a GPU slice's derivation without compiling it (a bfloat16 config
+    # cannot run here, and its working memory is the GPU program's): batches from the state alone.
+    state_only = args.explain and platform == "cpu"
+    if not state_only:
+        _check_dtype(args, _field_value(family, args.preset, overrides, "dtype"), platform)
     configs = {context: _config(family, args, context, overrides) for context in args.contexts}
     trace_list = ([_recorded(args, configs)] if args.selection == "recorded"
                   else _traces(args, configs[args.contexts[0]]))
@@ -466,8 +471,9 @@ def build_plan(args) -> Plan:
                 for context, config in configs.items()]
     _check_fits(args, family, contexts, budget, host_budget)
     for c in contexts:
-        c.caps = {m: _with_working_memory(args, family, c.config, cap, budget, host_budget)
-                  for m, cap in c.caps.items()}
+        if not state_only:
+            c.caps = {m: _with_working_memory(args, family, c.config, cap, budget, host_budget)
+                      for m, cap in c.caps.items()}
         for trace in trace_list or [None]:  # each calibration (or the recorded trace) is a comparison of its own
             c.runs += [RunPlan("capacity", m, c.caps[m].max_batch, trace) for m in args.modes]
             if not args.no_equal_batch and {"device", "hisparse"} <= c.caps.keys():
@@ -477,7 +483,7 @@ def build_plan(args) -> Plan:
     _check_fits(args, family, contexts, budget, host_budget)
     in_turns, note = _timing_schedule(args, contexts, platform)
     return Plan(family, overrides, contexts, trace_list, budget, host_budget, implementation, in_turns, note,
-                derivation)
+                derivation, state_only)
 
 
 def _allow_pinned_host(host_budget: int) -> None:

@@ -311,3 +311,12 @@ def test_a_report_that_cannot_be_written_keeps_the_printed_tables(tmp_path, caps
     out, err = capsys.readouterr()
     assert "| context |" in out and "wrote" not in out
     assert err.count("\n") == 1 and "the report could not be written" in err and "tables above" in err
+
+
+@pytest.mark.skipif(not CPU, reason="on a GPU --explain compiles the slice to size its working memory")
+def test_explain_prints_a_gpu_slice_on_a_cpu_without_compiling(capsys, monkeypatch):
+    from hisparse_jax.bench.decode import plan as plan_module
+    monkeypatch.setattr(plan_module, "_with_working_memory", lambda *a, **k: pytest.fail("compiled on --explain"))
+    assert cli.main(["decode", "--deployment", "glm5-h200", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing compiled" in out and "context 131072: hisparse batch" in out
