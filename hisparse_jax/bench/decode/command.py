@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import jax
@@ -53,6 +54,12 @@ def run(args) -> int:
     if args.profile_dir is not None and not args.profile:
         raise BenchError("--profile-dir keeps the traces of --profile's profiled calls; add --profile "
                          "(or drop --profile-dir)")
+    if args.profile and jax.default_backend() == "cpu" and not args.explain:
+        # XLA:CPU's profiler reports no device kernels, and its "HBM" is the host's memory: a
+        # table of zeros next to a roofline of the wrong memory would only mislead.
+        print("hisparse-bench: note: --profile measures device time per kernel on a GPU; XLA:CPU reports no "
+              "kernels, so this CPU run is timed without a profile", file=sys.stderr)
+        args.profile, args.profile_dir = False, None
     if not args.explain:  # --explain writes nothing
         outputs.check_folder("--out", args.out)
         if args.profile_dir is not None:

@@ -320,3 +320,12 @@ def test_explain_prints_a_gpu_slice_on_a_cpu_without_compiling(capsys, monkeypat
     assert cli.main(["decode", "--deployment", "glm5-h200", "--explain"]) == 0
     out = capsys.readouterr().out
     assert "nothing compiled" in out and "context 131072: hisparse batch" in out
+
+
+@pytest.mark.skipif(not CPU, reason="a GPU profiles")
+def test_profile_on_a_cpu_says_it_cannot_and_times_the_run(tmp_path, capsys):
+    assert cli.main(["decode", "--contexts", "64", *FAST, "--modes", "hisparse", "--no-equal-batch", "--profile",
+                     "--out", str(tmp_path / "out")]) == 0
+    out, err = capsys.readouterr()
+    assert "measures device time per kernel on a GPU" in err and "weights/FFN" not in out and "| context |" in out
+    assert json.loads((tmp_path / "out" / "decode.json").read_text())["profiles"] == []
