@@ -56,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--prefill", type=int, default=32768, help="tokens prefilled before decoding")
     r.add_argument("--steps", type=int, default=512, help="decode steps recorded")
     r.add_argument("--top-k", type=int, default=None, help="k at decode (default: the model's)")
-    r.add_argument("--mode", default="device", choices=["device", "hisparse"])
+    r.add_argument("--mode", default="device", choices=["device", "hisparse"],
+                   help="the decode that records: device (full-KV, every record in HBM) or hisparse; both "
+                        "select the same ids (default: %(default)s)")
     r.add_argument("--roots", nargs="+", default=None, help="the folders fit read (default: the standard library)")
     r.add_argument("--out", required=True, help="the trace file (.npz)")
     return p

@@ -160,9 +160,11 @@ def format_table(report: dict) -> str:
             f"({fmt_bytes(r['kv_device_bytes_per_request'])}) | {fmt_bytes(r['host_bytes_per_request'])} |"
         )
     if report["ratios"]:
-        lines += ["", "| context | trace | " + " | ".join(RATIO_COLUMNS.values()) + " |",
-                  "|" + "---|" * (len(RATIO_COLUMNS) + 2)]
+        # A column no comparison filled (the prefetch ones without --prefetch) is left out.
+        columns = {k: v for k, v in RATIO_COLUMNS.items() if any(k in q for q in report["ratios"])}
+        lines += ["", "| context | trace | " + " | ".join(columns.values()) + " |",
+                  "|" + "---|" * (len(columns) + 2)]
         for q in report["ratios"]:
             lines.append(f"| {q['context']} | {q.get('trace') or '-'} | "
-                         + " | ".join(_fmt_ratio(q, k) for k in RATIO_COLUMNS) + " |")
+                         + " | ".join(_fmt_ratio(q, k) for k in columns) + " |")
     return "\n".join(lines)
