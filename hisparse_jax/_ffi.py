@@ -8,6 +8,9 @@ _dispatch.py decides from them which implementation an op runs.
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+
 import jax
 
 from . import targets
@@ -17,6 +20,14 @@ try:
 except ImportError as err:  # the package was imported from a source tree without a build
     _ext = None
     _IMPORT_ERROR = err
+    if (Path(__file__).parent.parent / "pyproject.toml").is_file():
+        # A source checkout shadows the installed package (python run from the repository's root):
+        # every op would quietly fall back to its pure-JAX reference.
+        warnings.warn(
+            f"hisparse_jax was imported from the source tree {Path(__file__).parent.parent} without its compiled "
+            "extension, so only the pure-JAX references run (ffi_platforms() is empty); run Python from another "
+            "folder to use the installed package, or build here with `pip install --no-build-isolation -e .`",
+            UserWarning, stacklevel=2)
 else:
     _IMPORT_ERROR = None
 
