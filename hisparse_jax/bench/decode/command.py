@@ -93,7 +93,7 @@ def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> 
 
     def name(r: RunPlan) -> str:
         selection = ("" if r.trace is None else f", {r.trace.name}" if isinstance(r.trace, RecordedSelection)
-                     else f", {r.trace.name} trace")  # "recorded trace FILE", "glm-5.1 trace"
+                     else f", {r.trace.name} trace")  # "recorded STEM", "glm-5.1 trace"
         return f"{MODE_NAMES[r.mode]} @ {c.context}, batch {r.batch} ({r.kind}{selection})"
 
     def start(r: RunPlan) -> DecodeRun:

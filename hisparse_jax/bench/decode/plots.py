@@ -39,7 +39,7 @@ def write_plots(report: dict, out: Path) -> list[Path]:
         ("tokens_per_s", lambda r: r["tokens_per_s_range"], "decode tokens/s", "throughput.png"),
         ("tpot_ms_median", lambda r: [r["tpot_ms_min"], r["tpot_ms_max"]], "TPOT (ms per step)", "tpot.png"),
     ):
-        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        fig, ax = plt.subplots(figsize=(8.5, 4.2))
         for run, mode, trace in series:
             rows = [r for r in report["rows"] if r["mode"] == mode and r["run"] == run and r.get("trace") == trace]
             if rows:
@@ -57,9 +57,10 @@ def write_plots(report: dict, out: Path) -> list[Path]:
         ax.set_xlabel("context (tokens)")
         ax.set_ylabel(label)
         ax.set_title(plot_title(report), fontsize=8)
-        ax.legend(fontsize=7)
+        # Beside the axes, not on them: with several traces the legend would cover the data.
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=120)
+        fig.savefig(out / name, dpi=120, bbox_inches="tight")
         plt.close(fig)
         paths.append(out / name)
     return paths

@@ -28,6 +28,7 @@ import dataclasses
 import gc
 import json
 import time
+from pathlib import Path
 from types import ModuleType
 
 import jax
@@ -150,7 +151,9 @@ class RecordedSelection:
 
     @property
     def name(self) -> str:
-        return f"recorded trace {self.path}"
+        """A short label for tables and plot legends (the file's stem); `describe` and the JSON
+        give the path once."""
+        return f"recorded {Path(self.path).stem}"
 
     def as_dict(self) -> dict:
         """The trace's file, source and shape, for a report."""
@@ -165,7 +168,7 @@ class RecordedSelection:
         brief = {k: t.source[k] for k in ("kind", "model", "model_sha256", "prefill", "steps") if k in t.source}
         if "documents" in t.source:
             brief["documents"] = len(t.source["documents"])
-        return (f"{self.name} (source {json.dumps(brief, sort_keys=True)}): {t.steps} steps, {t.layers} "
+        return (f"{self.name} = recorded trace {self.path} (source {json.dumps(brief, sort_keys=True)}): {t.steps} steps, {t.layers} "
                 f"selecting layers, {t.streams} streams, k={t.k}, page_size={t.page_size}, "
                 f"{t.sealed[0].min()}-{t.sealed[0].max()} sealed at its first step; replayed as recorded, "
                 f"layers mapped proportionally, stream i of a batch on trace stream i mod {t.streams}, shared "

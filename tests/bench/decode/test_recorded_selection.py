@@ -94,10 +94,11 @@ def test_a_recorded_trace_drives_the_decode_and_its_misses_are_resolves(tmp_path
     path = _write(tmp_path, trace)
     # Context 40 is the trace's own: stream 0 selects among all its sealed records at every step.
     data, stdout = _run(tmp_path, capsys, ["--contexts", "40", "--selection", "recorded", "--trace-file", path])
-    name = f"recorded trace {path}"
+    name = f"recorded {Path(path).stem}"  # a short label in tables and plots; the path once, in the note
     assert data["selection"] == "recorded" and data["traces"] == [name]
     assert data["recorded_trace"] == dict(path=path, source=SOURCE, steps=8, layers=2, streams=2, k=16, page_size=1)
     (note,) = [n for n in data["notes"] if name in n]
+    assert f"recorded trace {path}" in note and path not in stdout.split(note)[1]
     # the note names the source's headline fields; the JSON above holds all of it
     assert '(source {"model": "hand-made"})' in note and "trace selection" not in " ".join(data["notes"])
     assert note in stdout and f"| 40 | {name} | capacity | hisparse |" in stdout
