@@ -1,6 +1,7 @@
-"""Bazel's check of libhisparse_cpu.so: load it with ctypes, register its handlers
-under target names of its own, and compare RESOLVE and the pool write against the
-pure-JAX reference with zero tolerance.
+"""Bazel's check of libhisparse_cpu.so: load it with ctypes, register its five CPU
+handlers under target names of their own, and compare each against the pure-JAX
+reference with zero tolerance: RESOLVE, the pool write, TOP-K, and RESOLVE's prefetch
+variant with its join.
 
 The package imported here is the source tree (no compiled extension), so the
 only handlers in play are the ones this file registers.
@@ -23,6 +24,9 @@ from hisparse_jax.pool import pool_write_reference
 
 RESOLVE = "bazel_hisparse_resolve"
 POOL_WRITE = "bazel_hisparse_pool_write"
+TOPK = "bazel_hisparse_topk"
+RESOLVE_PREFETCH = "bazel_hisparse_resolve_prefetch"
+PREFETCH_JOIN = "bazel_hisparse_prefetch_join"
 
 # [L, *streams, R, page_size, width] = 32-byte records, 2 x 3 streams.
 CONFIG = hj.CacheConfig(
@@ -42,21 +46,49 @@ def register(path: str) -> None:
     jax.ffi.register_ffi_target(
         POOL_WRITE, jax.ffi.pycapsule(_LIB.HisparsePoolWriteCpu), platform="cpu"
     )
+    for target, symbol in ((TOPK, _LIB.HisparseTopkCpu),
+                           (RESOLVE_PREFETCH, _LIB.HisparseResolvePrefetchCpu),
+                           (PREFETCH_JOIN, _LIB.HisparsePrefetchJoinCpu)):
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
 
 
-@jax.jit
-def resolve_ffi(hot, slot_record, lru, host_pool, selection, sealed, layer):
-    """Same operands and results as hisparse_jax.resolve_reference."""
+def _resolve_call(target, hot, slot_record, lru, host_pool, selection, sealed, layer, **attributes):
     per_pick = jax.ShapeDtypeStruct(selection.shape, jnp.int32)
     per_stream = jax.ShapeDtypeStruct(selection.shape[:-1], jnp.int32)
     call = jax.ffi.ffi_call(
-        RESOLVE,
+        target,
         (per_pick, per_pick, per_pick, per_stream, per_stream, per_stream,
          jax.typeof(hot), jax.typeof(slot_record), jax.typeof(lru)),
         input_output_aliases={4: 6, 5: 7, 6: 8},
     )
     return call(host_pool, selection, sealed, layer, hot, slot_record, lru,
-                fetch=True, launch=np.int32(0))
+                fetch=True, launch=np.int32(0), **attributes)
+
+
+@jax.jit
+def resolve_ffi(hot, slot_record, lru, host_pool, selection, sealed, layer):
+    """Same operands and results as hisparse_jax.resolve_reference."""
+    return _resolve_call(RESOLVE, hot, slot_record, lru, host_pool, selection, sealed, layer)
+
+
+@jax.jit
+def resolve_prefetch_ffi(hot, slot_record, lru, host_pool, selection, sealed, layer):
+    """RESOLVE's prefetch variant (slot 3), then its join: on the CPU the copy happens in the
+    resolve and the join passes hot and misses through; same results as resolve_reference."""
+    out = _resolve_call(RESOLVE_PREFETCH, hot, slot_record, lru, host_pool, selection, sealed, layer,
+                        prefetch_slot=np.int64(3))
+    join = jax.ffi.ffi_call(PREFETCH_JOIN, (jax.typeof(out[6]), jax.typeof(out[3])),
+                            input_output_aliases={0: 0, 1: 1})
+    hot, misses = join(out[6], out[3], out[1], out[2], layer, out[0], prefetch_slot=np.int64(3))
+    return (*out[:3], misses, *out[4:6], hot, *out[7:])
+
+
+@jax.jit
+def topk_ffi(scores, sealed, *, k=5):
+    words = 2 * 4 * ((scores.shape[-1] + 127) // 128)
+    call = jax.ffi.ffi_call(TOPK, (jax.ShapeDtypeStruct((*scores.shape[:-1], k), jnp.int32),
+                                   jax.ShapeDtypeStruct((*scores.shape[:-1], words), jnp.uint32)))
+    return call(scores, sealed, k=np.int64(k))[0]
 
 
 resolve_reference = jax.jit(hj.resolve_reference)
@@ -119,6 +151,31 @@ class FfiCpuTest(unittest.TestCase):
         self.assertTrue((np.asarray(got[0])[:, :2] == -1).all())
         np.testing.assert_array_equal(np.asarray(got[7])[:, :, :2], slot_record[:, :, :2])
         np.testing.assert_array_equal(np.asarray(got[8])[:, :, :2], lru[:, :, :2])
+
+    def test_resolve_prefetch_and_join_match_reference(self):
+        pool = self.host_pool()
+        cache = hj.init_hot_cache(CONFIG)
+        ffi_state = ref_state = (cache.hot, cache.slot_record, cache.lru)
+        S, k, R = CONFIG.stream_shape, CONFIG.top_k, CONFIG.pool_records
+        for step, layer in enumerate([1, 0, 1, 1]):
+            selection = self.rng.integers(-1, R, size=(*S, k), dtype=np.int32)
+            args = (pool, jnp.asarray(selection), jnp.full(S, R, jnp.int32), jnp.int32(layer))
+            got = resolve_prefetch_ffi(*ffi_state, *args)
+            want = resolve_reference(*ref_state, *args)
+            for name, g, w in zip(NAMES, got, want):
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"step {step}: {name}")
+            ffi_state, ref_state = got[6:], want[6:]
+
+    def test_topk_matches_reference(self):
+        """Ties, -0.0 and +0.0, infinities, NaN and sealed counts below, inside and above R."""
+        scores = self.rng.standard_normal((4, 3, 37)).astype(np.float32)
+        scores[0, 0, :10] = 1.0
+        scores[1, 1, :6] = [-0.0, 0.0, np.inf, -np.inf, np.nan, 0.0]
+        sealed = np.array([[37, 0, 12], [5, 40, 37], [-3, 37, 1], [36, 37, 37]], np.int32)
+        for k in (1, 5, 37):
+            got = topk_ffi(jnp.asarray(scores), jnp.asarray(sealed), k=k)
+            want = hj.select_topk_reference(jnp.asarray(scores), jnp.asarray(sealed), k)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=f"k = {k}")
 
     def test_pool_write_matches_reference(self):
         pool = self.host_pool()

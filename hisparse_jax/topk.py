@@ -24,8 +24,10 @@ def select_topk(
     """Top-k sealed records by score, in ascending id order, padded with -1 at the end.
 
     Args:
-      scores: [*S, R] float, one score per record id; float32, or any float dtype, which is
-        widened to float32 first (both implementations). Any number of stream dims *S, none too.
+      scores: [*S, R] float, one score per record id; float32, or float16 / bfloat16, widened to
+        float32 by their bits (exactly: NaN payloads, signalling NaNs and subnormals keep their
+        value on every platform), or float64, narrowed by XLA's convert. Any number of stream
+        dims *S, none too.
       sealed: [*S] int32; only ids < sealed are selectable (negative: none; above R: all R).
       k: Python int in [1, R].
       implementation: "ffi" (the C++/CUDA handler), "reference" (lax.top_k) or "auto" (the
@@ -36,10 +38,8 @@ def select_topk(
       Scores rank in IEEE 754 totalOrder, the order of XLA's TopK comparator: -NaN < -inf <
       finite < +inf < NaN, -0.0 < +0.0 (so with fewer than k sealed ids, or sealed ids scoring
       -NaN, the tail is -1). Ascending order makes the attention order position order, so a
-      selection always produces the same bits.
-      One exception, in the reference only: XLA's GPU kernel for k <= 16 over [R] or [b, R]
-      scores with R >= 1024 compares with IEEE `>`, so there -0.0 ties +0.0 and NaNs are
-      unordered; the FFI always uses the total order.
+      selection always produces the same bits. The reference ranks the contract's integer keys
+      (never floats), so no platform's float compare, NaN quieting or flushing can change them.
     Works under jit and inside lax.scan; not under vmap (add stream dims instead).
     """
     impl = _dispatch.choose_implementation(_OP, implementation, targets.TOPK)
@@ -57,16 +57,48 @@ def select_topk(
             jax.ShapeDtypeStruct((*streams, workspace_words(records)), jnp.uint32),
         ),
     )
-    selected, _ = call(jnp.asarray(scores).astype(jnp.float32), sealed, k=np.int64(k))
+    float32 = jax.lax.bitcast_convert_type(float32_bits(scores), jnp.float32)
+    selected, _ = call(float32, sealed, k=np.int64(k))
     return selected
 
 
+def float32_bits(scores) -> jax.Array:
+    """The uint32 bits of `scores` as float32. float16 and bfloat16 widen by their bits, so the
+    value is exact on every platform: a hardware or NumPy conversion may quiet a signalling NaN
+    or canonicalize a payload (x86's F16C does), which would change the order of the keys."""
+    x = jnp.asarray(scores)
+    dtype = np.dtype(x.dtype)
+    if dtype == np.float32:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32)
+    if dtype == jnp.bfloat16:  # the high half of a float32
+        return jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32) << 16
+    if dtype == np.float16:
+        h = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+        sign, exponent, mantissa = (h >> 15) << 31, (h >> 10) & 0x1F, h & 0x3FF
+        normal = ((exponent + (127 - 15)) << 23) | (mantissa << 13)
+        special = (0xFF << 23) | (mantissa << 13)  # inf, and NaNs with payload and quiet bit kept
+        # A subnormal m x 2^-24 is a normal float32: exact in float arithmetic (no flush applies).
+        tiny = jax.lax.bitcast_convert_type(mantissa.astype(jnp.float32) * np.float32(2.0**-24), jnp.uint32)
+        body = jnp.where(exponent == 0x1F, special, jnp.where(exponent == 0, tiny, normal))
+        return sign | body
+    return jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+
+
+def ordered_keys(bits: jax.Array) -> jax.Array:
+    """TopkOrderedKey (ffi/topk.h) of float32 bits, as int32 in the same order: IEEE 754
+    totalOrder on integers (-NaN < -inf < ... < -0.0 < +0.0 < ... < +inf < +NaN)."""
+    key = jnp.where((bits >> 31) != 0, ~bits, bits | np.uint32(0x80000000))
+    return jax.lax.bitcast_convert_type(key ^ np.uint32(0x80000000), jnp.int32)
+
+
 def select_topk_reference(scores: jax.Array, sealed: jax.Array, k: int) -> jax.Array:
-    """select_topk in XLA ops: lax.top_k over the scores with unsealed ids at -inf, then the
-    selected sealed ids sorted ascending and -1 padding (shapes and order as select_topk)."""
+    """select_topk in XLA ops: lax.top_k over the contract's integer keys with unsealed ids at the
+    key of -inf, then the selected sealed ids sorted ascending and -1 padding (shapes and order as
+    select_topk). Integer keys: lax.top_k's tie rule (the lower index first) is all that remains."""
     ids = jnp.arange(scores.shape[-1], dtype=jnp.int32)
     selectable = ids < sealed[..., None]
-    masked = jnp.where(selectable, scores.astype(jnp.float32), -jnp.inf)
+    unsealed = ordered_keys(jnp.uint32(0xFF800000))  # -inf
+    masked = jnp.where(selectable, ordered_keys(float32_bits(scores)), unsealed)
     _, top = jax.lax.top_k(masked, k)
     top = top.astype(jnp.int32)
     big = jnp.iinfo(jnp.int32).max

@@ -34,11 +34,28 @@ def comparator_key(x: np.ndarray) -> np.ndarray:
     return np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 
+def widened_float32(scores) -> np.ndarray:
+    """float32 of float16 / bfloat16 scores by their bits, in NumPy (as select_topk widens them:
+    NaN payloads and signalling NaNs kept; NumPy's own astype may quiet them)."""
+    x = np.asarray(scores)
+    if x.dtype == ml_dtypes.bfloat16:
+        return (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if x.dtype == np.float16:
+        h = x.view(np.uint16).astype(np.uint32)
+        sign, exponent, mantissa = (h >> 15) << 31, (h >> 10) & 0x1F, h & 0x3FF
+        normal = ((exponent + 112) << 23) | (mantissa << 13)
+        special = (0xFF << 23) | (mantissa << 13)
+        tiny = (mantissa.astype(np.float32) * np.float32(2.0**-24)).view(np.uint32)
+        return (sign | np.where(exponent == 0x1F, special, np.where(exponent == 0, tiny, normal))).astype(
+            np.uint32).view(np.float32)
+    return x.astype(np.float32)
+
+
 def oracle_topk(scores, sealed, k: int) -> np.ndarray:
     """select_topk by its definition, one stream at a time: unsealed ids score -inf, a stable
     descending sort (np.lexsort: key descending, then id ascending) taken k deep, the sealed
     ids among them ascending, then -1."""
-    scores = np.asarray(scores).astype(np.float32)  # bf16 -> f32 is exact
+    scores = widened_float32(scores)
     *streams, R = scores.shape
     rows, limits = scores.reshape(-1, R), np.asarray(sealed).reshape(-1)
     out = np.full((rows.shape[0], k), -1, np.int32)
@@ -76,9 +93,9 @@ def check_all(scores, sealed, k: int, what: str = "", reference: bool = True) ->
 
 
 def reference_follows_total_order(R: int, k: int, stream_rank: int) -> bool:
-    """False where XLA:GPU runs lax.top_k with its own small-k kernel, which compares with IEEE
-    `>` (-0.0 ties +0.0, NaN unordered): k <= 16 over [R] or [b, R] scores with R >= 1024."""
-    return jax.default_backend() != "gpu" or k > 16 or R < 1024 or stream_rank > 1
+    """Always, now: the reference ranks integer keys, so XLA:GPU's small-k kernel (k <= 16 over
+    [R] or [b, R] with R >= 1024, which compares floats with IEEE `>`) no longer sees a float."""
+    return True
 
 
 # --------------------------------------------------------------------------- scores
@@ -223,12 +240,26 @@ def test_ffi_total_order_at_small_k_over_long_rows(kind):
 
 
 def test_bfloat16_scores():
-    """bf16 scores are widened to f32 (exactly) by both implementations."""
+    """bf16 scores are widened to f32 (exactly, signalling NaNs too) by both implementations."""
     rng = np.random.default_rng(12)
     x = random_scores(rng, (3, 500), "special")
-    x[np.isnan(x)] = QNAN  # quiet NaNs only: XLA:CPU may quiet a signalling NaN when widening bf16
-    scores = x.astype(ml_dtypes.bfloat16)
+    scores = (x.view(np.uint32) >> 16).astype(np.uint16).view(ml_dtypes.bfloat16)  # NumPy would quiet sNaNs
     check_all(jnp.asarray(scores), np.array([500, 200, 3], np.int32), 64, "bf16")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("eager_numpy", [True, False])
+def test_every_16_bit_pattern(dtype, eager_numpy):
+    """All 65536 bit patterns of a 16-bit float (signalling and quiet NaNs of every payload,
+    subnormals, both zeros, infinities), shuffled over rows, as NumPy arrays and as jax arrays:
+    the same ids from the oracle and every implementation (the C++ or CUDA handler, the
+    reference), at k from 1 to whole rows."""
+    rng = np.random.default_rng(13)
+    bits = rng.permutation(np.arange(2**16, dtype=np.uint32)).astype(np.uint16)
+    scores = bits.view(dtype).reshape(16, 4096)
+    sealed = np.array([4096, 4096, 4000, 2048, 17, 0, -1, 5000] * 2, np.int32)
+    for k in (1, 16, 300, 4096):
+        check_all(scores if eager_numpy else jnp.asarray(scores), sealed, k, f"{np.dtype(dtype).name} k={k}")
 
 
 # --------------------------------------------------------------------------- hypothesis
