@@ -40,8 +40,9 @@ ffi::Error PrefetchJoinCudaImpl(cudaStream_t stream, ffi::AnyBuffer hot_in, ffi:
   if (other_destination)
     return ffi::Error::InvalidArgument(
         std::string(op) + ": the copy of prefetch_slot " + std::to_string(prefetch_slot) +
-        " writes another hot buffer than this join's; join a PendingFetch into the cache its "
-        "resolve_prefetch returned");
+        " writes another hot buffer than this join's: join a PendingFetch into the cache its "
+        "resolve_prefetch returned, in the same jitted program (outside one, the join gets a copy "
+        "of the buffer taken before the records land)");
   for (auto [in, out, name] : {std::tuple{hot_in, &hot, "hot"}, {misses_in, &misses, "misses"}}) {
     if (auto err = Carry(op, name, in, *out, stream); err.failure()) return err;
   }

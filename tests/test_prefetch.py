@@ -170,7 +170,8 @@ def test_bad_arguments_are_refused():
 
 def test_a_join_refuses_a_pending_copy_of_another_cache():
     """A PendingFetch joined into a cache whose hot buffer is not the one its copy writes: refused
-    by shape and dtype on every platform, and by the buffer itself in the CUDA join."""
+    by shape and dtype on every platform, and by the buffer itself in the CUDA join, which so also
+    refuses a join outside the resolve's jitted program (each call would get its own copy)."""
     def config(records_width):
         return hs.CacheConfig(num_layers=2, stream_shape=(2,), pool_records=16, hot_slots=4, top_k=2,
                               record_width=records_width, dtype=np.float32)
@@ -178,19 +179,28 @@ def test_a_join_refuses_a_pending_copy_of_another_cache():
     host = np.arange(np.prod(cfg.pool_shape), dtype=np.float32).reshape(cfg.pool_shape)
     pool = to_pinned_host(host)
     sel, sealed = jnp.asarray([[1, 3], [2, 5]], jnp.int32), jnp.full((2,), 16, jnp.int32)
+
+    def program(implementation, into_other):
+        def run(mine, other, pool):
+            result, mine, pending = hs.resolve_prefetch(mine, pool, sel, sealed, 1, slot=7,
+                                                        implementation=implementation)
+            joined, _ = hs.join_prefetch(other if into_other else mine, pending, jnp.ones(1))
+            return result.slots, joined.hot
+        return jax.jit(run, donate_argnums=(0, 1))
+
     for implementation in IMPLEMENTATIONS:
-        result, mine, pending = hs.resolve_prefetch(hs.init_hot_cache(cfg), pool, sel, sealed, 1, slot=7,
-                                                    implementation=implementation)
+        _, _, pending = hs.resolve_prefetch(hs.init_hot_cache(cfg), pool, sel, sealed, 1, slot=7,
+                                            implementation=implementation)
         with pytest.raises(ValueError, match="join a PendingFetch into the cache its resolve_prefetch returned"):
             hs.join_prefetch(hs.init_hot_cache(config(2)), pending, jnp.ones(1))
-        joined, _ = hs.join_prefetch(mine, pending, jnp.ones(1))  # its own cache: fine
-        slots = np.asarray(result.slots)
-        for stream in range(2):
-            assert np.array_equal(np.asarray(joined.hot)[1, stream, slots[stream]], host[1, stream, np.asarray(sel)[stream]])
-    if "ffi" in IMPLEMENTATIONS and jax.default_backend() == "gpu":
-        _, mine, pending = hs.resolve_prefetch(hs.init_hot_cache(cfg), pool, sel, sealed, 1, slot=7,
-                                               implementation="ffi")
-        other = hs.init_hot_cache(cfg)  # same shape, another buffer
-        with pytest.raises(Exception, match="writes another hot buffer than this join's"):
-            jax.block_until_ready(hs.join_prefetch(other, pending, jnp.ones(1)))
-        hs.join_prefetch(mine, pending, jnp.ones(1))
+        slots, hot = program(implementation, False)(hs.init_hot_cache(cfg), hs.init_hot_cache(cfg), pool)
+        slots, hot = np.asarray(slots), np.asarray(hot)
+        for stream in range(2):  # its own cache, in one program: the records are there
+            assert np.array_equal(hot[1, stream, slots[stream]], host[1, stream, np.asarray(sel)[stream]])
+        if implementation == "ffi" and jax.default_backend() == "gpu":
+            with pytest.raises(Exception, match="writes another hot buffer than this join's"):
+                jax.block_until_ready(program("ffi", True)(hs.init_hot_cache(cfg), hs.init_hot_cache(cfg), pool))
+            _, mine, pending = hs.resolve_prefetch(hs.init_hot_cache(cfg), pool, sel, sealed, 1, slot=7,
+                                                   implementation="ffi")
+            with pytest.raises(Exception, match="in the same jitted program"):  # eager: a copy of the buffer
+                jax.block_until_ready(hs.join_prefetch(mine, pending, jnp.ones(1)))
