@@ -36,7 +36,8 @@ class _Parser(argparse.ArgumentParser):
         raise _Error(message)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m hisparse_jax.train`: fit and record."""
     p = _Parser(prog="python -m hisparse_jax.train", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fit", help="train the DSA model: dense warm-up, then sparse training")
@@ -121,7 +122,7 @@ def _record(args, argv=None) -> None:
 
 def main(argv=None) -> int:
     try:
-        args = _parser().parse_args(argv)
+        args = parser().parse_args(argv)
         if args.command == "fit":
             _fit(args)
         else:
