@@ -12,6 +12,7 @@ Usage: ffi_cpu_test.py PATH/TO/libhisparse_cpu.so
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import unittest
 
@@ -21,6 +22,7 @@ import numpy as np
 
 import hisparse_jax as hj
 from hisparse_jax.pool import pool_write_reference
+from hisparse_jax.topk import select_topk_reference
 
 RESOLVE = "bazel_hisparse_resolve"
 POOL_WRITE = "bazel_hisparse_pool_write"
@@ -83,8 +85,8 @@ def resolve_prefetch_ffi(hot, slot_record, lru, host_pool, selection, sealed, la
     return (*out[:3], misses, *out[4:6], hot, *out[7:])
 
 
-@jax.jit
-def topk_ffi(scores, sealed, *, k=5):
+@functools.partial(jax.jit, static_argnames="k")
+def topk_ffi(scores, sealed, *, k):
     words = 2 * 4 * ((scores.shape[-1] + 127) // 128)
     call = jax.ffi.ffi_call(TOPK, (jax.ShapeDtypeStruct((*scores.shape[:-1], k), jnp.int32),
                                    jax.ShapeDtypeStruct((*scores.shape[:-1], words), jnp.uint32)))
@@ -174,7 +176,7 @@ class FfiCpuTest(unittest.TestCase):
         sealed = np.array([[37, 0, 12], [5, 40, 37], [-3, 37, 1], [36, 37, 37]], np.int32)
         for k in (1, 5, 37):
             got = topk_ffi(jnp.asarray(scores), jnp.asarray(sealed), k=k)
-            want = hj.select_topk_reference(jnp.asarray(scores), jnp.asarray(sealed), k)
+            want = select_topk_reference(jnp.asarray(scores), jnp.asarray(sealed), k)
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=f"k = {k}")
 
     def test_pool_write_matches_reference(self):
