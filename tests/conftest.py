@@ -74,6 +74,15 @@ settings.register_profile("hisparse-ci", parent=settings.get_profile("hisparse")
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "hisparse"))
 
 
+def pytest_configure(config):
+    # The controller of an xdist run only (workers have `workerinput`): it sees every report.
+    if (config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None)
+            and not hasattr(config, "workerinput")):
+        from progress_plugin import FileProgress
+
+        config.pluginmanager.register(FileProgress(config), "hisparse-file-progress")
+
+
 def pytest_report_header(config):
     return (
         f"hisparse_jax from {Path(hisparse_jax.__file__).parent}; jax {jax.__version__} on "
