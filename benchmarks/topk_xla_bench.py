@@ -46,8 +46,10 @@ def time_calls(fn, args, calls: int, reps: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="JSON output path")
-    parser.add_argument("--records", type=int, nargs="+", default=[32768, 131072, 262144])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 10, 80, 160])
+    parser.add_argument("--records", type=int, nargs="+", default=[32768, 131072, 262144],
+                        help="records R per row (scores per row), every one sealed")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 10, 80, 160],
+                        help="rows selected from per call")
     parser.add_argument("--calls", type=int, default=50, help="calls per timing")
     parser.add_argument("--reps", type=int, default=7, help="timings per shape and implementation")
     parser.add_argument("--quick", action="store_true", help="R = 131072, rows 2 and 80")
