@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 
 import hisparse_jax as hs
+from hisparse_jax.bench import outputs
+from hisparse_jax.bench.errors import BenchError
 
 H, D = 64, 128
 ROTATE_BYTES = 256 << 20
@@ -105,6 +107,11 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=30, help="back-to-back calls per timing")
     parser.add_argument("--reps", type=int, default=5, help="timings per shape and program (the median is reported)")
     args = parser.parse_args()
+    if args.out is not None:  # checked before anything is timed: a run must not end unwritable
+        try:
+            outputs.check_file("--out", args.out)
+        except BenchError as err:
+            parser.error(str(err))
     if jax.default_backend() != "gpu":
         print("indexer_xla_bench: needs a GPU backend (the ffi program is a CUDA kernel)", file=sys.stderr)
         return 2

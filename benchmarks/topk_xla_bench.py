@@ -24,6 +24,8 @@ import jax
 import numpy as np
 
 import hisparse_jax as hs
+from hisparse_jax.bench import outputs
+from hisparse_jax.bench.errors import BenchError
 
 TOP_K = 2048
 
@@ -54,6 +56,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7, help="timings per shape and implementation")
     parser.add_argument("--quick", action="store_true", help="R = 131072, rows 2 and 80")
     args = parser.parse_args()
+    if args.out is not None:  # checked before anything is timed: a run must not end unwritable
+        try:
+            outputs.check_file("out", args.out)
+        except BenchError as err:
+            parser.error(str(err))
     if args.quick:
         args.records, args.rows = [131072], [2, 80]
     implementations = ["reference", "ffi"] if hs.has_ffi() else ["reference"]
