@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 
 import hisparse_jax as hs
+from hisparse_jax.bench import outputs
+from hisparse_jax.bench.errors import BenchError
 
 H, D = 64, 128
 ROTATE_BYTES = 256 << 20
@@ -96,12 +98,20 @@ def time_program(fn, args_of, iters, reps) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="JSON path")
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 10, 16, 80])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[32768, 131072])
-    parser.add_argument("--programs", nargs="+", default=list(PROGRAMS), choices=list(PROGRAMS))
-    parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 10, 16, 80],
+                        help="rows b per shape (each row scores its own T keys)")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[32768, 131072],
+                        help="key tokens T per row")
+    parser.add_argument("--programs", nargs="+", default=list(PROGRAMS), choices=list(PROGRAMS),
+                        help="the programs timed (default: all)")
+    parser.add_argument("--iters", type=int, default=30, help="back-to-back calls per timing")
+    parser.add_argument("--reps", type=int, default=5, help="timings per shape and program (the median is reported)")
     args = parser.parse_args()
+    if args.out is not None:  # checked before anything is timed: a run must not end unwritable
+        try:
+            outputs.check_file("--out", args.out)
+        except BenchError as err:
+            parser.error(str(err))
     if jax.default_backend() != "gpu":
         print("indexer_xla_bench: needs a GPU backend (the ffi program is a CUDA kernel)", file=sys.stderr)
         return 2

@@ -13,8 +13,10 @@ import json
 import sys
 from pathlib import Path
 
+from hisparse_jax.bench import outputs
 from hisparse_jax.bench.decode.plots import write_plots
 from hisparse_jax.bench.decode.report import format_table
+from hisparse_jax.bench.errors import BenchError
 
 
 def merge(reports: list[dict]) -> dict:
@@ -23,21 +25,36 @@ def merge(reports: list[dict]) -> dict:
         for key in ("family", "preset", "device", "jax", "device_budget_bytes", "host_budget_bytes",
                     "max_batch_cap", "steps", "reps", "fill", "selection", "overrides", "notes"):
             if r.get(key) != first.get(key):
-                raise SystemExit(f"reports differ in {key}: {first[key]!r} vs {r[key]!r}")
+                raise BenchError(f"reports differ in {key}: {first.get(key)!r} vs {r.get(key)!r}")
     merged = dict(first)
     merged["rows"] = sorted((row for r in reports for row in r["rows"]), key=lambda row: row["context"])
     merged["ratios"] = sorted((q for r in reports for q in r["ratios"]), key=lambda q: q["context"])
     return merged
 
 
+def _load(path: str) -> dict:
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BenchError(f"{path}: not a readable decode.json ({type(err).__name__}: {err})") from None
+    if not isinstance(report, dict) or not {"rows", "ratios"} <= report.keys():
+        raise BenchError(f"{path}: not a hisparse-bench decode report (no rows and ratios)")
+    return report
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         raise SystemExit(__doc__)
+    try:  # the output folder and every report are checked before anything is written
+        outputs.check_folder("OUT_DIR", argv[0])
+        report = merge([_load(p) for p in argv[1:]])
+    except BenchError as err:
+        print(f"merge_decode_reports: error: {err}", file=sys.stderr)
+        return 2
+    print(format_table(report))  # the table first: a failed write below does not lose it
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
-    report = merge([json.loads(Path(p).read_text()) for p in argv[1:]])
     (out / "decode.json").write_text(json.dumps(report, indent=1))
-    print(format_table(report))
     write_plots(report, out)
     return 0
 

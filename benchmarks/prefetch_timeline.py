@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import os
 import sys
 
-from hisparse_jax.bench import device_trace, kernel_categories
+from hisparse_jax.bench import device_trace, kernel_categories, outputs
+from hisparse_jax.bench.errors import BenchError
 
 COLORS = {"weights/FFN": "tab:blue", "attention": "tab:orange", "indexer": "tab:green", "top-k": "tab:olive",
           "resolve": "tab:purple", "IO": "tab:red", "copies": "tab:gray", "other": "tab:cyan"}
@@ -27,6 +29,15 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=16, help="decode steps of the profiled call")
     p.add_argument("--out", default=None, help="PNG of the middle step (default: no plot)")
     args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error(f"argument --steps: {args.steps} is below 1; give the profiled call's decode steps")
+    if args.out is not None:  # checked before any work: a plot that cannot be written is a usage mistake
+        try:
+            outputs.check_file("--out", args.out)
+        except BenchError as err:
+            p.error(str(err))
+        if importlib.util.find_spec("matplotlib") is None:
+            p.error("--out draws with matplotlib, which is not installed: pip install matplotlib (or drop --out)")
     hlo_path = os.path.join(args.trace_dir, "program.hlo.txt")
     if not os.path.exists(hlo_path):
         sys.exit(f"prefetch_timeline: {hlo_path} not found; pass a run folder of --profile-dir")

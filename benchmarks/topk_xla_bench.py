@@ -24,6 +24,8 @@ import jax
 import numpy as np
 
 import hisparse_jax as hs
+from hisparse_jax.bench import outputs
+from hisparse_jax.bench.errors import BenchError
 
 TOP_K = 2048
 
@@ -46,12 +48,19 @@ def time_calls(fn, args, calls: int, reps: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="JSON output path")
-    parser.add_argument("--records", type=int, nargs="+", default=[32768, 131072, 262144])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 10, 80, 160])
+    parser.add_argument("--records", type=int, nargs="+", default=[32768, 131072, 262144],
+                        help="records R per row (scores per row), every one sealed")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 10, 80, 160],
+                        help="rows selected from per call")
     parser.add_argument("--calls", type=int, default=50, help="calls per timing")
     parser.add_argument("--reps", type=int, default=7, help="timings per shape and implementation")
     parser.add_argument("--quick", action="store_true", help="R = 131072, rows 2 and 80")
     args = parser.parse_args()
+    if args.out is not None:  # checked before anything is timed: a run must not end unwritable
+        try:
+            outputs.check_file("out", args.out)
+        except BenchError as err:
+            parser.error(str(err))
     if args.quick:
         args.records, args.rows = [131072], [2, 80]
     implementations = ["reference", "ffi"] if hs.has_ffi() else ["reference"]

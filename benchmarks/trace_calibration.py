@@ -66,12 +66,13 @@ def miss_rate(selections: list[np.ndarray], capacity: int, warm: int, policy: st
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--calibrations", nargs="+", default=list(synthetic.CALIBRATIONS), choices=list(synthetic.CALIBRATIONS))
+    p.add_argument("--calibrations", nargs="+", default=list(synthetic.CALIBRATIONS), choices=list(synthetic.CALIBRATIONS),
+                   help="the synthetic calibrations replayed (default: all)")
     p.add_argument("--contexts", type=int, nargs="+", default=[32768, 65536, 131072], help="sealed records n")
-    p.add_argument("--k", type=int, default=2048)
+    p.add_argument("--k", type=int, default=2048, help="records selected per step (top-k)")
     p.add_argument("--steps", type=int, default=140, help="steps generated, warm-up included")
     p.add_argument("--warm", type=int, default=40, help="steps before misses count")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3], help="one generated trace per seed")
     args = p.parse_args(argv)
     k = args.k
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; k = {k}; one stream, one selecting layer; "

@@ -29,3 +29,43 @@ def test_modes_take_full_kv_and_the_library_name(capsys):
     parse = cli.parser().parse_args
     assert parse(["decode", "--modes", "full-kv", "hisparse"]).modes == ["device", "hisparse"]
     assert parse(["decode", "--modes", "device"]).modes == ["device"]
+
+
+def _script_parsers() -> dict[str, argparse.ArgumentParser]:
+    """The argument parser of every script under benchmarks/ that builds one in main(): main runs
+    until it parses, where the parser is kept and the run stopped (nothing is measured)."""
+    import importlib.util
+    from pathlib import Path
+
+    class Parsed(Exception):
+        pass
+
+    found = {}
+    original = argparse.ArgumentParser.parse_args
+
+    def keep(self, *args, **kwargs):
+        found[current] = self
+        raise Parsed
+
+    for script in sorted((Path(__file__).parents[1] / "benchmarks").glob("*.py")):
+        if "argparse" not in script.read_text():
+            continue
+        current = script.name
+        spec = importlib.util.spec_from_file_location(script.stem, script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        argparse.ArgumentParser.parse_args = keep
+        try:
+            module.main()
+        except Parsed:
+            pass
+        finally:
+            argparse.ArgumentParser.parse_args = original
+    return found
+
+
+def test_every_benchmark_script_option_has_help_text():
+    parsers = _script_parsers()
+    assert len(parsers) >= 5, sorted(parsers)
+    silent = [s for name, p in parsers.items() for s in _silent_options(p, name)]
+    assert silent == []

@@ -106,16 +106,18 @@ def launch_gaps(row: dict) -> str:
     return line
 
 
-def format_profile(rows: list[dict]) -> str:
+def format_profile(rows: list[dict], mode_names: dict[str, str] | None = None) -> str:
     """A markdown table of profile rows (StepProfile fields plus mode, context, batch): device ms
-    per step by category, the device sum, the step and its roofline."""
+    per step by category, the device sum, the step and its roofline. `mode_names` maps a row's
+    mode to the name the tables show (the decode report's, so the baseline has one name: full-KV)."""
+    shown = dict(mode_names or {})
     head = ("| mode | context | trace | batch | " + " | ".join(CATEGORIES)
             + " | device sum | step | roofline | step / roofline | tokens/s / roofline tokens/s |")
     lines = [head, "|" + "---|" * (len(CATEGORIES) + 9)]
     for r in rows:
         cells = " | ".join(f"{r['seconds'][c] * 1e3:.3f}" for c in CATEGORIES)
         total = sum(r["seconds"].values())
-        lines.append(f"| {r['mode']}{' + prefetch' if r.get('run') == 'prefetch' else ''} | {r['context']} | {r.get('trace') or '-'} | {r['batch']} | {cells} | "
+        lines.append(f"| {shown.get(r['mode'], r['mode'])}{' + prefetch' if r.get('run') == 'prefetch' else ''} | {r['context']} | {r.get('trace') or '-'} | {r['batch']} | {cells} | "
                      f"{total * 1e3:.3f} | {r['step_seconds'] * 1e3:.3f} | {r['roofline_seconds'] * 1e3:.3f} | "
                      f"{r['step_seconds'] / r['roofline_seconds']:.2f} | "
                      f"{r['roofline_seconds'] / r['step_seconds']:.0%} |")
@@ -125,7 +127,7 @@ def format_profile(rows: list[dict]) -> str:
         parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in r["bytes"].items())
         bw = ", ".join(f"{k} {v / 1e9:.0f} GB/s" for k, v in r["bandwidths"].items())
         run = " (prefetch)" if r.get("run") == "prefetch" else ""
-        lines.append(f"- {r['mode']}{run} @ {r['context']}: {parts}; {bw}")
+        lines.append(f"- {shown.get(r['mode'], r['mode'])}{run} @ {r['context']}: {parts}; {bw}")
         lines.append("  " + launch_gaps(r))
         overlap = r.get("io_overlap")
         if overlap:

@@ -87,9 +87,20 @@ def test_prefetch_timeline_script(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("prefetch_timeline", script)
     timeline = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(timeline)
-    png = tmp_path / "timeline.png"
-    assert timeline.main([str(_two_stream_trace(tmp_path / "trace")), "--steps", "1", "--out", str(png)]) == 0
+    trace = str(_two_stream_trace(tmp_path / "trace"))
+    assert timeline.main([trace, "--steps", "1"]) == 0
     out = capsys.readouterr().out
     assert "record copy 0.130 ms, 0.070 ms beside other kernels: 54% hidden" in out
     assert "fetch on stream 9 at +0.050 ms for 0.120 ms; beside: weights/FFN x2" in out
+    for argv, says in [(["--out", "/dev/null/x.png"], "'/dev/null' is not a folder"),
+                       (["--out", str(tmp_path)], "is a folder; give a file name"),
+                       (["--steps", "0"], "argument --steps: 0 is below 1")]:
+        with pytest.raises(SystemExit) as exit_:  # one line, exit 2, before any work
+            timeline.main([trace, "--steps", "1", *argv])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert exit_.value.code == 2 and says in err and "Traceback" not in err, err
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("matplotlib is not installed: the timeline is not drawn")
+    png = tmp_path / "timeline.png"
+    assert timeline.main([trace, "--steps", "1", "--out", str(png)]) == 0
     assert png.stat().st_size > 0

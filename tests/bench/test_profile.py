@@ -12,6 +12,15 @@ def test_format_profile_names_every_category():
     assert all(c in table for c in kernel_categories.CATEGORIES) and "| 3.00 |" in table
 
 
+def test_the_profile_table_names_the_baseline_as_the_decode_table_does():
+    from hisparse_jax.bench.decode.report import MODE_NAMES
+
+    p = profile.StepProfile(dict.fromkeys(kernel_categories.CATEGORIES, 1e-3), 9e-3, 3e-3, {"weights": 2**20},
+                            {"hbm": 4e12, "host link": 5e10}, [])
+    table = profile.format_profile([dict(mode="device", context=64, batch=2, **p.as_dict())], MODE_NAMES)
+    assert "| full-KV | 64 |" in table and "- full-KV @ 64:" in table and "| device |" not in table
+
+
 def test_launch_gaps_set_the_kernels_against_the_timed_step():
     p = profile.StepProfile(dict.fromkeys(kernel_categories.CATEGORIES, 1e-3), 9e-3, 3e-3, {"weights": 2**20},
                             {"hbm": 4e12, "host link": 5e10}, [], kernels_per_step=412.0, idle_seconds=4e-4)

@@ -210,6 +210,13 @@ def test_cli_fit_and_record(text_root, tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_record_names_the_baseline_full_kv_as_hisparse_bench_does():
+    base = ["record", "--checkpoint", "m.npz", "--out", "t.npz"]
+    assert train_cli.parser().parse_args(base).mode == "device"  # the library's decode mode: full-KV
+    for given, mode in [("full-kv", "device"), ("device", "device"), ("hisparse", "hisparse")]:
+        assert train_cli.parser().parse_args([*base, "--mode", given]).mode == mode
+
+
 @pytest.mark.parametrize("argv, message", [
     (["fit", "--model", "huge", "--out", "x"], "invalid choice"),
     (["fit", "--model", "tiny", "--max-steps", "0", "--out", "x"], "--max-steps must be a positive int"),
@@ -221,6 +228,7 @@ def test_cli_fit_and_record(text_root, tmp_path, capsys):
     pytest.param(["fit", "--model", "trace-model", "--out", "x"], "XLA:CPU cannot train",
                  marks=pytest.mark.skipif(jax.default_backend() != "cpu", reason="a GPU trains bfloat16")),
     (["fit"], "required"),
+    (["record", "--checkpoint", "m.npz", "--mode", "full", "--out", "t.npz"], "choose from full-kv, hisparse"),
 ])
 def test_cli_bad_arguments_are_one_line(argv, message, capsys):
     assert train_cli.main(argv) == 2

@@ -108,6 +108,6 @@ def run(args) -> int:
             raise BenchError(f"--json {args.json!r}: the summary could not be written ({err}); it is printed "
                              "above", status=1) from None
     if not (summary["tokens_equal"] and summary["logits_equal"]):
-        print("hisparse-bench: error: hisparse and device decodes differ", file=sys.stderr)
+        print("hisparse-bench: error: hisparse and full-KV decodes differ", file=sys.stderr)
         return 1
     return 0

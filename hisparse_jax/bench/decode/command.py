@@ -72,7 +72,7 @@ def run(args) -> int:
     print(header(report))
     print(format_table(report))
     if report["profiles"]:
-        print(profile_lib.format_profile(report["profiles"]))
+        print(profile_lib.format_profile(report["profiles"], MODE_NAMES))
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -47,3 +47,13 @@ def test_a_context_too_short_for_the_top_k_names_context(one_line_error):
     # dsa/tiny selects 16 pages: 5 tokens of context leave far fewer pages than that.
     err = one_line_error(["bitwise", "--preset", "tiny", "--context", "5", "--steps", "1", "--reps", "1"])
     assert err.startswith("hisparse-bench: error: --preset tiny --context 5 --steps 1 --reps 1 (max_context")
+
+
+def test_modes_that_differ_are_one_line_naming_full_kv_and_exit_1(tmp_path, capsys, monkeypatch):
+    # A difference cannot be provoked honestly at a tiny shape, so the comparison's summary is given.
+    summary = dict(tokens_equal=True, logits_equal=False, hisparse_step_ms=1.0, device_step_ms=1.0)
+    monkeypatch.setattr(bitwise, "compare", lambda args: summary)
+    assert cli.main(["bitwise", *TINY, "--json", str(tmp_path / "b.json")]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == summary == json.loads((tmp_path / "b.json").read_text())
+    assert captured.err == "hisparse-bench: error: hisparse and full-KV decodes differ\n"
