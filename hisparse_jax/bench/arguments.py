@@ -51,8 +51,9 @@ _tokens = _number(int, "a positive number of tokens", 1, 2**30, "positions and r
 _size = _number(float, "a positive size", 1e-12)
 
 
-def _mode(text: str) -> str:
-    """--modes: full-kv (or the library's name, device) -> "device"; hisparse."""
+def mode_choice(text: str) -> str:
+    """An argparse type for a decode mode: full-kv (the baseline's one name; the library's name
+    device works too) -> "device"; hisparse. Shared by hisparse-bench and the train command."""
     mode = {"full-kv": "device", "device": "device", "hisparse": "hisparse"}.get(text.lower())
     if mode is None:
         raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from full-kv, hisparse)")
@@ -142,7 +143,7 @@ def _decode_run_arguments(d, cpu: dict, slc: dict) -> None:
     d.add_argument("--reps", type=_count, default=None,
                    help="timed calls per run, after one untimed call; min / median / max reported "
                         f"(default: {cpu['reps']}; deployment: {slc['reps']})")
-    d.add_argument("--modes", nargs="+", type=_mode, default=["device", "hisparse"], metavar="MODE",
+    d.add_argument("--modes", nargs="+", type=mode_choice, default=["device", "hisparse"], metavar="MODE",
                    help="the runs: full-kv (the baseline, every record in HBM; `device` is the library's name "
                         "of that mode and works too) and hisparse (default: both)")
     d.add_argument("--no-equal-batch", action="store_true", help="skip HiSparse at the baseline's batch")

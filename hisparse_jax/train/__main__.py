@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 
 from ..bench import outputs
+from ..bench.arguments import mode_choice
 from ..bench.errors import BenchError
 from ..selection.recorded import save_trace
 from . import fit as fit_lib
@@ -57,21 +58,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--prefill", type=int, default=32768, help="tokens prefilled before decoding")
     r.add_argument("--steps", type=int, default=512, help="decode steps recorded")
     r.add_argument("--top-k", type=int, default=None, help="k at decode (default: the model's)")
-    r.add_argument("--mode", default="device", type=_decode_mode, metavar="{full-kv,hisparse}",
+    r.add_argument("--mode", default="device", type=mode_choice, metavar="{full-kv,hisparse}",
                    help="the decode that records: full-KV (every record in HBM; `device`, the library's name, "
                         "is accepted too) or hisparse; both select the same ids (default: full-kv)")
     r.add_argument("--roots", nargs="+", default=None, help="the folders fit read (default: the standard library)")
     r.add_argument("--out", required=True, help="the trace file (.npz)")
     return p
-
-
-def _decode_mode(text: str) -> str:
-    """record --mode: full-kv (the baseline's name in hisparse-bench too) or the library's name
-    device -> "device"; hisparse."""
-    mode = {"full-kv": "device", "device": "device", "hisparse": "hisparse"}.get(text.lower())
-    if mode is None:
-        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from full-kv, hisparse)")
-    return mode
 
 
 def _fit(args) -> None:
