@@ -3,8 +3,10 @@ write its report loses the run (`--out /dev/null/x` used to fail only at the end
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Callable
 
 from .errors import BenchError
 
@@ -25,6 +27,19 @@ def check_file(flag: str, path: str | os.PathLike) -> None:
     if target.is_dir():
         raise BenchError(f"{flag} {str(path)!r}: is a folder; give a file name")
     _check_ancestor(flag, path, target.parent)
+
+
+def write_report(out: Path, name: str, report: dict, plots: Callable[[dict, Path], list] | None) -> list[Path]:
+    """Writes `report` as out/name (JSON) and, given `plots`, its plots; the paths written. Called
+    after the tables are printed, so a write that fails (a disk filled meanwhile) is one line,
+    exit 1, and the results stay on screen."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(json.dumps(report, indent=1))
+        return [out / name, *(plots(report, out) if plots is not None else [])]
+    except OSError as err:
+        raise BenchError(f"--out {str(out)!r}: the report could not be written ({err}); the tables above "
+                         "are the run's results", status=1) from None
 
 
 def _check_ancestor(flag: str, shown, folder: Path) -> None:

@@ -10,7 +10,6 @@ stdout, policies.json and PNG plots in --out.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -122,14 +121,8 @@ def run(args) -> int:
     for entry in entries:  # the tables first: a report that cannot be written loses no result
         print(format_entry(entry))
         print()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "policies.json").write_text(json.dumps(report, indent=1))
-        written = [] if args.no_plots else write_plots(report, out)
-    except OSError as err:
-        raise BenchError(f"--out {str(out)!r}: the report could not be written ({err}); the tables above "
-                         "are the run's results", status=1) from None
-    print(f"wrote {out / 'policies.json'}" + "".join(f", {p}" for p in written))
+    written = outputs.write_report(out, "policies.json", report, None if args.no_plots else write_plots)
+    print("wrote " + ", ".join(map(str, written)))
     return 0
 
 

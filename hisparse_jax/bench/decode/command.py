@@ -26,7 +26,6 @@ at 32K, 128K and 256K, under both trace calibrations:
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -73,15 +72,8 @@ def run(args) -> int:
     print(format_table(report))
     if report["profiles"]:
         print(profile_lib.format_profile(report["profiles"], MODE_NAMES))
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "decode.json").write_text(json.dumps(report, indent=1))
-        written = [] if args.no_plots else write_plots(report, out)
-    except OSError as err:
-        raise BenchError(f"--out {str(out)!r}: the report could not be written ({err}); the tables above "
-                         "are the run's results", status=1) from None
-    print(f"wrote {out / 'decode.json'}" + "".join(f", {p}" for p in written))
+    written = outputs.write_report(Path(args.out), "decode.json", report, None if args.no_plots else write_plots)
+    print("wrote " + ", ".join(map(str, written)))
     return 0
 
 
