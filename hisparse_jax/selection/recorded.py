@@ -171,6 +171,7 @@ def encode(trace: RecordedTrace) -> tuple[np.ndarray, bytes]:
 # stay near 100 MiB whatever the file declares, and the Python loop runs once per chunk of
 # steps, never once per step and row (a 9 KB file can declare a million of those).
 _CHUNK = 1 << 22
+_RADIX_KEYS = 1 << 16  # (step, row) keys a chunk may have to be sorted as uint16 (a radix sort)
 
 
 class _Varints:
@@ -289,8 +290,14 @@ def decode(counts: np.ndarray, payload: bytes, steps: int, layers: int, streams:
         # every (step, row, id) held, ordered by step and row, ids ascending
         n = t_off - t_on
         step = np.repeat(t_on - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
-        _, where, held = _sorted(np.zeros(step.size, np.int64), 1, (step - t0) * rows + np.repeat(r_on, n),
-                                 span * rows, np.repeat(i_on, n), width)
+        where, held = (step - t0) * rows + np.repeat(r_on, n), np.repeat(i_on, n)
+        if span * rows <= _RADIX_KEYS:
+            # The intervals come by row then id, so a stable sort by (step, row) leaves each row's
+            # ids ascending; on 16-bit keys numpy's stable sort is a radix sort, linear.
+            order = np.argsort(where.astype(np.uint16), kind="stable")
+            where, held = where[order], held[order]
+        else:
+            _, where, held = _sorted(np.zeros(where.size, np.int64), 1, where, span * rows, held, width)
         first = np.cumsum(size.reshape(-1)) - size.reshape(-1)
         position = np.arange(where.size) - first[where]
         ids[t0:t1].reshape(-1)[where * k + position] = held

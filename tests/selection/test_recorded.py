@@ -90,11 +90,14 @@ def _persistent_trace(rng, steps, rows, k, records) -> RecordedTrace:
     return RecordedTrace(ids=ids, sealed=np.full((steps, rows), records, np.int32))
 
 
+@pytest.mark.parametrize("radix", [True, False])
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 22])
-def test_the_decoder_gives_the_same_ids_whatever_its_chunk(tmp_path, monkeypatch, chunk):
+def test_the_decoder_gives_the_same_ids_whatever_its_chunk(tmp_path, monkeypatch, chunk, radix):
     """The decoder works a chunk of steps at a time, carrying the held ids from one chunk into the
-    next; chunk 1 puts every step in its own chunk, 1 << 22 (the default) the whole trace in one."""
+    next; chunk 1 puts every step in its own chunk, 1 << 22 (the default) the whole trace in one.
+    Without radix: the sort a chunk with more than 2^16 (step, row) keys takes."""
     monkeypatch.setattr(recorded, "_CHUNK", chunk)
+    monkeypatch.setattr(recorded, "_RADIX_KEYS", 1 << 16 if radix else 0)
     trace = _persistent_trace(np.random.default_rng(chunk), 30, 3, 6, 20)
     save_trace(tmp_path / "t.npz", trace)
     assert np.array_equal(load_trace(tmp_path / "t.npz").ids, trace.ids)
