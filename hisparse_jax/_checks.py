@@ -34,24 +34,30 @@ _INT32 = np.iinfo(np.int32)
 
 
 def check_int32(op: str, name: str, x) -> None:
-    """x must be int32. A host value (NumPy array or scalar, Python int or list) is range-checked
-    first: JAX turns an int64 NumPy array into int32 without x64 by dropping the high bits, so
-    id 2**32 + 1 would arrive as id 1."""
-    if not isinstance(x, jax.Array):  # a tracer is a jax.Array too
-        host = np.asarray(x)
-        if host.dtype.kind in "iu" and host.size:
-            low, high = host.min(), host.max()
+    """x must be int32. A value known now (NumPy array or scalar, Python int or list, a concrete
+    jax array) is range-checked first: JAX turns an int64 NumPy array into int32 without x64 by
+    dropping the high bits, so id 2**32 + 1 would arrive as id 1. A traced value has no value
+    yet: its dtype must be int32 (an int64 one under x64 is refused, not cast)."""
+    concrete = not isinstance(x, jax.core.Tracer)
+    host = np.asarray(x) if not isinstance(x, jax.Array) else None
+    if host is not None and host.dtype.kind == "O":
+        raise TypeError(f"{op}: {name} must be int32, got Python objects; pass a NumPy or JAX int32 array")
+    dtype = host.dtype if host is not None else _dtype(x)
+    if concrete and dtype.kind in "iu" and dtype != np.int32:
+        values = host if host is not None else np.asarray(jax.device_get(x))
+        if values.size:
+            low, high = values.min(), values.max()
             if low < _INT32.min or high > _INT32.max:
                 bad = int(low) if low < _INT32.min else int(high)
                 raise ValueError(
                     f"{op}: {name} holds {bad}, outside int32 [{_INT32.min}, {_INT32.max}]; ids, counts and "
                     "lengths are int32 here, so fix the value rather than cast it (a cast would wrap)"
                 )
-            return
-        if host.dtype.kind == "O":
-            raise TypeError(f"{op}: {name} must be int32, got Python objects; pass a NumPy or JAX int32 array")
-    if _dtype(x) != np.int32:
-        raise TypeError(f"{op}: {name} must be int32, got {_dtype(x)}; cast it with .astype(jnp.int32)")
+        if host is not None:
+            return  # a host value in range: the op casts it
+    if dtype != np.int32:
+        raise TypeError(f"{op}: {name} must be int32, got {dtype}; cast it with .astype(jnp.int32) once its values "
+                        "are known to fit int32 (a cast wraps the others)")
 
 
 def check_pool(op: str, host_pool, need_host: bool) -> None:

@@ -19,7 +19,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from . import layout
+from . import _checks, layout
 from .cache import HotCache, alloc_host_pool, init_hot_cache
 from .config import CacheConfig
 from .pool import write_records
@@ -106,6 +106,7 @@ def write_sealed(store: RecordStore, records: jax.Array, count: jax.Array) -> Re
     Writes past the pool's R records are an error in eager code and are reported by
     write_records(checked=True) under jit; model configs size R for the longest context.
     """
+    _checks.check_int32("write_sealed", "count", count)  # before the cast below (a cast wraps)
     count = jnp.asarray(count, jnp.int32)
     if store.mode == "hisparse":
         pool = write_records(store.host_pool, records, store.sealed, count)

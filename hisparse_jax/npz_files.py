@@ -10,6 +10,9 @@ is wrong comes out as one ValueError naming the file and the member.
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 import zipfile
 import zlib
 from pathlib import Path
@@ -33,10 +36,16 @@ class NpzFile:
 
     def __init__(self, path: str | Path, what: str):
         self.path, self.what = Path(path), what
-        if self.path.is_dir():
-            self.fail("is a directory, not a file")
-        if not self.path.is_file():
+        try:
+            mode = os.stat(self.path).st_mode
+        except FileNotFoundError:
             self.fail("no such file")
+        except OSError as err:
+            self.fail(f"cannot be read ({err.strerror})")
+        if stat.S_ISDIR(mode):
+            self.fail("is a directory, not a file")
+        if not stat.S_ISREG(mode):  # opening a FIFO would block, /dev/zero never ends
+            self.fail("is not a regular file (a device, pipe or socket)")
         try:
             self._zip = zipfile.ZipFile(self.path)
         except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
@@ -54,6 +63,18 @@ class NpzFile:
     def names(self) -> list[str]:
         """The arrays the archive holds."""
         return [n[:-4] for n in self._zip.namelist() if n.endswith(".npy")]
+
+    def json(self, name: str, *, max_bytes: int) -> dict:
+        """Member `name` (uint8 bytes of UTF-8 JSON) as the dict it must hold."""
+        data = self.array(name, max_bytes=max_bytes, kinds="u").tobytes()
+        try:
+            value = json.loads(data.decode())
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            # RecursionError: a few KB of "[[[[..." nests deeper than the parser's stack
+            self.fail(f"its {name} is not JSON ({type(err).__name__}: {str(err)[:80]})")
+        if not isinstance(value, dict):
+            self.fail(f"its {name} is JSON {type(value).__name__}, expected an object")
+        return value
 
     def array(self, name: str, *, max_bytes: int, kinds: str = "biuf") -> np.ndarray:
         """Member `name` as a NumPy array, after its header is checked.
@@ -87,7 +108,10 @@ class NpzFile:
                               f"the {max_bytes} it may hold")
                 if nbytes != info.file_size - f.tell():
                     self.fail(f"its {name!r} array declares {nbytes} bytes but stores {info.file_size - f.tell()}")
-                out = np.empty(nbytes, np.uint8)
+                try:
+                    out = np.empty(nbytes, np.uint8)
+                except MemoryError:
+                    self.fail(f"its {name!r} array needs {nbytes} bytes, more than this machine can allocate")
                 view, done = memoryview(out), 0
                 while done < nbytes:
                     got = f.readinto(view[done:])

@@ -13,6 +13,8 @@ from . import _bits, _checks, _dispatch, targets
 
 def rows_outside_pool(host_pool_records: int, start, count, rows: int):
     """[*streams] int32: rows of a write that would land outside [0, R) or beyond `rows`."""
+    _checks.check_int32("rows_outside_pool", "start", start)  # before the casts below
+    _checks.check_int32("rows_outside_pool", "count", count)
     count = jnp.asarray(count, jnp.int32)
     start = jnp.asarray(start, jnp.int32)
     asked = jnp.maximum(count, 0)
@@ -49,6 +51,9 @@ def write_records(
     donate the pool and it is written in place (no copy): the result is typed as
     host memory, so XLA keeps it there.
     """
+    _checks.check_int32("write_records", "start", start)  # before the cast below (a cast wraps)
+    if count is not None:
+        _checks.check_int32("write_records", "count", count)
     start = jnp.asarray(start, jnp.int32) if not isinstance(start, jax.Array) else start
     n = records.shape[start.ndim + 1]
     if count is None:

@@ -163,6 +163,8 @@ def resolve_reference(hot, slot_record, lru, host_pool, selection, sealed, layer
     cannot read pinned_host operands), so it copies the whole pool on every call: a reference
     and a fallback, not a fast path.
     """
+    for name, value in (("selection", selection), ("sealed", sealed), ("layer", layer)):
+        _checks.check_int32("resolve_reference", name, value)  # before the casts below (a cast wraps)
     num_layers = host_pool.shape[0]
     stream_shape = selection.shape[:-1]
     k = selection.shape[-1]

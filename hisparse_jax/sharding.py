@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import layout
+from . import _checks, layout
 from .cache import HotCache, alloc_host_pool, init_hot_cache
 from .config import CacheConfig
 from .models import Family, get_family
@@ -152,6 +152,8 @@ def sharded_resolve(
 
     def call(cache, host_pool, selection, sealed, layer):
         _check_divisible("sharded_resolve", jnp.shape(selection)[0], mesh, axis)
+        for name, value in (("selection", selection), ("sealed", sealed), ("layer", layer)):
+            _checks.check_int32("sharded_resolve", name, value)  # before shard_map's and our casts
         return mapped(cache, host_pool, selection, sealed, jnp.asarray(layer, jnp.int32))
 
     return call

@@ -14,11 +14,13 @@ stream gives RESOLVE's bits, and its program keeps the pool in place.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import checkify
 from helpers import IMPLEMENTATIONS, Mix, draw_selection, random_state, to_pinned_host
 from test_compiled_program import CFG, Hlo, assert_pool_passed_without_copy
 
@@ -204,3 +206,68 @@ def test_a_join_refuses_a_pending_copy_of_another_cache():
                                                    implementation="ffi")
             with pytest.raises(Exception, match="in the same jitted program"):  # eager: a copy of the buffer
                 jax.block_until_ready(hs.join_prefetch(mine, pending, jnp.ones(1)))
+
+
+def _two_layer_setup():
+    cfg = hs.CacheConfig(num_layers=2, stream_shape=(2,), pool_records=16, hot_slots=4, top_k=2, record_width=4,
+                         dtype=np.float32)
+    pool = to_pinned_host(np.arange(np.prod(cfg.pool_shape), dtype=np.float32).reshape(cfg.pool_shape))
+    return cfg, pool, jnp.full((2,), 16, jnp.int32)
+
+
+def _selection(*ids):
+    return jnp.asarray([ids, ids], jnp.int32)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_a_join_refuses_another_cache_of_the_same_shape_or_a_layer_resolved_again(implementation):
+    """Eager values are concrete, so the join checks that this cache's slot map holds the pending
+    copy's records where the copy wrote them: another cache of the same shape and dtype (which
+    the static check cannot tell apart), or this one after the layer was resolved again, is
+    refused; its own cache, after other layers were resolved, is not."""
+    cfg, pool, sealed = _two_layer_setup()
+    _, mine, pending = hs.resolve_prefetch(hs.init_hot_cache(cfg), pool, _selection(1, 3), sealed, 1, slot=1,
+                                           implementation=implementation)
+    _, mine = hs.resolve(mine, pool, _selection(2, 9), sealed, 0, implementation="reference")  # another layer
+    if not pending.in_flight:  # an in-flight copy is joined in its resolve's program only (the CUDA join)
+        _, misses = hs.join_prefetch(mine, pending, jnp.ones(1), layer=1)
+        assert np.array_equal(np.asarray(misses), [2, 2])
+    with pytest.raises(ValueError, match="belongs to another cache, or the layer was resolved again"):
+        hs.join_prefetch(hs.init_hot_cache(cfg), pending, jnp.ones(1))
+    again = mine
+    for ids in ((5, 7), (9, 11)):  # four new records through four slots: 1 and 3 are evicted
+        _, again = hs.resolve(again, pool, _selection(*ids), sealed, 1, implementation="reference")
+    with pytest.raises(ValueError, match="belongs to another cache, or the layer was resolved again"):
+        hs.join_prefetch(again, pending, jnp.ones(1))
+
+
+def test_a_join_for_another_layer_is_refused():
+    cfg, pool, sealed = _two_layer_setup()
+    _, cache, pending = hs.resolve_prefetch(hs.init_hot_cache(cfg), pool, _selection(1, 3), sealed, 1, slot=1,
+                                            implementation="reference")
+    assert pending.layer_index == 1
+    with pytest.raises(ValueError, match="the pending copy is layer 1's, joined for layer 0"):
+        hs.join_prefetch(cache, pending, jnp.ones(1), layer=0)
+
+    def program(cache, pool):  # traced: the layer is still a Python int, so the check is static
+        _, cache, pending = hs.resolve_prefetch(cache, pool, _selection(1, 3), sealed, 1, slot=1,
+                                                implementation="reference")
+        return hs.join_prefetch(cache, pending, jnp.ones(1), layer=0)[0].hot
+    with pytest.raises(ValueError, match="the pending copy is layer 1's, joined for layer 0"):
+        jax.jit(program)(hs.init_hot_cache(cfg), pool)
+
+
+def test_checked_joins_check_the_slot_map_inside_a_program():
+    """Traced values are unknown at trace time: with checked=True the join checks the slot map in
+    the program (a checkify check); its own cache passes, another one fails."""
+    cfg, pool, sealed = _two_layer_setup()
+
+    def program(mine, other, pool, into_other):
+        _, mine, pending = hs.resolve_prefetch(mine, pool, _selection(1, 3), sealed, 1, slot=1,
+                                               implementation="reference")
+        return hs.join_prefetch(other if into_other else mine, pending, jnp.ones(1), checked=True)[0].hot
+
+    for into_other in (False, True):
+        run = jax.jit(checkify.checkify(functools.partial(program, into_other=into_other)))
+        err, _ = run(hs.init_hot_cache(cfg), hs.init_hot_cache(cfg), pool)
+        assert (err.get() is not None) == into_other, err.get()

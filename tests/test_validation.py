@@ -496,3 +496,40 @@ def test_topk_sealed_and_pool_write_counts_do_not_wrap():
     records = jnp.zeros((1, 1, 2, 1, 2), jnp.float32)
     with pytest.raises(ValueError, match=r"write_records_inplace: start holds 4294967296, outside int32"):
         hs.write_records_inplace(pool, records, start=np.array([2**32], np.int64))
+
+
+def test_every_public_cast_to_int32_is_range_checked_first():
+    """write_records, rows_outside_pool, resolve_reference and write_sealed cast their integer
+    operands to int32; an int64 value outside int32 is an error naming it, before the cast (a
+    NumPy int64 start of 2**32 + 1 wrote at record 1; a Python int one was an OverflowError)."""
+    cfg = hs.CacheConfig(num_layers=1, stream_shape=(1,), pool_records=8, hot_slots=4, top_k=2, record_width=2,
+                         dtype=np.float32)
+    pool = hs.alloc_host_pool(cfg)
+    records = jnp.zeros((1, 1, 2, 1, 2), jnp.float32)
+    for start in (np.array([2**32 + 1], np.int64), [2**32 + 1]):
+        with pytest.raises(ValueError, match=r"write_records: start holds 4294967297, outside int32"):
+            hs.write_records(pool, records, start, implementation="reference")
+    with pytest.raises(ValueError, match=r"write_records: count holds -4294967295, outside int32"):
+        hs.write_records(pool, records, np.array([0], np.int32), np.array([1 - 2**32], np.int64),
+                         implementation="reference")
+    with pytest.raises(ValueError, match=r"rows_outside_pool: start holds 4294967297, outside int32"):
+        hs.rows_outside_pool(8, np.array([2**32 + 1], np.int64), np.array([1], np.int32), 2)
+    ok = operands()
+    c = ok.cache
+    with pytest.raises(ValueError, match=r"resolve_reference: selection holds 4294967296, outside int32"):
+        hs.resolve_reference(c.hot, c.slot_record, c.lru, ok.host_pool, np.asarray(ok.selection, np.int64) + 2**32,
+                             ok.sealed, 0)
+    with pytest.raises(ValueError, match=r"resolve_reference: layer holds 1099511627776, outside int32"):
+        hs.resolve_reference(c.hot, c.slot_record, c.lru, ok.host_pool, ok.selection, ok.sealed, 2**40)
+
+
+def test_a_concrete_int64_jax_array_under_x64_is_range_checked():
+    """Under x64 a jax array can be int64: a concrete one is range-checked like a NumPy one (a
+    value outside int32 is named), a traced one is refused by its dtype (no value to check yet)."""
+    ok = operands()
+    with jax.enable_x64(True):
+        wide = jnp.asarray(np.asarray(ok.selection, np.int64) + 2**32)
+        with pytest.raises(ValueError, match=r"resolve: selection holds 4294967296, outside int32"):
+            ok.replace(selection=wide).resolve()
+        with pytest.raises(TypeError, match=r"selection must be int32, got int64; cast it .* once its values"):
+            jax.jit(lambda s: ok.replace(selection=s).resolve()[0].slots)(wide)

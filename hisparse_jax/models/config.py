@@ -28,8 +28,17 @@ def require(ok: bool, config: Any, field: str, message: str) -> None:
         raise field_error(config, field, message)
 
 
+# The largest size field: ids, counts and lengths are int32 in the kernels, and XLA truncated a
+# larger dimension to 32 bits in a reshape (--set d_model=99999999999999 aborted the process).
+MAX_SIZE = 2**31 - 1
+# The most layers: the decode unrolls its layers in Python (a trace and a compile cost per
+# layer), so --set num_layers=2147483647 ran for minutes before any check; real models have
+# fewer than 200.
+MAX_LAYERS = 1024
+
+
 def is_positive_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 1 <= value <= MAX_SIZE
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -111,12 +120,18 @@ class ModelConfig:
         for name in ("vocab", "d_model", "num_layers", *dense_mlp, *self.POSITIVE, "prefill_chunk", "top_k",
                      "hot_slots", "max_context", "page_size"):
             value = getattr(self, name)
-            require(is_positive_int(value), self, name, f"must be a positive int, got {value!r}")
+            require(is_positive_int(value), self, name, f"must be a positive int up to 2^31 - 1, got {value!r}")
+        require(self.num_layers <= MAX_LAYERS, self, "num_layers",
+                f"must be at most {MAX_LAYERS} (the decode unrolls its layers), got {self.num_layers}")
         if self.pool_records is not None:
             require(is_positive_int(self.pool_records), self, "pool_records",
-                    f"must be a positive int or None, got {self.pool_records!r}")
+                    f"must be a positive int up to 2^31 - 1 or None, got {self.pool_records!r}")
         require(self.implementation in IMPLEMENTATIONS, self, "implementation",
                 f"must be one of {IMPLEMENTATIONS}, got {self.implementation!r}")
+        for name in ("rope_theta", "norm_eps"):  # a NaN or a negative one runs, and every logit is NaN
+            value = getattr(self, name)
+            require(isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
+                    and np.isfinite(value) and value > 0, self, name, f"must be a finite number > 0, got {value!r}")
         require(isinstance(self.prefetch, bool), self, "prefetch", f"must be True or False, got {self.prefetch!r}")
         self._check_experts()
         self.check()
@@ -147,8 +162,8 @@ class ModelConfig:
 
     def _check_experts(self) -> None:
         E, k, G = self.experts, self.experts_per_token, self.expert_groups
-        require(isinstance(E, (int, np.integer)) and not isinstance(E, bool) and E >= 0, self, "experts",
-                f"must be an int >= 0 (0: the dense MLP), got {E!r}")
+        require(isinstance(E, (int, np.integer)) and not isinstance(E, bool) and 0 <= E <= MAX_SIZE, self, "experts",
+                f"must be an int in [0, 2^31) (0: the dense MLP), got {E!r}")
         require(self.expert_implementation in IMPLEMENTATIONS, self, "expert_implementation",
                 f"must be one of {IMPLEMENTATIONS}, got {self.expert_implementation!r}")
         if E == 0:
@@ -165,8 +180,8 @@ class ModelConfig:
         require(k <= E * G, self, "experts_per_token",
                 f"experts_per_token={k} > experts x expert_groups = {E} x {G} = {E * G} experts to route to")
         shared = self.shared_experts
-        require(isinstance(shared, (int, np.integer)) and not isinstance(shared, bool) and shared >= 0, self,
-                "shared_experts", f"must be an int >= 0, got {shared!r}")
+        require(isinstance(shared, (int, np.integer)) and not isinstance(shared, bool) and 0 <= shared <= MAX_SIZE,
+                self, "shared_experts", f"must be an int in [0, 2^31), got {shared!r}")
         require(self.expert_dtype in (None, "fp8"), self, "expert_dtype",
                 f"must be None (expert weights in dtype) or 'fp8', got {self.expert_dtype!r}")
         scaling = self.routed_scaling

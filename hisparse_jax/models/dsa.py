@@ -48,7 +48,7 @@ from . import shapes
 from .family import Family
 from .paging import ForcedSelection
 from . import layers, mla, moe, paging
-from .config import ModelConfig, require
+from .config import MAX_SIZE, ModelConfig, require
 from .weights import init_normal, ones, split_layers
 
 INDEX_DTYPES = (None, "fp8")
@@ -100,8 +100,8 @@ class Config(ModelConfig):
 
     def check(self) -> None:
         r = self.q_lora_rank
-        require(isinstance(r, int) and not isinstance(r, bool) and r >= 0, self, "q_lora_rank",
-                f"must be an int >= 0 (0: a direct query projection), got {r!r}")
+        require(isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_SIZE, self, "q_lora_rank",
+                f"must be an int in [0, 2^31) (0: a direct query projection), got {r!r}")
         require(self.qk_rope_dim % 2 == 0, self, "qk_rope_dim", f"must be even, got {self.qk_rope_dim}")
         require(self.num_layers % self.index_share == 0, self, "index_share",
                 f"index_share={self.index_share} must divide num_layers={self.num_layers}")

@@ -167,48 +167,144 @@ def encode(trace: RecordedTrace) -> tuple[np.ndarray, bytes]:
     return counts, payload
 
 
-def _inflate(payload: bytes, limit: int) -> bytes:
-    """zlib.decompress that stops at `limit` bytes: a few bytes of zlib can expand to gigabytes."""
-    d = zlib.decompressobj()
-    try:
-        out = d.decompress(payload, limit + 1)
-    except zlib.error as err:
-        raise ValueError(f"corrupt payload ({err})") from None
-    if len(out) > limit or d.unconsumed_tail:
-        raise ValueError(f"corrupt payload (it expands past the {limit} bytes its counts allow)")
-    if not d.eof:
-        raise ValueError("truncated payload")
-    return out
+# Ids and toggles one decode chunk handles at once: its scratch arrays (a few int64 per entry)
+# stay near 100 MiB whatever the file declares, and the Python loop runs once per chunk of
+# steps, never once per step and row (a 9 KB file can declare a million of those).
+_CHUNK = 1 << 22
+_RADIX_KEYS = 1 << 16  # (step, row) keys a chunk may have to be sorted as uint16 (a radix sort)
+
+
+class _Varints:
+    """The payload's varints, inflated and decoded a chunk at a time: memory follows what a chunk
+    needs, never what the zlib stream expands to (a few bytes of zlib can expand to gigabytes)."""
+
+    def __init__(self, payload: bytes, limit: int):
+        self._zlib, self._input, self._limit = zlib.decompressobj(), payload, limit
+        self._buffer, self._inflated = b"", 0
+
+    def _more(self, want: int) -> bool:
+        try:
+            chunk = self._zlib.decompress(self._input, max(want, 1 << 16))
+        except zlib.error as err:
+            raise ValueError(f"corrupt payload ({err})") from None
+        self._input = self._zlib.unconsumed_tail
+        self._inflated += len(chunk)
+        if self._inflated > self._limit:
+            raise ValueError(f"corrupt payload (it expands past the {self._limit} bytes its counts allow)")
+        self._buffer += chunk
+        return bool(chunk)
+
+    def take(self, n: int) -> np.ndarray:
+        """The next n varints, int64."""
+        while True:
+            ends = np.flatnonzero(np.frombuffer(self._buffer, np.uint8) < 0x80)
+            if ends.size >= n:
+                break
+            if not self._more(n - ends.size):
+                raise ValueError("truncated payload (fewer ids than its counts say)")
+        cut = int(ends[n - 1]) + 1 if n else 0
+        values, self._buffer = varint_decode(self._buffer[:cut]), self._buffer[cut:]
+        return values
+
+    def finish(self) -> None:
+        """Every byte of the stream was an id the counts asked for, and the stream is complete."""
+        if self._buffer or self._more(1):
+            raise ValueError("corrupt payload (it holds more ids than its counts say)")
+        if not self._zlib.eof or self._zlib.unused_data:
+            raise ValueError("truncated payload" if not self._zlib.eof else "corrupt payload (bytes after its end)")
+
+
+def _toggled_ids(counts: np.ndarray, gaps: np.ndarray, width: int) -> np.ndarray:
+    """The ids the gaps of `counts` (flat, one count per (step, row) group) encode, int64."""
+    if gaps.size and gaps.max() >= width:  # every gap is at most the id it ends at, and ids < width
+        raise ValueError(f"corrupt payload (an id outside the {width} records)")
+    groups = counts[counts > 0]
+    first = np.zeros(gaps.size, bool)
+    first[np.cumsum(groups) - groups] = True
+    if np.any(~first & (gaps < 1)):
+        raise ValueError("corrupt payload (a row's toggled ids repeat)")
+    total = np.cumsum(gaps)  # < gaps.size * width <= 2^53: no overflow
+    ids = total - np.repeat(total[first] - gaps[first], groups)
+    if ids.size and ids.max() >= width:
+        raise ValueError(f"corrupt payload (an id outside the {width} records)")
+    return ids
+
+
+def _sorted(a: np.ndarray, a_end: int, b: np.ndarray, b_end: int, c: np.ndarray, c_end: int):
+    """(a, b, c) sorted by a, then b, then c (non-negative ints below a_end, b_end, c_end, each
+    triple distinct): as one int64 key where it fits (a sort of values is several times faster
+    than np.lexsort's sort of indices), by np.lexsort where it does not."""
+    if a_end * b_end * c_end < 2**62:
+        key = np.sort((a * b_end + b) * c_end + c)
+        ab, c = np.divmod(key, c_end)
+        a, b = np.divmod(ab, b_end)
+        return a, b, c
+    order = np.lexsort((c, b, a))
+    return a[order], b[order], c[order]
 
 
 def decode(counts: np.ndarray, payload: bytes, steps: int, layers: int, streams: int, k: int,
            width: int) -> np.ndarray:
     """The inverse of `encode`: ids [steps, layers, streams, k] int32.
 
-    Each row's selection is kept as a sorted array and updated by its toggles, so the cost is in
-    the ids a step changes, never in `width` (a file may declare any width)."""
+    Vectorized over chunks of steps: an id toggled on at step a and off at step b (or never)
+    is held in [a, b); each chunk starts from the ids held before it (as toggles at its first
+    step), pairs every (row, id)'s toggles into such intervals and writes the ids of each
+    (step, row) ascending. Time and memory follow the ids and toggles, not the declared width."""
     rows = layers * streams
     total = int(counts.sum())
-    gaps = varint_decode(_inflate(payload, 5 * total))  # a varint is at most 5 bytes
-    if gaps.size != total:
-        raise ValueError(f"corrupt payload ({gaps.size} ids, the counts say {total})")
+    varints = _Varints(payload, 5 * total)  # a varint is at most 5 bytes
     ids = np.full((steps, rows, k), -1, np.int32)
-    held = [np.zeros(0, np.int64) for _ in range(rows)]
-    offset = 0
-    for t in range(steps):
-        for r in np.flatnonzero(counts[t]):
-            g = gaps[offset : offset + counts[t, r]]
-            offset += int(counts[t, r])
-            if g[1:].min(initial=1) < 1:
-                raise ValueError("corrupt payload (a row's toggled ids repeat)")
-            toggled = np.cumsum(g)
-            if toggled[-1] >= width:
-                raise ValueError(f"corrupt payload (an id outside the {width} records)")
-            held[r] = np.setxor1d(held[r], toggled, assume_unique=True)
-            if held[r].size > k:
-                raise ValueError(f"corrupt payload (a selection of more than k={k} ids)")
-        for r in range(rows):
-            ids[t, r, : held[r].size] = held[r]
+    per_step = counts.sum(axis=1)
+    held_rows, held_ids = np.zeros(0, np.int64), np.zeros(0, np.int64)  # (row, id) held, sorted
+    t0 = 0
+    while t0 < steps:
+        # a chunk: at least one step, at most _CHUNK ids out and toggles in
+        room = max(1, _CHUNK // (rows * k))
+        t1 = min(steps, t0 + room)
+        toggles = np.cumsum(per_step[t0:t1])
+        t1 = t0 + max(1, int(np.searchsorted(toggles, _CHUNK, side="right")))
+        chunk_counts = counts[t0:t1].reshape(-1)
+        toggled = _toggled_ids(chunk_counts, varints.take(int(chunk_counts.sum())), width)
+        group = np.repeat(np.arange(chunk_counts.size), chunk_counts)
+        # by row, then id, then step (the held ids before the first step's toggles)
+        r, i, t = _sorted(np.concatenate([held_rows, group % rows]), rows, np.concatenate([held_ids, toggled]), width,
+                          np.concatenate([np.zeros(held_rows.size, np.int64), 1 + group // rows]), t1 - t0 + 1)
+        t = np.maximum(t - 1, 0) + t0
+        key = r * width + i
+        start = np.ones(key.size, bool)
+        start[1:] = key[1:] != key[:-1]
+        # the held ids and a step's toggles are distinct, so a (row, id)'s toggles alternate on, off
+        parity = (np.arange(key.size) - np.maximum.accumulate(np.where(start, np.arange(key.size), 0))) % 2
+        on = parity == 0
+        nxt = np.append(~start[1:], False)  # its off toggle follows in the same (row, id)
+        t_off = np.where(nxt, np.append(t[1:], 0), t1)[on]
+        t_on, r_on, i_on = t[on], r[on], i[on]
+        # ids held per (step, row) in the chunk: at most k
+        span = t1 - t0
+        size = np.cumsum(np.bincount((t_on - t0) * rows + r_on, minlength=(span + 1) * rows).reshape(span + 1, rows)
+                         - np.bincount((t_off - t0) * rows + r_on, minlength=(span + 1) * rows).reshape(span + 1, rows),
+                         axis=0)[:span]
+        if size.max(initial=0) > k:
+            raise ValueError(f"corrupt payload (a selection of more than k={k} ids)")
+        # every (step, row, id) held, ordered by step and row, ids ascending
+        n = t_off - t_on
+        step = np.repeat(t_on - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
+        where, held = (step - t0) * rows + np.repeat(r_on, n), np.repeat(i_on, n)
+        if span * rows <= _RADIX_KEYS:
+            # The intervals come by row then id, so a stable sort by (step, row) leaves each row's
+            # ids ascending; on 16-bit keys numpy's stable sort is a radix sort, linear.
+            order = np.argsort(where.astype(np.uint16), kind="stable")
+            where, held = where[order], held[order]
+        else:
+            _, where, held = _sorted(np.zeros(where.size, np.int64), 1, where, span * rows, held, width)
+        first = np.cumsum(size.reshape(-1)) - size.reshape(-1)
+        position = np.arange(where.size) - first[where]
+        ids[t0:t1].reshape(-1)[where * k + position] = held
+        still = t_off == t1  # held past the chunk: the next chunk starts from them
+        held_rows, held_ids = r_on[still], i_on[still]
+        t0 = t1
+    varints.finish()
     return ids.reshape(steps, layers, streams, k)
 
 
@@ -244,13 +340,12 @@ def load_trace(path: str | Path, *, max_bytes: int = MAX_TRACE_BYTES) -> Recorde
     kind of file, a declared shape too large for `max_bytes` of decoded ids), the error is one
     ValueError naming the file, raised before the memory a bad header asks for is allocated."""
     with NpzFile(path, "recorded trace") as f:
-        try:
-            header: dict[str, Any] = json.loads(f.array("header", max_bytes=1 << 20, kinds="u").tobytes().decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            f.fail(f"its header is not JSON ({err})")
-        if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != VERSION:
-            got = (header.get("format"), header.get("version")) if isinstance(header, dict) else (None, None)
-            f.fail(f"format {got[0]!r} version {got[1]!r}, expected {FORMAT!r} version {VERSION}")
+        header: dict[str, Any] = f.json("header", max_bytes=1 << 20)
+        if header.get("format") != FORMAT or header.get("version") != VERSION:
+            f.fail(f"format {header.get('format')!r} version {header.get('version')!r}, expected {FORMAT!r} "
+                   f"version {VERSION}")
+        if not isinstance(header.get("source", {}), dict):
+            f.fail(f"its header's source is {type(header['source']).__name__}, expected an object")
         s, L, S = (_header_int(f, header, n, 1, _INT32_MAX) for n in ("steps", "layers", "streams"))
         k = _header_int(f, header, "k", 1, MAX_K)
         width = _header_int(f, header, "width", 1, _INT32_MAX)

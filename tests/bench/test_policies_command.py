@@ -9,6 +9,7 @@ import json
 import sys
 
 import numpy as np
+import bad_npz
 import pytest
 
 from hisparse_jax.selection import policies as cache_policies
@@ -158,4 +159,14 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv
     err = one_line_error(["policies", *argv, "--out", str(tmp_path / "out")])
     for needle in needles:
         assert needle in err, (needle, err)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", sorted(bad_npz.KINDS))
+def test_every_kind_of_bad_trace_file_is_one_line_and_exit_2(tmp_path, kind, one_line_error):
+    trace = tmp_path / "trace.npz"
+    _recorded(trace)
+    path = bad_npz.make(kind, trace, tmp_path, "counts")
+    err = one_line_error(["policies", "--trace-file", str(path), "--out", str(tmp_path / "out")])
+    assert "argument --trace-file" in err and bad_npz.KINDS[kind] in err, err
     assert not (tmp_path / "out").exists()

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hisparse_jax.selection import synthetic
+from hisparse_jax.selection import recorded
 from hisparse_jax.selection.recorded import RecordedTrace, varint_decode, varint_encode, load_trace, save_trace
 
 
@@ -73,3 +74,30 @@ def test_other_files_are_refused(tmp_path):
              counts=np.zeros(1), sealed=np.zeros(1), payload=np.zeros(1, np.uint8))
     with pytest.raises(ValueError, match="expected 'hisparse-selection-trace'"):
         load_trace(tmp_path / "other.npz")
+
+
+def _persistent_trace(rng, steps, rows, k, records) -> RecordedTrace:
+    """Selections that keep most of their ids from one step to the next (as a trained indexer's
+    do), so ids stay held across many steps and across the decoder's chunks."""
+    ids = np.full((steps, 1, rows, k), -1, np.int32)
+    held = [set() for _ in range(rows)]
+    for t in range(steps):
+        for r in range(rows):
+            keep = {i for i in held[r] if rng.random() < 0.8}
+            extra = rng.choice(records, size=int(rng.integers(0, k + 1)), replace=False)
+            held[r] = set(sorted(keep | set(extra.tolist()))[:k])
+            ids[t, 0, r, : len(held[r])] = sorted(held[r])
+    return RecordedTrace(ids=ids, sealed=np.full((steps, rows), records, np.int32))
+
+
+@pytest.mark.parametrize("radix", [True, False])
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 22])
+def test_the_decoder_gives_the_same_ids_whatever_its_chunk(tmp_path, monkeypatch, chunk, radix):
+    """The decoder works a chunk of steps at a time, carrying the held ids from one chunk into the
+    next; chunk 1 puts every step in its own chunk, 1 << 22 (the default) the whole trace in one.
+    Without radix: the sort a chunk with more than 2^16 (step, row) keys takes."""
+    monkeypatch.setattr(recorded, "_CHUNK", chunk)
+    monkeypatch.setattr(recorded, "_RADIX_KEYS", 1 << 16 if radix else 0)
+    trace = _persistent_trace(np.random.default_rng(chunk), 30, 3, 6, 20)
+    save_trace(tmp_path / "t.npz", trace)
+    assert np.array_equal(load_trace(tmp_path / "t.npz").ids, trace.ids)

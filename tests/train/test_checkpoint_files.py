@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+import bad_npz
 from hisparse_jax.models import dsa
 from hisparse_jax.train import __main__ as train_cli
 from hisparse_jax.train import fit as fit_lib
@@ -106,3 +107,36 @@ def test_the_train_cli_refuses_a_bad_checkpoint_in_one_line(saved, tmp_path, cap
                            "--roots", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a .npz archive" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", sorted(bad_npz.KINDS))
+def test_every_kind_of_bad_file_is_one_line(saved, tmp_path, kind):
+    _refused(bad_npz.make(kind, saved, tmp_path, "w0000"), bad_npz.KINDS[kind])
+
+
+@pytest.mark.parametrize("kind", sorted(bad_npz.KINDS))
+def test_the_train_cli_refuses_every_kind_of_bad_checkpoint_in_one_line(saved, tmp_path, capsys, kind):
+    path = bad_npz.make(kind, saved, tmp_path, "w0000")
+    assert train_cli.main(["record", "--checkpoint", str(path), "--out", str(tmp_path / "t.npz"),
+                           "--roots", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and bad_npz.KINDS[kind] in err and "Traceback" not in err, err
+
+
+def test_a_header_nested_too_deep_is_one_line(saved, tmp_path):
+    members = {**_members(saved), "header": np.frombuffer(b"[" * 100_000 + b"]" * 100_000, np.uint8)}
+    np.savez_compressed(tmp_path / "deep.npz", **members)
+    _refused(tmp_path / "deep.npz", "its header is not JSON (RecursionError")
+
+
+def test_a_config_declaring_more_weights_than_max_bytes_is_refused_before_reading_them(saved, tmp_path):
+    """A few KB whose header declares a model of 2^31 - 1 vocab x 64: its weights are neither read
+    nor allocated (max_bytes, 16 GiB by default, bounds what the config may declare)."""
+    path = _rewrite(saved, tmp_path / "big.npz", dict(config=dict(vocab=2**31 - 1)))
+    _refused(path, "GiB of weights, more than max_bytes")
+    with pytest.raises(ValueError, match="more than max_bytes = 0.0 GiB"):
+        load_model(saved, max_bytes=1000)
+
+
+def test_config_sizes_beyond_int32_are_refused(saved, tmp_path):
+    _refused(_rewrite(saved, tmp_path / "wide.npz", dict(config=dict(d_model=2**40))), "up to 2^31 - 1")

@@ -28,6 +28,7 @@ from ... import _ffi
 from ..._ffi import extension_error
 from ...selection import recorded, synthetic as traces
 from ...models import get_family
+from ...models.config import MAX_SIZE
 from .capacity import Capacity, capacity
 from .working_memory import fit_batches, program_memory, working_memory
 from ..deployments import get_deployment
@@ -100,7 +101,8 @@ def _flag_fields(family) -> dict[str, str]:
 def _parse_sets(family, args) -> dict:
     """--set FIELD=VALUE pairs -> Config overrides, each cast to the type of the field's value
     in the chosen preset (bool from true/false, "None" for optional fields)."""
-    fields = {f.name for f in dataclasses.fields(family.Config)}
+    types = {f.name: f.type for f in dataclasses.fields(family.Config)}
+    fields = set(types)
     flags = _flag_fields(family)
     preset = family.Config.preset(args.preset)
     out = {}
@@ -123,13 +125,13 @@ def _parse_sets(family, args) -> dict:
                 out[name] = text.lower() == "true"
             elif isinstance(current, (int, float)):
                 out[name] = type(current)(text)
-            elif current is None:  # optional int fields (e.g. pool_records)
-                out[name] = int(text)
+            elif current is None:  # optional fields: pool_records (int), index_dtype, expert_dtype (str)
+                out[name] = int(text) if "int" in str(types[name]) else text
             else:
                 out[name] = text
         except ValueError:
-            raise BenchError(f"--set {pair!r}: {name} takes a {type(current).__name__} "
-                             f"(the preset has {current!r})") from None
+            kind = type(current).__name__ if current is not None else types[name]
+            raise BenchError(f"--set {pair!r}: {name} takes a {kind} (the preset has {current!r})") from None
     return out
 
 
@@ -163,9 +165,23 @@ def _config(family, args, context: int, overrides: dict):
         needed = tokens_needed(context, args.steps, args.reps, args.no_io, args.profile) + 1
         overrides["max_context"] = -(-needed // page) * page
     try:
-        return family.Config.preset(args.preset, **overrides)
+        config = family.Config.preset(args.preset, **overrides)
     except ValueError as err:
         raise _config_error(family, err) from None
+    _check_weight_dims(family, config)
+    return config
+
+
+def _check_weight_dims(family, config) -> None:
+    """Every weight below 2^31 elements, from the weights' shapes alone (eval_shape: nothing is
+    allocated, ~30 ms). Each field is already below 2^31, but a product of two of them (heads x
+    head dim) made XLA abort the whole process in a reshape (--set index_heads=2147483647); the
+    largest weight of the deployments (dsv32-h200) holds 0.44 x 2^31."""
+    leaves = jax.tree_util.tree_flatten_with_path(jax.eval_shape(lambda: family.init_weights(config, 0)))[0]
+    for path, leaf in leaves:
+        if math.prod(leaf.shape) > MAX_SIZE:
+            raise BenchError(f"the weight {jax.tree_util.keystr(path)} would have shape {list(leaf.shape)}: 2^31 "
+                             "elements or more; lower the fields that size it (--set FIELD=VALUE)")
 
 
 def _check_selection_flags(args) -> None:

@@ -57,6 +57,16 @@ FAST = ["--steps", "2", "--reps", "3", "--max-batch", "3", "--device-budget-mib"
         (["--set", "top_k=8", "--top-k", "4"], ["top_k is also given by --top-k"]),
         (["--set", "max_context=512"], ["max_context is set by --contexts"]),
         (["--set", "dtype=float16"], ["Config.dtype"]),
+        # --set values out of any sane range: one line before anything is traced or compiled
+        (["--set", "d_model=99999999999999"], ["Config.d_model", "up to 2^31 - 1"]),  # aborted XLA
+        (["--set", "num_layers=2147483647"], ["Config.num_layers", "at most 1024"]),  # minutes of tracing
+        (["--set", "index_heads=2147483647"], ["weight .indexers[0].w_q", "2^31 elements"]),  # aborted XLA
+        (["--set", "experts=99999999999"], ["Config.experts", "[0, 2^31)"]),
+        (["--set", "q_lora_rank=99999999999"], ["Config.q_lora_rank", "[0, 2^31)"]),
+        (["--set", "rope_theta=nan"], ["Config.rope_theta", "finite number > 0"]),  # NaN logits
+        (["--set", "norm_eps=-1"], ["Config.norm_eps", "finite number > 0"]),
+        (["--set", "index_dtype=bogus"], ["Config.index_dtype", "'fp8'"]),  # was "takes a NoneType"
+        (["--set", "pool_records=abc"], ["pool_records takes a int | None"]),
         (["--selection", "trace", "--trace-beta", "2"], ["TraceConfig.beta"]),
         (["--modes", "device", "--no-io"], ["--no-io", "add hisparse to --modes"]),
         (["--modes", "device", "--prefetch"], ["--prefetch", "add hisparse to --modes"]),

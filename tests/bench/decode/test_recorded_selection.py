@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from pathlib import Path
 
 import numpy as np
+import bad_npz
 import pytest
 
 import hisparse_jax as hs
@@ -210,4 +211,15 @@ def test_a_recorded_trace_that_does_not_fit_is_one_line_and_exit_2_before_compil
     assert out == "" and err.startswith("hisparse-bench: error: ") and err.count("\n") == 1, err
     for needle in needles:
         assert needle in err, (needle, err)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", sorted(bad_npz.KINDS))
+def test_every_kind_of_bad_trace_file_is_one_line_and_exit_2_before_compiling(capsys, tmp_path, monkeypatch,
+                                                                              kind, one_line_error):
+    path = bad_npz.make(kind, Path(_write(tmp_path, _dsa_trace())), tmp_path, "counts")
+    _refuse_compiling(monkeypatch)
+    err = one_line_error(["decode", "--contexts", "40", *FAST, "--out", str(tmp_path / "out"),
+                          "--selection", "recorded", "--trace-file", str(path)])
+    assert "--trace-file" in err and bad_npz.KINDS[kind] in err, err
     assert not (tmp_path / "out").exists()
