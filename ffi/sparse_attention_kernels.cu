@@ -1,11 +1,9 @@
 // Sparse MLA decode attention kernels (sparse_attention_cuda.h has the plan, sparse_attention.h
 // the arithmetic). Shapes are fixed by the model family: W = 576, value 512, head tile 64.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstddef>
 #include <cmath>
 #include <cstdint>
 
@@ -19,43 +17,83 @@ constexpr int kDv = static_cast<int>(kSparseAttentionValueWidth);
 constexpr int kHt = static_cast<int>(kSparseAttentionHeadTile);
 constexpr int kChunks = static_cast<int>(kSparseAttentionChunks);
 constexpr int kStage = static_cast<int>(kSparseAttentionStage);
-constexpr int kBufs = 3;          // stages in flight: enough bytes in flight per SM for HBM
-constexpr int kThreads = 256;     // 8 warps
-constexpr int kRow = kW + 8;      // smem row in bf16: 1168 B, so ldmatrix's 8 rows hit 8 bank groups
-constexpr int kProw = kStage + 8; // P tile row: 80 B, conflict-free for the same reason
-constexpr int kChunks16B = kW * 2 / 16;  // 72 16-byte pieces per token
-constexpr int kSrow = kStage + 4;        // float row of the partial scores
+// A pass covers two of the contract's stages (64 tokens): the block's barriers and the max
+// exchange run once per pass, while the online softmax still steps stage by stage (two alphas).
+constexpr int kPass = 2 * kStage;
+constexpr int kThreads = 512;                   // 16 warps: 4 per scheduler hide the mma latency
+constexpr int kWarps = kThreads / 32;
+constexpr int kRow = kW + 8;                    // KV smem row in bf16: 1168 B, ldmatrix's 8 rows hit 8 bank groups
+constexpr int kRecordBytes = kW * 2;            // one token: 1152 B, one bulk copy
+constexpr int kProw = kPass + 8;                // P tile row: 144 B, conflict-free for the same reason
+constexpr int kQPieces = kDv * 2 / 16;          // 64 16-byte pieces of a head's latent query in smem
+constexpr int kRopeSteps = (kW - kDv) / 16;     // 4 k-steps of the rope query, held in registers
+constexpr int kLatentSteps = kDv / 16;          // 32 k-steps of the latent query, read from smem
+// The latent score loop unrolls by this much: fully (32), ptxas hoists the ldmatrix loads past the
+// 128-register cap of 512 threads and spills; 16 fits with none (-Xptxas -v). A/B: -D.
+#ifndef HISPARSE_SPARSE_ATTENTION_LATENT_UNROLL
+#define HISPARSE_SPARSE_ATTENTION_LATENT_UNROLL 16
+#endif
+constexpr int kLatentUnroll = HISPARSE_SPARSE_ATTENTION_LATENT_UNROLL;
 constexpr int kMaxChunkRecords = static_cast<int>(kSparseAttentionMaxTopK / kSparseAttentionChunks) + 1;
-constexpr int kTailHeads = kHt / kChunks;  // cluster plan: open-page scores of 4 heads per block
+constexpr int kColsPerWarp = kDv / kWarps;      // 32 value columns of all 64 heads per warp in P @ V
+static_assert(kHt == 64 && kPass == 64 && kWarps == 16, "warp roles assume 4 head groups x 4 token quarters");
 
+// Shared memory of the chunk kernel: two 64-token KV buffers (bulk-copied rows, padded), the
+// latent query swizzled (16-byte piece p of head h at p ^ (h & 7): conflict-free ldmatrix with no
+// padding, which would not fit), the P tile and the small exchange arrays.
 struct Smem {
-  uint16_t q[kHt * kRow];
-  uint16_t kv[kBufs][kStage * kRow];
+  uint16_t kv[2][kPass * kRow];
+  uint16_t q[kHt * kDv];
   uint16_t p[kHt * kProw];
-  float red_max[2][kHt];
-  float red_sum[2][kHt];
-  float alpha[kHt];
-  int valid[kBufs][kStage];
-  float red_s[kHt * (kStage + 4)];  // the second half of d's partial scores
-  int ids[kMaxChunkRecords];        // the chunk's record ids, loaded once: no load in the issue path
-  float tail_s[kTailHeads][kSparseAttentionMaxPage];  // cluster plan: this block's heads' page scores
+  unsigned long long bar[2];        // mbarriers: buffer b's bytes landed
+  float red_max[4][kHt];            // each token quarter's row max of the pass
+  float red_sum[4][kHt];            // each token quarter's row sum of p
+  float alpha[2][kHt];              // the pass's two stage rescales
+  uint8_t valid[2][kPass];
+  int ids[kMaxChunkRecords];        // the chunk's record ids, loaded once
 };
+
+static_assert(sizeof(Smem) <= 227 * 1024, "the chunk kernel's shared memory exceeds sm_90's 227 KB a block");
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared; src_bytes = 0 writes zeros (an invalid token's row then holds no
-// NaN that a zero probability could turn into NaN).
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
-               "r"(src_bytes));
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(dst)), "l"(src) : "memory");
 }
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void MbarInit(unsigned long long* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(count) : "memory");
 }
+__device__ __forceinline__ void MbarArriveExpectTx(unsigned long long* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void MbarWait(unsigned long long* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(SmemAddr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// One record row, global -> shared, completing on `bar` (the TMA engine: one instruction a row,
+// where 16-byte cp.async took 72 and their address arithmetic).
+__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes, unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+// Generic-proxy accesses of this thread (zero fills; reads ordered before it by a barrier) before
+// the async proxy's next writes of the same shared memory.
+__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 __device__ __forceinline__ void Ldm4(uint32_t* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -88,35 +126,56 @@ struct ChunkArgs {
   const int32_t* index;
   float* o_part;  // [b, H, C, 512]
   float* ml;      // [b, H, C, 2]
-  const uint16_t* tail;       // cluster plan: the merge runs in the chunk kernel
-  const uint8_t* tail_valid;
-  float* out;
   int heads, top_k, page, records, chunk_tokens;
   float scale;
 };
 
-// Issues the cp.async of stage `s` of this block's chunk into buffer `buf` (one commit group).
-__device__ __forceinline__ void IssueStage(const ChunkArgs& a, const uint16_t* source, bool layer_ok, Smem& sm,
-                                           int req, int chunk, int s, int buf) {
-  const int tok0 = chunk * a.chunk_tokens + s * kStage;
+// Warp 0 issues pass `t` of this block's chunk into buffer `buf`: lane l owns rows l and l + 32.
+// A row with a record is one bulk copy; a row without (id invalid, layer outside, past the
+// chunk's end) is zero-filled (its p is 0; 0 * a stale NaN would not be) and marked invalid.
+__device__ __forceinline__ void IssuePass(const ChunkArgs& a, const uint16_t* source, bool layer_ok, Smem& sm,
+                                          int req, int chunk, int t, int buf, int lane) {
+  const int tok_end = (chunk + 1) * a.chunk_tokens;
+  const int tok0 = chunk * a.chunk_tokens + t * kPass;
   const int rec0 = chunk * a.chunk_tokens / a.page;
-  for (int e = threadIdx.x; e < kStage * kChunks16B; e += kThreads) {
-    const int row = e / kChunks16B, piece = e % kChunks16B;
-    const int j = tok0 + row;
-    const int rec = j / a.page, tok = j % a.page;
-    const int id = sm.ids[rec - rec0];
-    const bool ok = layer_ok && id >= 0 && id < a.records;
-    const uint16_t* src =
-        ok ? source + ((static_cast<int64_t>(req) * a.records + id) * a.page + tok) * kW + piece * 8 : source;
-    CpAsync16(&sm.kv[buf][row * kRow + piece * 8], src, ok ? 16 : 0);
-    if (piece == 0) sm.valid[buf][row] = ok;
+  const uint16_t* src[2];
+  bool ok[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = lane + 32 * h, j = tok0 + row;
+    int rec = j, tok = 0;
+    if (a.page != 1) rec = j / a.page, tok = j - rec * a.page;
+    ok[h] = false;
+    src[h] = source;
+    if (j < tok_end) {
+      const int id = sm.ids[rec - rec0];
+      ok[h] = layer_ok && id >= 0 && id < a.records;
+      if (ok[h]) src[h] = source + ((static_cast<int64_t>(req) * a.records + id) * a.page + tok) * kW;
+    }
+    sm.valid[buf][row] = ok[h];
   }
-  CpAsyncCommit();
+  const uint32_t got0 = __ballot_sync(0xffffffffu, ok[0]), got1 = __ballot_sync(0xffffffffu, ok[1]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t empty = ~(h == 0 ? got0 : got1);
+    while (empty) {
+      const int row = __ffs(empty) - 1 + 32 * h;
+      empty &= empty - 1;
+      uint4* dst = reinterpret_cast<uint4*>(&sm.kv[buf][row * kRow]);
+      for (int piece = lane; piece < kRecordBytes / 16; piece += 32) dst[piece] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  FenceProxyAsync();
+  __syncwarp();
+  if (lane == 0) MbarArriveExpectTx(&sm.bar[buf], (__popc(got0) + __popc(got1)) * kRecordBytes);
+  __syncwarp();
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (ok[h]) BulkCopy(&sm.kv[buf][(lane + 32 * h) * kRow], src[h], kRecordBytes, &sm.bar[buf]);
 }
 
-
 // The open page's score for one head: lane sums d = lane, lane + 32, ... in order, then a fixed
-// xor tree. Both plans call this, so their bits agree.
+// xor tree.
 __device__ __forceinline__ float TailScore(const uint16_t* qh, const uint16_t* kt, int lane, float scale) {
   float d = 0.f;
 #pragma unroll
@@ -165,117 +224,113 @@ __device__ __forceinline__ void Merge(Ml ml, O o, Ts tail_s, int page, const uin
   for (int r = 0; r < n; ++r) dst[r] = total > 0.f ? acc[r] / total : 0.f;
 }
 
-// Cluster plan's merge area, laid over the block's shared memory once the chunk is done.
-constexpr int kOrow = kDv + 8;  // float row of o: float2 stores of 8 rows hit distinct banks
-struct MergeSmem {
-  float o[kHt * kOrow];
-  float2 ml[kHt];
-};
-static_assert(sizeof(MergeSmem) <= offsetof(Smem, ids), "the merge area lies over the chunk's buffers only");
-constexpr int kMergeCols = kDv / kChunks;  // 32 columns of every head per block of the cluster
-
-template <bool kCluster>
 __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int chunk = blockIdx.x, tile = blockIdx.y, req = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q4 = lane & 3;
-  const int stages = a.chunk_tokens / kStage;
+  // Score role: head group hg (16 heads) x token quarter tq (16 of the pass's 64 tokens), all of
+  // d, so no partial score crosses warps. P @ V role: all 64 heads x 32 value columns.
+  const int hg = warp & 3, tq = warp >> 2;
+  const int passes = (a.chunk_tokens + kPass - 1) / kPass;
   // A layer outside [0, layers) reads no record (sparse_attention.h): only the open page counts.
   const int layer = *a.layer;
   const bool layer_ok = layer >= 0 && layer < a.layers;
   const uint16_t* source = a.source + (layer_ok ? layer * a.layer_stride : 0);
+  const int64_t head0 = static_cast<int64_t>(req) * a.heads + tile * kHt;
 
-  // Q tile first (it needs no id), in the first commit group with stage 0.
-  const uint16_t* qg = a.q + (static_cast<int64_t>(req) * a.heads + tile * kHt) * kW;
-  for (int e = threadIdx.x; e < kHt * kChunks16B; e += kThreads) {
-    const int row = e / kChunks16B, piece = e % kChunks16B;
-    CpAsync16(&sm.q[row * kRow + piece * 8], qg + row * kW + piece * 8, 16);
+  // The latent query, swizzled into shared memory (its copies overlap the ids' loads below).
+  const uint16_t* qg = a.q + head0 * kW;
+  for (int e = threadIdx.x; e < kHt * kQPieces; e += kThreads) {
+    const int h = e / kQPieces, piece = e % kQPieces;
+    CpAsync16(&sm.q[h * kDv + ((piece ^ (h & 7)) * 8)], qg + h * kW + piece * 8);
   }
-  // The chunk's record ids, one load per thread in parallel (a load per 16-byte piece in the issue
-  // loop made every stage wait for a chain of dependent global loads: 38 us at b = 1).
+  CpAsyncCommit();
+  // The chunk's record ids, one load per thread in parallel (no load in the issue path).
   {
     const int rec0 = chunk * a.chunk_tokens / a.page, rec1 = ((chunk + 1) * a.chunk_tokens - 1) / a.page;
     for (int r = threadIdx.x; r <= rec1 - rec0; r += kThreads)
       sm.ids[r] = a.index[static_cast<int64_t>(req) * a.top_k + rec0 + r];
   }
-  __syncthreads();
-
-  for (int s = 0; s < kBufs - 1; ++s) {
-    if (s < stages) IssueStage(a, source, layer_ok, sm, req, chunk, s, s);
-    else CpAsyncCommit();  // empty group: the wait count below stays uniform
+  if (threadIdx.x == 0) {
+    MbarInit(&sm.bar[0], 1);
+    MbarInit(&sm.bar[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if constexpr (kCluster) {
-    // This block's 4 heads' open-page scores (the merge reads every head's from its peers),
-    // here, after the first stages' copies are issued, so their loads overlap those.
-    const int64_t head0 = static_cast<int64_t>(req) * a.heads + tile * kHt + chunk * kTailHeads;
-    for (int job = warp; job < kTailHeads * a.page; job += kThreads / 32) {
-      const int hh = job % kTailHeads, t = job / kTailHeads;
-      const float sc = TailScore(a.q + (head0 + hh) * kW, a.tail + (static_cast<int64_t>(req) * a.page + t) * kW, lane,
-                                 a.scale);
-      if (lane == 0) sm.tail_s[hh][t] = a.tail_valid[static_cast<int64_t>(req) * a.page + t] ? sc : -INFINITY;
-    }
+  __syncthreads();  // ids and barriers ready
+  if (warp == 0) {
+    IssuePass(a, source, layer_ok, sm, req, chunk, 0, 0, lane);
+    if (passes > 1) IssuePass(a, source, layer_ok, sm, req, chunk, 1, 1, lane);
   }
+  // The rope query (4 k-steps) is read into registers at each pass (8 KB a block, L1 holds it):
+  // in shared memory too the block would not fit, and held across passes it would spill. A
+  // fragment of m16n8k16: rows g and g + 8, columns 2 q4 (+1) and 2 q4 + 8 (+9).
+  const unsigned int* rope = reinterpret_cast<const unsigned int*>(qg + (hg * 16 + g) * kW + kDv + q4 * 2);
+  CpAsyncWaitAll();  // this thread's query pieces; the first barrier below shows them to all
 
-#ifdef HISPARSE_SPARSE_ATTENTION_Q_IN_SMEM
-  // Score-phase role: 16 heads (hg) x 16 tokens (th) of the 64 x 32 stage, Q read from shared
-  // memory every stage (the first version; kept for A/B: -DHISPARSE_SPARSE_ATTENTION_Q_IN_SMEM).
-  const int hg = warp & 3, th = warp >> 2;
-#else
-  // Score-phase role: 16 heads (hg) x all 32 tokens over half of d (th: 0..287 or 288..575), the
-  // warp's Q slice held in registers for the whole chunk: shared memory then streams only the
-  // keys, whose re-reads by the 4 head groups were half of the first version's traffic and Q's
-  // the other half. Warps th = 0 add the other half's partial scores and run the softmax.
-  const int hg = warp & 3, th = warp >> 2;
-  constexpr int kHalfSteps = kW / 32;  // 18 k-steps of 16 per half
-  uint32_t qa[kHalfSteps][4];
-  CpAsyncWait<kBufs - 2>();  // Q (and stage 0) landed
-  __syncthreads();
-#pragma unroll
-  for (int ks = 0; ks < kHalfSteps; ++ks)
-    Ldm4(qa[ks], &sm.q[(hg * 16 + (lane & 15)) * kRow + th * (kW / 2) + ks * 16 + (lane >> 4) * 8]);
-#endif
-  const int rowA = hg * 16 + g, rowB = rowA + 8;
-  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
-  // P @ V role: all 64 heads x 64 value columns (warp * 64).
-  float o[4][8][4];
+  const int rA = hg * 16 + g, rB = rA + 8;
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;  // l: kept by the tq = 0 warps
+  float o[4][4][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int r = 0; r < 4; ++r) o[i][j][r] = 0.f;
+  // ldmatrix rows of this lane: K (token rows of the quarter), Q (head rows), V (token rows).
+  const int krow = tq * 16 + (lane & 7) + ((lane >> 4) << 3), kcol = ((lane >> 3) & 1) * 8;
+  const int qrow = hg * 16 + (lane & 15), qhi = lane >> 4;
+  const uint16_t* qbase = sm.q + qrow * kDv;
 
-  for (int s = 0; s < stages; ++s) {
-    const int buf = s % kBufs;
-    CpAsyncWait<kBufs - 2>();
-    __syncthreads();  // stage s landed for all; stage s-1 fully consumed
-    if (s + kBufs - 1 < stages)
-      IssueStage(a, source, layer_ok, sm, req, chunk, s + kBufs - 1, (s + kBufs - 1) % kBufs);
-    else CpAsyncCommit();
+  for (int t = 0; t < passes; ++t) {
+    const int buf = t & 1;
+    MbarWait(&sm.bar[buf], (t >> 1) & 1);
+    __syncthreads();  // pass t landed (and warp 0's zero rows and flags); pass t - 1 fully consumed
+    if (warp == 0 && t >= 1 && t + 1 < passes) IssuePass(a, source, layer_ok, sm, req, chunk, t + 1, buf ^ 1, lane);
+    const bool two = (t + 1) * kPass <= a.chunk_tokens;  // the pass holds both stages (else only the first)
     const uint16_t* kv = sm.kv[buf];
 
-#ifdef HISPARSE_SPARSE_ATTENTION_Q_IN_SMEM
     // S = Q K^T for 16 heads x 16 tokens, d in order 0..575.
-    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll 4
-    for (int ks = 0; ks < kW / 16; ++ks) {
+    uint32_t qr[kRopeSteps][4];  // loads issued first, used last
+#pragma unroll
+    for (int ks = 0; ks < kRopeSteps; ++ks) {
+      qr[ks][0] = __ldg(rope + ks * 8);
+      qr[ks][1] = __ldg(rope + 4 * kW + ks * 8);
+      qr[ks][2] = __ldg(rope + ks * 8 + 4);
+      qr[ks][3] = __ldg(rope + 4 * kW + ks * 8 + 4);
+    }
+    float acc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[j][r] = 0.f;
+    const uint16_t* kbase = kv + krow * kRow + kcol;
+#pragma unroll kLatentUnroll
+    for (int ks = 0; ks < kLatentSteps; ++ks) {
       uint32_t qa[4], kb[4];
-      Ldm4(qa, &sm.q[(hg * 16 + (lane & 15)) * kRow + ks * 16 + (lane >> 4) * 8]);
-      Ldm4(kb, &kv[(th * 16 + (lane & 7) + ((lane >> 4) << 3)) * kRow + ks * 16 + ((lane >> 3) & 1) * 8]);
+      Ldm4(qa, qbase + (((2 * ks + qhi) ^ (qrow & 7)) * 8));
+      Ldm4(kb, kbase + ks * 16);
       Mma(acc[0], qa, kb[0], kb[1]);
       Mma(acc[1], qa, kb[2], kb[3]);
     }
-    float sc[2][4];
+#pragma unroll
+    for (int ks = 0; ks < kRopeSteps; ++ks) {
+      uint32_t kb[4];
+      Ldm4(kb, kbase + kDv + ks * 16);
+      Mma(acc[0], qr[ks], kb[0], kb[1]);
+      Mma(acc[1], qr[ks], kb[2], kb[3]);
+    }
+
+    // Scores, and this quarter's row max (the stage max is exact in any order).
     float maxA = -INFINITY, maxB = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int t = th * 16 + j * 8 + q4 * 2 + (r & 1);
-        sc[j][r] = sm.valid[buf][t] ? acc[j][r] * a.scale : -INFINITY;
-        if (r < 2) maxA = fmaxf(maxA, sc[j][r]);
-        else maxB = fmaxf(maxB, sc[j][r]);
+        const int tok = tq * 16 + j * 8 + q4 * 2 + (r & 1);
+        acc[j][r] = sm.valid[buf][tok] ? acc[j][r] * a.scale : -INFINITY;
+        if (r < 2) maxA = fmaxf(maxA, acc[j][r]);
+        else maxB = fmaxf(maxB, acc[j][r]);
       }
 #pragma unroll
     for (int x = 1; x <= 2; x <<= 1) {
@@ -283,29 +338,33 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, x));
     }
     if (q4 == 0) {
-      sm.red_max[th][rowA] = maxA;
-      sm.red_max[th][rowB] = maxB;
+      sm.red_max[tq][rA] = maxA;
+      sm.red_max[tq][rB] = maxB;
     }
-    __syncthreads();
-    // Both token halves compute the same new max (max is exact in any order).
-    const float nA = fmaxf(mA, fmaxf(sm.red_max[0][rowA], sm.red_max[1][rowA]));
-    const float nB = fmaxf(mB, fmaxf(sm.red_max[0][rowB], sm.red_max[1][rowB]));
-    const float alA = mA == -INFINITY ? 0.f : expf(mA - nA);
-    const float alB = mB == -INFINITY ? 0.f : expf(mB - nB);
+    __syncthreads();  // the quarters' maxima visible
+    // Stage 1 = quarters 0, 1; stage 2 = quarters 2, 3. Every warp of a head group computes the
+    // same running max from the same values (so all agree without another exchange).
+    const float n1A = fmaxf(mA, fmaxf(sm.red_max[0][rA], sm.red_max[1][rA]));
+    const float n1B = fmaxf(mB, fmaxf(sm.red_max[0][rB], sm.red_max[1][rB]));
+    const float n2A = two ? fmaxf(n1A, fmaxf(sm.red_max[2][rA], sm.red_max[3][rA])) : n1A;
+    const float n2B = two ? fmaxf(n1B, fmaxf(sm.red_max[2][rB], sm.red_max[3][rB])) : n1B;
+    const float a1A = mA == -INFINITY ? 0.f : expf(mA - n1A), a1B = mB == -INFINITY ? 0.f : expf(mB - n1B);
+    const float a2A = n1A == -INFINITY ? 0.f : expf(n1A - n2A), a2B = n1B == -INFINITY ? 0.f : expf(n1B - n2B);
+    const float subA = tq < 2 ? n1A : n2A, subB = tq < 2 ? n1B : n2B;
     float sumA = 0.f, sumB = 0.f;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int t = th * 16 + j * 8 + q4 * 2;
+      const int tok = tq * 16 + j * 8 + q4 * 2;
       __nv_bfloat16 p[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const float n = r < 2 ? nA : nB;
-        p[r] = __float2bfloat16_rn(sc[j][r] == -INFINITY ? 0.f : expf(sc[j][r] - n));
+        const float n = r < 2 ? subA : subB;
+        p[r] = __float2bfloat16_rn(acc[j][r] == -INFINITY ? 0.f : expf(acc[j][r] - n));
       }
       sumA += __bfloat162float(p[0]) + __bfloat162float(p[1]);
       sumB += __bfloat162float(p[2]) + __bfloat162float(p[3]);
-      *reinterpret_cast<__nv_bfloat162*>(&sm.p[rowA * kProw + t]) = __nv_bfloat162(p[0], p[1]);
-      *reinterpret_cast<__nv_bfloat162*>(&sm.p[rowB * kProw + t]) = __nv_bfloat162(p[2], p[3]);
+      *reinterpret_cast<__nv_bfloat162*>(&sm.p[rA * kProw + tok]) = __nv_bfloat162(p[0], p[1]);
+      *reinterpret_cast<__nv_bfloat162*>(&sm.p[rB * kProw + tok]) = __nv_bfloat162(p[2], p[3]);
     }
 #pragma unroll
     for (int x = 1; x <= 2; x <<= 1) {
@@ -313,180 +372,75 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       sumB += __shfl_xor_sync(0xffffffffu, sumB, x);
     }
     if (q4 == 0) {
-      sm.red_sum[th][rowA] = sumA;
-      sm.red_sum[th][rowB] = sumB;
-      if (th == 0) {
-        sm.alpha[rowA] = alA;
-        sm.alpha[rowB] = alB;
+      sm.red_sum[tq][rA] = sumA;
+      sm.red_sum[tq][rB] = sumB;
+      if (tq == 0) {
+        sm.alpha[0][rA] = a1A, sm.alpha[0][rB] = a1B;
+        sm.alpha[1][rA] = a2A, sm.alpha[1][rB] = a2B;
       }
     }
-    mA = nA;
-    mB = nB;
-    __syncthreads();  // P tile, alpha and the halves' sums visible
-    lA = alA * lA + (sm.red_sum[0][rowA] + sm.red_sum[1][rowA]);
-    lB = alB * lB + (sm.red_sum[0][rowB] + sm.red_sum[1][rowB]);
+    mA = n2A;
+    mB = n2B;
+    __syncthreads();  // P tile, alphas and the quarters' sums visible
+    if (tq == 0) {
+      lA = a1A * lA + (sm.red_sum[0][rA] + sm.red_sum[1][rA]);
+      lB = a1B * lB + (sm.red_sum[0][rB] + sm.red_sum[1][rB]);
+      if (two) {
+        lA = a2A * lA + (sm.red_sum[2][rA] + sm.red_sum[3][rA]);
+        lB = a2B * lB + (sm.red_sum[2][rB] + sm.red_sum[3][rB]);
+      }
+    }
 
-#else
-    // S = Q K^T for 16 heads x 32 tokens over this warp's half of d (in order within the half).
-    float acc[4][4];
+    // O = alpha * O + P V, stage by stage, for 64 heads x this warp's 32 value columns.
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int st = 0; st < 2; ++st) {
+      if (st == 1 && !two) break;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) acc[j][r] = 0.f;
+      for (int mt = 0; mt < 4; ++mt) {
+        const float x0 = sm.alpha[st][mt * 16 + g], x1 = sm.alpha[st][mt * 16 + g + 8];
 #pragma unroll
-    for (int ks = 0; ks < kHalfSteps; ++ks)
-#pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        uint32_t kb[4];
-        Ldm4(kb, &kv[(np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kRow + th * (kW / 2) + ks * 16 +
-                     ((lane >> 3) & 1) * 8]);
-        Mma(acc[2 * np], qa[ks], kb[0], kb[1]);
-        Mma(acc[2 * np + 1], qa[ks], kb[2], kb[3]);
-      }
-    if (th == 1)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        *reinterpret_cast<float2*>(&sm.red_s[rowA * kSrow + j * 8 + q4 * 2]) = make_float2(acc[j][0], acc[j][1]);
-        *reinterpret_cast<float2*>(&sm.red_s[rowB * kSrow + j * 8 + q4 * 2]) = make_float2(acc[j][2], acc[j][3]);
-      }
-    __syncthreads();
-    float alA = 0.f, alB = 0.f;
-    if (th == 0) {
-      // s = (first half + second half) * scale; the row max over all 32 tokens within the warp.
-      float maxA = -INFINITY, maxB = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int t = j * 8 + q4 * 2 + (r & 1);
-          const float other = sm.red_s[(r < 2 ? rowA : rowB) * kSrow + t];
-          acc[j][r] = sm.valid[buf][t] ? (acc[j][r] + other) * a.scale : -INFINITY;
-          if (r < 2) maxA = fmaxf(maxA, acc[j][r]);
-          else maxB = fmaxf(maxB, acc[j][r]);
+        for (int nt = 0; nt < 4; ++nt) {
+          o[mt][nt][0] *= x0;
+          o[mt][nt][1] *= x0;
+          o[mt][nt][2] *= x1;
+          o[mt][nt][3] *= x1;
         }
-#pragma unroll
-      for (int x = 1; x <= 2; x <<= 1) {
-        maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, x));
-        maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, x));
-      }
-      const float nA = fmaxf(mA, maxA), nB = fmaxf(mB, maxB);
-      alA = mA == -INFINITY ? 0.f : expf(mA - nA);
-      alB = mB == -INFINITY ? 0.f : expf(mB - nB);
-      float sumA = 0.f, sumB = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int t = j * 8 + q4 * 2;
-        __nv_bfloat16 p[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float n = r < 2 ? nA : nB;
-          p[r] = __float2bfloat16_rn(acc[j][r] == -INFINITY ? 0.f : expf(acc[j][r] - n));
-        }
-        sumA += __bfloat162float(p[0]) + __bfloat162float(p[1]);
-        sumB += __bfloat162float(p[2]) + __bfloat162float(p[3]);
-        *reinterpret_cast<__nv_bfloat162*>(&sm.p[rowA * kProw + t]) = __nv_bfloat162(p[0], p[1]);
-        *reinterpret_cast<__nv_bfloat162*>(&sm.p[rowB * kProw + t]) = __nv_bfloat162(p[2], p[3]);
       }
 #pragma unroll
-      for (int x = 1; x <= 2; x <<= 1) {
-        sumA += __shfl_xor_sync(0xffffffffu, sumA, x);
-        sumB += __shfl_xor_sync(0xffffffffu, sumB, x);
-      }
-      if (q4 == 0) {
-        sm.alpha[rowA] = alA;
-        sm.alpha[rowB] = alB;
-      }
-      lA = alA * lA + sumA;
-      lB = alB * lB + sumB;
-      mA = nA;
-      mB = nB;
-    }
-    __syncthreads();  // P tile and alpha visible
-#endif
-
-    // O = alpha * O + P V for 64 heads x 64 value columns.
+      for (int kk = 0; kk < kStage / 16; ++kk) {
+        const int ks = st * (kStage / 16) + kk;
+        uint32_t vb[2][4];
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-      const float a0 = sm.alpha[mt * 16 + g], a1 = sm.alpha[mt * 16 + g + 8];
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        o[mt][nt][0] *= a0;
-        o[mt][nt][1] *= a0;
-        o[mt][nt][2] *= a1;
-        o[mt][nt][3] *= a1;
-      }
-    }
-#pragma unroll
-    for (int ks = 0; ks < kStage / 16; ++ks) {
-      uint32_t pa[4][4];
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
-        Ldm4(pa[mt], &sm.p[(mt * 16 + (lane & 15)) * kProw + ks * 16 + (lane >> 4) * 8]);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t vb[4];
-        Ldm4T(vb, &kv[(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow + warp * 64 + np * 16 +
-                      (lane >> 4) * 8]);
+        for (int np = 0; np < 2; ++np)
+          Ldm4T(vb[np], &kv[(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow + warp * kColsPerWarp + np * 16 +
+                            (lane >> 4) * 8]);
 #pragma unroll
         for (int mt = 0; mt < 4; ++mt) {
-          Mma(o[mt][2 * np], pa[mt], vb[0], vb[1]);
-          Mma(o[mt][2 * np + 1], pa[mt], vb[2], vb[3]);
+          uint32_t pa[4];
+          Ldm4(pa, &sm.p[(mt * 16 + (lane & 15)) * kProw + ks * 16 + (lane >> 4) * 8]);
+#pragma unroll
+          for (int np = 0; np < 2; ++np) {
+            Mma(o[mt][2 * np], pa, vb[np][0], vb[np][1]);
+            Mma(o[mt][2 * np + 1], pa, vb[np][2], vb[np][3]);
+          }
         }
       }
     }
   }
-  CpAsyncWait<0>();  // no copy outlives the block (the trailing groups are empty)
 
-  const int64_t head0 = static_cast<int64_t>(req) * a.heads + tile * kHt;
-  if constexpr (!kCluster) {
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
+  for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t h = head0 + mt * 16 + g + half * 8;
-        float* dst = a.o_part + (h * kChunks + chunk) * kDv + warp * 64 + q4 * 2;
+    for (int half = 0; half < 2; ++half) {
+      const int64_t h = head0 + mt * 16 + g + half * 8;
+      float* dst = a.o_part + (h * kChunks + chunk) * kDv + warp * kColsPerWarp + q4 * 2;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
-      }
-    if (th == 0 && q4 == 0) {
-      *reinterpret_cast<float2*>(a.ml + ((head0 + rowA) * kChunks + chunk) * 2) = make_float2(mA, lA);
-      *reinterpret_cast<float2*>(a.ml + ((head0 + rowB) * kChunks + chunk) * 2) = make_float2(mB, lB);
+      for (int nt = 0; nt < 4; ++nt)
+        *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
     }
-  } else {
-    // The 16 chunk blocks of (request, tile) form one cluster: each parks its (m, l, o) in its own
-    // shared memory, then block `chunk` merges value columns [32 chunk, 32 chunk + 32) of all 64
-    // heads, reading the 16 partials in chunk order through distributed shared memory. No
-    // partial touches global memory and the merge needs no second launch.
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    __syncthreads();  // every warp is done with Q and the stage buffers
-    MergeSmem& ms = *reinterpret_cast<MergeSmem*>(smem_raw);
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float* dst = ms.o + (mt * 16 + g + half * 8) * kOrow + warp * 64 + q4 * 2;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
-      }
-    if (th == 0 && q4 == 0) {
-      ms.ml[rowA] = make_float2(mA, lA);
-      ms.ml[rowB] = make_float2(mB, lB);
-    }
-    cluster.sync();  // every block's partial is visible cluster-wide
-    const int hh = threadIdx.x / 4, col = chunk * kMergeCols + (threadIdx.x % 4) * 8;
-    const Smem* tail_peer = cluster.map_shared_rank(&sm, hh / kTailHeads);
-    float res[8];
-    Merge<8>([&](int c) { return cluster.map_shared_rank(&ms, c)->ml[hh]; },
-             [&](int c, int r) { return cluster.map_shared_rank(&ms, c)->o[hh * kOrow + col + r]; },
-             [&](int t) { return tail_peer->tail_s[hh % kTailHeads][t]; }, a.page,
-             a.tail + static_cast<int64_t>(req) * a.page * kW + col, res);
-    float* dst = a.out + (head0 + hh) * kDv + col;
-    *reinterpret_cast<float4*>(dst) = make_float4(res[0], res[1], res[2], res[3]);
-    *reinterpret_cast<float4*>(dst + 4) = make_float4(res[4], res[5], res[6], res[7]);
-    cluster.sync();  // no block leaves while a peer may still read its shared memory
+  if (tq == 0 && q4 == 0) {
+    *reinterpret_cast<float2*>(a.ml + ((head0 + rA) * kChunks + chunk) * 2) = make_float2(mA, lA);
+    *reinterpret_cast<float2*>(a.ml + ((head0 + rB) * kChunks + chunk) * 2) = make_float2(mB, lB);
   }
 }
 
@@ -517,73 +471,23 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
   *reinterpret_cast<float4*>(out + hq * kDv + col) = make_float4(res[0], res[1], res[2], res[3]);
 }
 
-std::atomic<uint64_t> g_configured{0};    // devices whose chunk kernels allow the large smem
-std::atomic<uint64_t> g_cluster_ok{0};     // devices that fit a cluster of 16 such blocks
-std::atomic<uint64_t> g_cluster_known{0};
+std::atomic<uint64_t> g_configured{0};  // devices whose chunk kernel allows the large smem
 
 cudaError_t Configure(int dev) {
   const uint64_t bit = uint64_t{1} << (dev & 63);
   if (g_configured.load() & bit) return cudaSuccess;
-  cudaError_t err = cudaFuncSetAttribute(ChunkKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(sizeof(Smem)));
-  if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(ChunkKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(sizeof(Smem)));
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(ChunkKernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  const cudaError_t err =
+      cudaFuncSetAttribute(ChunkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(Smem)));
   if (err != cudaSuccess) return err;
   g_configured.fetch_or(bit);
   return cudaSuccess;
 }
 
-cudaLaunchConfig_t ClusterConfig(dim3 grid, cudaStream_t stream, cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = sizeof(Smem);
-  cfg.stream = stream;
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = kChunks;
-  attr->val.clusterDim.y = 1;
-  attr->val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
-// Whether this device can run a cluster of 16 chunk blocks at all (asked once per device).
-bool ClusterFits(int dev) {
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (!(g_cluster_known.load() & bit)) {
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = ClusterConfig(dim3(kChunks, 1, 1), nullptr, &attr);
-    int clusters = 0;
-    const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, ChunkKernel<true>, &cfg);
-    if (err != cudaSuccess) cudaGetLastError();  // not sticky: forget it, use the other plan
-    if (err == cudaSuccess && clusters > 0) g_cluster_ok.fetch_or(bit);
-    g_cluster_known.fetch_or(bit);
-  }
-  return g_cluster_ok.load() & bit;
-}
-
 }  // namespace
-
-int SparseAttentionMaxActiveClusters() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || Configure(dev) != cudaSuccess) return 0;
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = ClusterConfig(dim3(kChunks, 1, 1), nullptr, &attr);
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, ChunkKernel<true>, &cfg) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return clusters;
-}
 
 cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale, const uint16_t* q,
                                   const uint16_t* source, const int32_t* layer, const int32_t* index, const uint16_t* tail,
-                                  const uint8_t* tail_valid, float* out, float* workspace,
-                                  cudaStream_t stream, SparseAttentionPlan plan) {
+                                  const uint8_t* tail_valid, float* out, float* workspace, cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
@@ -597,9 +501,6 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   a.index = index;
   a.o_part = workspace;
   a.ml = workspace + shape.batch * shape.heads * kChunks * kDv;
-  a.tail = tail;
-  a.tail_valid = tail_valid;
-  a.out = out;
   a.heads = static_cast<int>(shape.heads);
   a.top_k = static_cast<int>(shape.top_k);
   a.page = static_cast<int>(shape.page);
@@ -607,19 +508,11 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   a.chunk_tokens = static_cast<int>(shape.top_k * shape.page / kChunks);
   a.scale = scale;
   const dim3 grid(kChunks, static_cast<unsigned>(shape.heads / kHt), static_cast<unsigned>(shape.batch));
-  const bool cluster = plan == SparseAttentionPlan::kCluster ||
-                       (plan == SparseAttentionPlan::kAuto && ClusterFits(dev));
-  if (cluster) {
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = ClusterConfig(grid, stream, &attr);
-    return cudaLaunchKernelEx(&cfg, ChunkKernel<true>, a);
-  }
-  ChunkKernel<false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
+  ChunkKernel<<<grid, kThreads, sizeof(Smem), stream>>>(a);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  CombineKernel<<<dim3(static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch)),
-                  kCombineThreads, 0, stream>>>(q, tail, tail_valid, a.o_part, a.ml, out, a.heads,
-                                                a.page, scale);
+  CombineKernel<<<dim3(static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch)), kCombineThreads, 0,
+                  stream>>>(q, tail, tail_valid, a.o_part, a.ml, out, a.heads, a.page, scale);
   return cudaGetLastError();
 }
 
