@@ -185,45 +185,6 @@ __device__ __forceinline__ float TailScore(const uint16_t* qh, const uint16_t* k
   return d * scale;
 }
 
-// The merge of sparse_attention.h for `n` value columns of one head: chunks 0..C-1 in order
-// (m_c, l_c from ml(c), o_c[col] from o(c, col)), then the open page's tokens in order.
-template <int n, typename Ml, typename O, typename Ts>
-__device__ __forceinline__ void Merge(Ml ml, O o, Ts tail_s, int page, const uint16_t* tail_v, float* dst) {
-  // Unrolled: every partial's loads issue together (a loop waited for each chunk's in turn).
-  float2 mls[kChunks];
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) mls[c] = ml(c);
-  float vals[kChunks][n];
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-    for (int r = 0; r < n; ++r) vals[c][r] = o(c, r);
-  float big = -INFINITY;
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) big = fmaxf(big, mls[c].x);
-  for (int t = 0; t < page; ++t) big = fmaxf(big, tail_s(t));
-  float total = 0.f, acc[n];
-#pragma unroll
-  for (int r = 0; r < n; ++r) acc[r] = 0.f;
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const float2 v = mls[c];
-    const float w = v.x == -INFINITY ? 0.f : expf(v.x - big);
-    total = fmaf(w, v.y, total);
-#pragma unroll
-    for (int r = 0; r < n; ++r) acc[r] = fmaf(w, vals[c][r], acc[r]);
-  }
-  for (int t = 0; t < page; ++t) {
-    const float ts = tail_s(t);
-    const float p = ts == -INFINITY ? 0.f : expf(ts - big);
-    total += p;
-#pragma unroll
-    for (int r = 0; r < n; ++r) acc[r] = fmaf(p, Bf16ToFloat(tail_v[t * kW + r]), acc[r]);
-  }
-#pragma unroll
-  for (int r = 0; r < n; ++r) dst[r] = total > 0.f ? acc[r] / total : 0.f;
-}
-
 __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
@@ -446,7 +407,9 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
 
 constexpr int kCombineThreads = kDv / 4;  // 4 value columns a thread
 
-// One block per (head, request): chunks 0..C-1 in order, then the open page's tokens in order.
+// One block per (head, request), the merge of sparse_attention.h: chunks 0..C-1 in order, then
+// the open page's tokens in order. Every partial's load is issued first (float4, all 16 chunks at
+// once), so they overlap each other and the open page's score.
 __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
     const uint16_t* __restrict__ q, const uint16_t* __restrict__ tail, const uint8_t* __restrict__ tail_valid,
     const float* __restrict__ o_part, const float* __restrict__ ml, float* __restrict__ out, int heads,
@@ -454,6 +417,16 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
   __shared__ float tail_s[kSparseAttentionMaxPage];
   const int h = blockIdx.x, req = blockIdx.y;
   const int64_t hq = static_cast<int64_t>(req) * heads + h;
+  const int col = threadIdx.x * 4;
+  const float2* mlh = reinterpret_cast<const float2*>(ml + hq * kChunks * 2);
+  const float* oh = o_part + hq * kChunks * kDv + col;
+  float2 mls[kChunks];
+  float4 vals[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    mls[c] = mlh[c];
+    vals[c] = *reinterpret_cast<const float4*>(oh + c * kDv);
+  }
   if (threadIdx.x < 32) {
     for (int t = 0; t < page; ++t) {
       const float sc = TailScore(q + hq * kW, tail + (static_cast<int64_t>(req) * page + t) * kW, threadIdx.x, scale);
@@ -461,13 +434,30 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
     }
   }
   __syncthreads();
-  const float* mlh = ml + hq * kChunks * 2;
-  const int col = threadIdx.x * 4;
-  const float* oh = o_part + hq * kChunks * kDv + col;
+  float big = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) big = fmaxf(big, mls[c].x);
+  for (int t = 0; t < page; ++t) big = fmaxf(big, tail_s[t]);
+  float total = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const float w = mls[c].x == -INFINITY ? 0.f : expf(mls[c].x - big);
+    total = fmaf(w, mls[c].y, total);
+    acc[0] = fmaf(w, vals[c].x, acc[0]);
+    acc[1] = fmaf(w, vals[c].y, acc[1]);
+    acc[2] = fmaf(w, vals[c].z, acc[2]);
+    acc[3] = fmaf(w, vals[c].w, acc[3]);
+  }
+  const uint16_t* tail_v = tail + static_cast<int64_t>(req) * page * kW + col;
+  for (int t = 0; t < page; ++t) {
+    const float p = tail_s[t] == -INFINITY ? 0.f : expf(tail_s[t] - big);
+    total += p;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[r] = fmaf(p, Bf16ToFloat(tail_v[t * kW + r]), acc[r]);
+  }
   float res[4];
-  Merge<4>([&](int c) { return make_float2(mlh[2 * c], mlh[2 * c + 1]); },
-           [&](int c, int r) { return oh[c * kDv + r]; }, [&](int t) { return tail_s[t]; }, page,
-           tail + static_cast<int64_t>(req) * page * kW + col, res);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) res[r] = total > 0.f ? acc[r] / total : 0.f;
   *reinterpret_cast<float4*>(out + hq * kDv + col) = make_float4(res[0], res[1], res[2], res[3]);
 }
 
