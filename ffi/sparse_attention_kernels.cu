@@ -34,6 +34,12 @@ constexpr int kLatentSteps = kDv / 16;          // 32 k-steps of the latent quer
 #define HISPARSE_SPARSE_ATTENTION_LATENT_UNROLL 16
 #endif
 constexpr int kLatentUnroll = HISPARSE_SPARSE_ATTENTION_LATENT_UNROLL;
+// Head groups per block, fixed (1, 2 or 4) instead of chosen by the batch (GroupsFor): an A/B of
+// the small-batch split, -DHISPARSE_SPARSE_ATTENTION_HEAD_GROUPS=4 is the one-variant kernel.
+#ifndef HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS
+#define HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS 0
+#endif
+constexpr int kHeadGroupsOverride = HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS;
 constexpr int kMaxChunkRecords = static_cast<int>(kSparseAttentionMaxTopK / kSparseAttentionChunks) + 1;
 constexpr int kColsPerWarp = kDv / kWarps;      // 32 value columns of all 64 heads per warp in P @ V
 static_assert(kHt == 64 && kPass == 64 && kWarps == 16, "warp roles assume 4 head groups x 4 token quarters");
@@ -185,24 +191,33 @@ __device__ __forceinline__ float TailScore(const uint16_t* qh, const uint16_t* k
   return d * scale;
 }
 
+// kGroups head groups of 16 per block (64 heads: 4; small batches split the 64 into 4 blocks of
+// 1 group, so that 4x the blocks share the GPU). A head's bits do not depend on kGroups: its
+// scores, softmax and P @ V are the same instructions on the same values in every variant (the
+// same warp roles per group, the same row of the same m16 tile), so the choice may follow the
+// batch without breaking batch invariance (the checker compares batch 17 with batch 1).
+template <int kGroups>
 __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
+  constexpr int kHeads = 16 * kGroups;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int chunk = blockIdx.x, tile = blockIdx.y, req = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q4 = lane & 3;
   // Score role: head group hg (16 heads) x token quarter tq (16 of the pass's 64 tokens), all of
-  // d, so no partial score crosses warps. P @ V role: all 64 heads x 32 value columns.
+  // d, so no partial score crosses warps (warps of groups >= kGroups have no score role). P @ V
+  // role: all the block's heads x 32 value columns.
   const int hg = warp & 3, tq = warp >> 2;
+  const bool scorer = hg < kGroups;
   const int passes = (a.chunk_tokens + kPass - 1) / kPass;
   // A layer outside [0, layers) reads no record (sparse_attention.h): only the open page counts.
   const int layer = *a.layer;
   const bool layer_ok = layer >= 0 && layer < a.layers;
   const uint16_t* source = a.source + (layer_ok ? layer * a.layer_stride : 0);
-  const int64_t head0 = static_cast<int64_t>(req) * a.heads + tile * kHt;
+  const int64_t head0 = static_cast<int64_t>(req) * a.heads + tile * kHeads;
 
   // The latent query, swizzled into shared memory (its copies overlap the ids' loads below).
   const uint16_t* qg = a.q + head0 * kW;
-  for (int e = threadIdx.x; e < kHt * kQPieces; e += kThreads) {
+  for (int e = threadIdx.x; e < kHeads * kQPieces; e += kThreads) {
     const int h = e / kQPieces, piece = e % kQPieces;
     CpAsync16(&sm.q[h * kDv + ((piece ^ (h & 7)) * 8)], qg + h * kW + piece * 8);
   }
@@ -231,9 +246,9 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
 
   const int rA = hg * 16 + g, rB = rA + 8;
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;  // l: kept by the tq = 0 warps
-  float o[4][4][4];
+  float o[kGroups][4][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < kGroups; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -251,99 +266,104 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     const bool two = (t + 1) * kPass <= a.chunk_tokens;  // the pass holds both stages (else only the first)
     const uint16_t* kv = sm.kv[buf];
 
-    // S = Q K^T for 16 heads x 16 tokens, d in order 0..575.
-    uint32_t qr[kRopeSteps][4];  // loads issued first, used last
-#pragma unroll
-    for (int ks = 0; ks < kRopeSteps; ++ks) {
-      qr[ks][0] = __ldg(rope + ks * 8);
-      qr[ks][1] = __ldg(rope + 4 * kW + ks * 8);
-      qr[ks][2] = __ldg(rope + ks * 8 + 4);
-      qr[ks][3] = __ldg(rope + 4 * kW + ks * 8 + 4);
-    }
     float acc[2][4];
+    if (scorer) {
+      // S = Q K^T for 16 heads x 16 tokens, d in order 0..575.
+      uint32_t qr[kRopeSteps][4];  // loads issued first, used last
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[j][r] = 0.f;
-    const uint16_t* kbase = kv + krow * kRow + kcol;
-#pragma unroll kLatentUnroll
-    for (int ks = 0; ks < kLatentSteps; ++ks) {
-      uint32_t qa[4], kb[4];
-      Ldm4(qa, qbase + (((2 * ks + qhi) ^ (qrow & 7)) * 8));
-      Ldm4(kb, kbase + ks * 16);
-      Mma(acc[0], qa, kb[0], kb[1]);
-      Mma(acc[1], qa, kb[2], kb[3]);
-    }
-#pragma unroll
-    for (int ks = 0; ks < kRopeSteps; ++ks) {
-      uint32_t kb[4];
-      Ldm4(kb, kbase + kDv + ks * 16);
-      Mma(acc[0], qr[ks], kb[0], kb[1]);
-      Mma(acc[1], qr[ks], kb[2], kb[3]);
-    }
-
-    // Scores, and this quarter's row max (the stage max is exact in any order).
-    float maxA = -INFINITY, maxB = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int tok = tq * 16 + j * 8 + q4 * 2 + (r & 1);
-        acc[j][r] = sm.valid[buf][tok] ? acc[j][r] * a.scale : -INFINITY;
-        if (r < 2) maxA = fmaxf(maxA, acc[j][r]);
-        else maxB = fmaxf(maxB, acc[j][r]);
+      for (int ks = 0; ks < kRopeSteps; ++ks) {
+        qr[ks][0] = __ldg(rope + ks * 8);
+        qr[ks][1] = __ldg(rope + 4 * kW + ks * 8);
+        qr[ks][2] = __ldg(rope + ks * 8 + 4);
+        qr[ks][3] = __ldg(rope + 4 * kW + ks * 8 + 4);
       }
 #pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-      maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, x));
-      maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, x));
-    }
-    if (q4 == 0) {
-      sm.red_max[tq][rA] = maxA;
-      sm.red_max[tq][rB] = maxB;
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[j][r] = 0.f;
+      const uint16_t* kbase = kv + krow * kRow + kcol;
+#pragma unroll kLatentUnroll
+      for (int ks = 0; ks < kLatentSteps; ++ks) {
+        uint32_t qa[4], kb[4];
+        Ldm4(qa, qbase + (((2 * ks + qhi) ^ (qrow & 7)) * 8));
+        Ldm4(kb, kbase + ks * 16);
+        Mma(acc[0], qa, kb[0], kb[1]);
+        Mma(acc[1], qa, kb[2], kb[3]);
+      }
+#pragma unroll
+      for (int ks = 0; ks < kRopeSteps; ++ks) {
+        uint32_t kb[4];
+        Ldm4(kb, kbase + kDv + ks * 16);
+        Mma(acc[0], qr[ks], kb[0], kb[1]);
+        Mma(acc[1], qr[ks], kb[2], kb[3]);
+      }
+
+      // Scores, and this quarter's row max (the stage max is exact in any order).
+      float maxA = -INFINITY, maxB = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int tok = tq * 16 + j * 8 + q4 * 2 + (r & 1);
+          acc[j][r] = sm.valid[buf][tok] ? acc[j][r] * a.scale : -INFINITY;
+          if (r < 2) maxA = fmaxf(maxA, acc[j][r]);
+          else maxB = fmaxf(maxB, acc[j][r]);
+        }
+#pragma unroll
+      for (int x = 1; x <= 2; x <<= 1) {
+        maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, x));
+        maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, x));
+      }
+      if (q4 == 0) {
+        sm.red_max[tq][rA] = maxA;
+        sm.red_max[tq][rB] = maxB;
+      }
     }
     __syncthreads();  // the quarters' maxima visible
-    // Stage 1 = quarters 0, 1; stage 2 = quarters 2, 3. Every warp of a head group computes the
-    // same running max from the same values (so all agree without another exchange).
-    const float n1A = fmaxf(mA, fmaxf(sm.red_max[0][rA], sm.red_max[1][rA]));
-    const float n1B = fmaxf(mB, fmaxf(sm.red_max[0][rB], sm.red_max[1][rB]));
-    const float n2A = two ? fmaxf(n1A, fmaxf(sm.red_max[2][rA], sm.red_max[3][rA])) : n1A;
-    const float n2B = two ? fmaxf(n1B, fmaxf(sm.red_max[2][rB], sm.red_max[3][rB])) : n1B;
-    const float a1A = mA == -INFINITY ? 0.f : expf(mA - n1A), a1B = mB == -INFINITY ? 0.f : expf(mB - n1B);
-    const float a2A = n1A == -INFINITY ? 0.f : expf(n1A - n2A), a2B = n1B == -INFINITY ? 0.f : expf(n1B - n2B);
-    const float subA = tq < 2 ? n1A : n2A, subB = tq < 2 ? n1B : n2B;
-    float sumA = 0.f, sumB = 0.f;
+    float a1A = 0.f, a1B = 0.f, a2A = 0.f, a2B = 0.f;
+    if (scorer) {
+      // Stage 1 = quarters 0, 1; stage 2 = quarters 2, 3. Every warp of a head group computes the
+      // same running max from the same values (so all agree without another exchange).
+      const float n1A = fmaxf(mA, fmaxf(sm.red_max[0][rA], sm.red_max[1][rA]));
+      const float n1B = fmaxf(mB, fmaxf(sm.red_max[0][rB], sm.red_max[1][rB]));
+      const float n2A = two ? fmaxf(n1A, fmaxf(sm.red_max[2][rA], sm.red_max[3][rA])) : n1A;
+      const float n2B = two ? fmaxf(n1B, fmaxf(sm.red_max[2][rB], sm.red_max[3][rB])) : n1B;
+      a1A = mA == -INFINITY ? 0.f : expf(mA - n1A), a1B = mB == -INFINITY ? 0.f : expf(mB - n1B);
+      a2A = n1A == -INFINITY ? 0.f : expf(n1A - n2A), a2B = n1B == -INFINITY ? 0.f : expf(n1B - n2B);
+      const float subA = tq < 2 ? n1A : n2A, subB = tq < 2 ? n1B : n2B;
+      float sumA = 0.f, sumB = 0.f;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int tok = tq * 16 + j * 8 + q4 * 2;
-      __nv_bfloat16 p[4];
+      for (int j = 0; j < 2; ++j) {
+        const int tok = tq * 16 + j * 8 + q4 * 2;
+        __nv_bfloat16 p[4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float n = r < 2 ? subA : subB;
-        p[r] = __float2bfloat16_rn(acc[j][r] == -INFINITY ? 0.f : expf(acc[j][r] - n));
+        for (int r = 0; r < 4; ++r) {
+          const float n = r < 2 ? subA : subB;
+          p[r] = __float2bfloat16_rn(acc[j][r] == -INFINITY ? 0.f : expf(acc[j][r] - n));
+        }
+        sumA += __bfloat162float(p[0]) + __bfloat162float(p[1]);
+        sumB += __bfloat162float(p[2]) + __bfloat162float(p[3]);
+        *reinterpret_cast<__nv_bfloat162*>(&sm.p[rA * kProw + tok]) = __nv_bfloat162(p[0], p[1]);
+        *reinterpret_cast<__nv_bfloat162*>(&sm.p[rB * kProw + tok]) = __nv_bfloat162(p[2], p[3]);
       }
-      sumA += __bfloat162float(p[0]) + __bfloat162float(p[1]);
-      sumB += __bfloat162float(p[2]) + __bfloat162float(p[3]);
-      *reinterpret_cast<__nv_bfloat162*>(&sm.p[rA * kProw + tok]) = __nv_bfloat162(p[0], p[1]);
-      *reinterpret_cast<__nv_bfloat162*>(&sm.p[rB * kProw + tok]) = __nv_bfloat162(p[2], p[3]);
-    }
 #pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-      sumA += __shfl_xor_sync(0xffffffffu, sumA, x);
-      sumB += __shfl_xor_sync(0xffffffffu, sumB, x);
-    }
-    if (q4 == 0) {
-      sm.red_sum[tq][rA] = sumA;
-      sm.red_sum[tq][rB] = sumB;
-      if (tq == 0) {
-        sm.alpha[0][rA] = a1A, sm.alpha[0][rB] = a1B;
-        sm.alpha[1][rA] = a2A, sm.alpha[1][rB] = a2B;
+      for (int x = 1; x <= 2; x <<= 1) {
+        sumA += __shfl_xor_sync(0xffffffffu, sumA, x);
+        sumB += __shfl_xor_sync(0xffffffffu, sumB, x);
       }
+      if (q4 == 0) {
+        sm.red_sum[tq][rA] = sumA;
+        sm.red_sum[tq][rB] = sumB;
+        if (tq == 0) {
+          sm.alpha[0][rA] = a1A, sm.alpha[0][rB] = a1B;
+          sm.alpha[1][rA] = a2A, sm.alpha[1][rB] = a2B;
+        }
+      }
+      mA = n2A;
+      mB = n2B;
     }
-    mA = n2A;
-    mB = n2B;
     __syncthreads();  // P tile, alphas and the quarters' sums visible
-    if (tq == 0) {
+    if (scorer && tq == 0) {
       lA = a1A * lA + (sm.red_sum[0][rA] + sm.red_sum[1][rA]);
       lB = a1B * lB + (sm.red_sum[0][rB] + sm.red_sum[1][rB]);
       if (two) {
@@ -352,12 +372,12 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       }
     }
 
-    // O = alpha * O + P V, stage by stage, for 64 heads x this warp's 32 value columns.
+    // O = alpha * O + P V, stage by stage, for the block's heads x this warp's 32 value columns.
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
       if (st == 1 && !two) break;
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
+      for (int mt = 0; mt < kGroups; ++mt) {
         const float x0 = sm.alpha[st][mt * 16 + g], x1 = sm.alpha[st][mt * 16 + g + 8];
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
@@ -376,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
           Ldm4T(vb[np], &kv[(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow + warp * kColsPerWarp + np * 16 +
                             (lane >> 4) * 8]);
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
+        for (int mt = 0; mt < kGroups; ++mt) {
           uint32_t pa[4];
           Ldm4(pa, &sm.p[(mt * 16 + (lane & 15)) * kProw + ks * 16 + (lane >> 4) * 8]);
 #pragma unroll
@@ -390,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   }
 
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+  for (int mt = 0; mt < kGroups; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t h = head0 + mt * 16 + g + half * 8;
@@ -399,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       for (int nt = 0; nt < 4; ++nt)
         *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
     }
-  if (tq == 0 && q4 == 0) {
+  if (scorer && tq == 0 && q4 == 0) {
     *reinterpret_cast<float2*>(a.ml + ((head0 + rA) * kChunks + chunk) * 2) = make_float2(mA, lA);
     *reinterpret_cast<float2*>(a.ml + ((head0 + rB) * kChunks + chunk) * 2) = make_float2(mB, lB);
   }
@@ -461,16 +481,32 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
   *reinterpret_cast<float4*>(out + hq * kDv + col) = make_float4(res[0], res[1], res[2], res[3]);
 }
 
-std::atomic<uint64_t> g_configured{0};  // devices whose chunk kernel allows the large smem
+std::atomic<uint64_t> g_configured{0};  // devices whose chunk kernels allow the large smem
+std::atomic<int> g_sms[64];              // multiprocessors of each device (0: not asked yet)
 
 cudaError_t Configure(int dev) {
   const uint64_t bit = uint64_t{1} << (dev & 63);
   if (g_configured.load() & bit) return cudaSuccess;
-  const cudaError_t err =
-      cudaFuncSetAttribute(ChunkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(Smem)));
+  const int bytes = static_cast<int>(sizeof(Smem));
+  cudaError_t err = cudaFuncSetAttribute(ChunkKernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(ChunkKernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(ChunkKernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  int sms = 0;
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
+  g_sms[dev & 63].store(sms);
   g_configured.fetch_or(bit);
   return cudaSuccess;
+}
+
+// Head groups of 16 per block: the fewest (the most blocks) whose grid still fits one wave of one
+// block per multiprocessor, else 4 (a request's 64 heads share each record the block loads).
+int GroupsFor(const SparseAttentionShape& shape, int sms) {
+  for (int groups : {1, 2}) {
+    const int64_t blocks = shape.batch * (shape.heads / (16 * groups)) * kChunks;
+    if (blocks <= sms) return groups;
+  }
+  return 4;
 }
 
 }  // namespace
@@ -497,8 +533,11 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   a.records = static_cast<int>(shape.records);
   a.chunk_tokens = static_cast<int>(shape.top_k * shape.page / kChunks);
   a.scale = scale;
-  const dim3 grid(kChunks, static_cast<unsigned>(shape.heads / kHt), static_cast<unsigned>(shape.batch));
-  ChunkKernel<<<grid, kThreads, sizeof(Smem), stream>>>(a);
+  const int groups = kHeadGroupsOverride > 0 ? kHeadGroupsOverride : GroupsFor(shape, g_sms[dev & 63].load());
+  const dim3 grid(kChunks, static_cast<unsigned>(shape.heads / (16 * groups)), static_cast<unsigned>(shape.batch));
+  if (groups == 1) ChunkKernel<1><<<grid, kThreads, sizeof(Smem), stream>>>(a);
+  else if (groups == 2) ChunkKernel<2><<<grid, kThreads, sizeof(Smem), stream>>>(a);
+  else ChunkKernel<4><<<grid, kThreads, sizeof(Smem), stream>>>(a);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   CombineKernel<<<dim3(static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch)), kCombineThreads, 0,
