@@ -1,8 +1,10 @@
 // Sparse MLA decode attention on a CUDA device (sparse_attention.h is the contract): launchers on
 // raw pointers, no XLA types.
 //
-// Plan: kernel 1, one block per (chunk, head tile of 64, request), 16 warps: the block's latent
-// query (64 heads x 512) sits in shared memory, its rope part in registers; its chunk's tokens are
+// Plan: kernel 1, one block per (chunk, heads, request), 16 warps: 64 heads a block, or 16 / 32
+// where that many more blocks still fit one wave (small batches: a head's bits are the same in
+// every split); the block's latent query (heads x 512) sits in shared memory, the rope part is
+// read into registers each pass; its chunk's tokens are
 // fetched straight from the source by index, one bulk copy (TMA) per token row onto an mbarrier,
 // 64 tokens (two of the contract's stages) a pass, two passes in flight; scores and P @ V run on
 // the tensor cores (mma.sync m16n8k16, bf16 in, float32 accumulate) with the online softmax

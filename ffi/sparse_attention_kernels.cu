@@ -26,7 +26,7 @@ constexpr int kRow = kW + 8;                    // KV smem row in bf16: 1168 B, 
 constexpr int kRecordBytes = kW * 2;            // one token: 1152 B, one bulk copy
 constexpr int kProw = kPass + 8;                // P tile row: 144 B, conflict-free for the same reason
 constexpr int kQPieces = kDv * 2 / 16;          // 64 16-byte pieces of a head's latent query in smem
-constexpr int kRopeSteps = (kW - kDv) / 16;     // 4 k-steps of the rope query, held in registers
+constexpr int kRopeSteps = (kW - kDv) / 16;     // 4 k-steps of the rope query, read into registers
 constexpr int kLatentSteps = kDv / 16;          // 32 k-steps of the latent query, read from smem
 // The latent score loop unrolls by this much: fully (32), ptxas hoists the ldmatrix loads past the
 // 128-register cap of 512 threads and spills; 16 fits with none (-Xptxas -v). A/B: -D.
