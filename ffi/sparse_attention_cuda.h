@@ -2,15 +2,16 @@
 // raw pointers, no XLA types.
 //
 // Plan: kernel 1, one block per (chunk, heads, request), 16 warps: 64 heads a block, or 16 / 32
-// where that many more blocks still fit one wave (small batches: a head's bits are the same in
-// every split); the block's latent query (heads x 512) sits in shared memory, the rope part is
-// read into registers each pass; its chunk's tokens are
-// fetched straight from the source by index, one bulk copy (TMA) per token row onto an mbarrier,
+// where that many more blocks still fit one wave (small batches); the block's latent query
+// (heads x 512) sits in shared memory, the rope part is read into registers each pass; its
+// chunk's tokens are fetched straight from the source by index, one bulk copy (TMA) per token row
+// onto an mbarrier,
 // 64 tokens (two of the contract's stages) a pass, two passes in flight; scores and P @ V run on
 // the tensor cores (mma.sync m16n8k16, bf16 in, float32 accumulate) with the online softmax
 // between them, stage by stage; the block writes its chunk's (m, l, o) to the workspace.
 // Kernel 2, one block per (head, request): merges chunks 0..15 in order with the open page.
-// The grid never depends on the batch beyond its last dimension: batch invariance.
+// Batch invariance: the chunks are fixed, and a head's instructions and values are the same
+// whatever the batch and the head split (the same warp roles, the same row of the same m16 tile).
 #ifndef HISPARSE_FFI_SPARSE_ATTENTION_CUDA_H_
 #define HISPARSE_FFI_SPARSE_ATTENTION_CUDA_H_
 
