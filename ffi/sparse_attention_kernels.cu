@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -40,7 +41,12 @@ constexpr int kLatentUnroll = HISPARSE_SPARSE_ATTENTION_LATENT_UNROLL;
 #define HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS 0
 #endif
 constexpr int kHeadGroupsOverride = HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS;
-constexpr int kMaxChunkRecords = static_cast<int>(kSparseAttentionMaxTopK / kSparseAttentionChunks) + 1;
+// Blocks that run several units in turn where the units outnumber the multiprocessors (1), or one
+// block per unit (0: the A/B).
+#ifndef HISPARSE_SPARSE_ATTENTION_PERSISTENT
+#define HISPARSE_SPARSE_ATTENTION_PERSISTENT 1
+#endif
+constexpr bool kPersistent = HISPARSE_SPARSE_ATTENTION_PERSISTENT != 0;
 constexpr int kColsPerWarp = kDv / kWarps;      // 32 value columns of all 64 heads per warp in P @ V
 static_assert(kHt == 64 && kPass == 64 && kWarps == 16, "warp roles assume 4 head groups x 4 token quarters");
 
@@ -56,7 +62,6 @@ struct Smem {
   float red_sum[4][kHt];            // each token quarter's row sum of p
   float alpha[2][kHt];              // the pass's two stage rescales
   uint8_t valid[2][kPass];
-  int ids[kMaxChunkRecords];        // the chunk's record ids, loaded once
 };
 
 static_assert(sizeof(Smem) <= 227 * 1024, "the chunk kernel's shared memory exceeds sm_90's 227 KB a block");
@@ -101,15 +106,17 @@ __device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t by
 // the async proxy's next writes of the same shared memory.
 __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-__device__ __forceinline__ void Ldm4(uint32_t* r, const void* p) {
+// ldmatrix at a 32-bit shared address (smem pointers kept as 32-bit offsets: fewer registers
+// than generic 64-bit pointers, under the 128 a thread of 512 gets).
+__device__ __forceinline__ void Ldm4(uint32_t* r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
+               : "r"(addr));
 }
-__device__ __forceinline__ void Ldm4T(uint32_t* r, const void* p) {
+__device__ __forceinline__ void Ldm4T(uint32_t* r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
+               : "r"(addr));
 }
 __device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -133,31 +140,57 @@ struct ChunkArgs {
   float* o_part;  // [b, H, C, 512]
   float* ml;      // [b, H, C, 2]
   int heads, top_k, page, records, chunk_tokens;
+  int units;  // (chunk, head block, request) work units; block i runs units i, i + gridDim.x, ...
   float scale;
 };
 
-// Warp 0 issues pass `t` of this block's chunk into buffer `buf`: lane l owns rows l and l + 32.
-// A row with a record is one bulk copy; a row without (id invalid, layer outside, past the
-// chunk's end) is zero-filled (its p is 0; 0 * a stale NaN would not be) and marked invalid.
+// A work unit: one chunk of one request for one block of 16 kGroups heads. Its bits do not depend
+// on which block runs it, nor on what that block ran before: the launch may size the grid to the
+// GPU (each block then runs several units, the next one's first loads overlapping this one's end).
+struct Unit {
+  int chunk, req;
+  int64_t head0;  // the unit's first head of [b, H]
+};
+template <int kGroups>
+__device__ __forceinline__ Unit UnitAt(const ChunkArgs& a, int u) {
+  const int blocks = a.heads / (16 * kGroups);
+  Unit x;
+  x.chunk = u % kChunks;
+  const int rest = u / kChunks;
+  x.req = rest / blocks;
+  x.head0 = static_cast<int64_t>(x.req) * a.heads + (rest % blocks) * (16 * kGroups);
+  return x;
+}
+
+// The record ids of pass t of a unit's chunk for rows lane and lane + 32 (warp 0's issue rows);
+// -1 past the chunk's end. Loaded a pass ahead of their issue, so no issue waits on them.
+__device__ __forceinline__ int2 PassIds(const ChunkArgs& a, const Unit& x, int t, int lane) {
+  const int tok_end = (x.chunk + 1) * a.chunk_tokens, tok0 = x.chunk * a.chunk_tokens + t * kPass;
+  const int32_t* ids = a.index + static_cast<int64_t>(x.req) * a.top_k;
+  int id[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int j = tok0 + lane + 32 * h;
+    id[h] = j < tok_end ? __ldg(ids + (a.page == 1 ? j : j / a.page)) : -1;
+  }
+  return make_int2(id[0], id[1]);
+}
+
+// Warp 0 issues pass `t` of unit `x` into buffer `buf`: lane l owns rows l and l + 32 (their ids
+// from PassIds). A row with a record is one bulk copy; a row without (id invalid, layer outside,
+// past the chunk's end) is zero-filled (its p is 0; 0 * a stale NaN would not be) and marked
+// invalid.
 __device__ __forceinline__ void IssuePass(const ChunkArgs& a, const uint16_t* source, bool layer_ok, Smem& sm,
-                                          int req, int chunk, int t, int buf, int lane) {
-  const int tok_end = (chunk + 1) * a.chunk_tokens;
-  const int tok0 = chunk * a.chunk_tokens + t * kPass;
-  const int rec0 = chunk * a.chunk_tokens / a.page;
+                                          const Unit& x, int t, int buf, int lane, int2 ids) {
+  const int tok0 = x.chunk * a.chunk_tokens + t * kPass;
   const uint16_t* src[2];
   bool ok[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = lane + 32 * h, j = tok0 + row;
-    int rec = j, tok = 0;
-    if (a.page != 1) rec = j / a.page, tok = j - rec * a.page;
-    ok[h] = false;
-    src[h] = source;
-    if (j < tok_end) {
-      const int id = sm.ids[rec - rec0];
-      ok[h] = layer_ok && id >= 0 && id < a.records;
-      if (ok[h]) src[h] = source + ((static_cast<int64_t>(req) * a.records + id) * a.page + tok) * kW;
-    }
+    const int row = lane + 32 * h, j = tok0 + row, id = h == 0 ? ids.x : ids.y;
+    const int tok = a.page == 1 ? 0 : j % a.page;
+    ok[h] = layer_ok && id >= 0 && id < a.records;
+    src[h] = ok[h] ? source + ((static_cast<int64_t>(x.req) * a.records + id) * a.page + tok) * kW : source;
     sm.valid[buf][row] = ok[h];
   }
   const uint32_t got0 = __ballot_sync(0xffffffffu, ok[0]), got1 = __ballot_sync(0xffffffffu, ok[1]);
@@ -201,74 +234,87 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   constexpr int kHeads = 16 * kGroups;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
-  const int chunk = blockIdx.x, tile = blockIdx.y, req = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q4 = lane & 3;
   // Score role: head group hg (16 heads) x token quarter tq (16 of the pass's 64 tokens), all of
   // d, so no partial score crosses warps (warps of groups >= kGroups have no score role). P @ V
-  // role: all the block's heads x 32 value columns.
+  // role: all the unit's heads x 32 value columns.
   const int hg = warp & 3, tq = warp >> 2;
   const bool scorer = hg < kGroups;
   const int passes = (a.chunk_tokens + kPass - 1) / kPass;
+  // This block's units, one after another: one pipeline of passes across them ("flat" passes).
+  const int my_units = (a.units - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
+  const int flat_passes = my_units * passes;
+  auto unit_of = [&](int f) { return UnitAt<kGroups>(a, static_cast<int>(blockIdx.x) + (f / passes) * gridDim.x); };
   // A layer outside [0, layers) reads no record (sparse_attention.h): only the open page counts.
   const int layer = *a.layer;
   const bool layer_ok = layer >= 0 && layer < a.layers;
   const uint16_t* source = a.source + (layer_ok ? layer * a.layer_stride : 0);
-  const int64_t head0 = static_cast<int64_t>(req) * a.heads + tile * kHeads;
 
-  // The latent query, swizzled into shared memory (its copies overlap the ids' loads below).
-  const uint16_t* qg = a.q + head0 * kW;
-  for (int e = threadIdx.x; e < kHeads * kQPieces; e += kThreads) {
-    const int h = e / kQPieces, piece = e % kQPieces;
-    CpAsync16(&sm.q[h * kDv + ((piece ^ (h & 7)) * 8)], qg + h * kW + piece * 8);
-  }
-  CpAsyncCommit();
-  // The chunk's record ids, one load per thread in parallel (no load in the issue path).
-  {
-    const int rec0 = chunk * a.chunk_tokens / a.page, rec1 = ((chunk + 1) * a.chunk_tokens - 1) / a.page;
-    for (int r = threadIdx.x; r <= rec1 - rec0; r += kThreads)
-      sm.ids[r] = a.index[static_cast<int64_t>(req) * a.top_k + rec0 + r];
-  }
+  // The latent query of a unit, swizzled into shared memory by cp.async (one group).
+  auto load_query = [&](const Unit& x) {
+    const uint16_t* qg = a.q + x.head0 * kW;
+#pragma unroll 1  // unrolled, its addresses spill the P @ V accumulators around it
+    for (int e = threadIdx.x; e < kHeads * kQPieces; e += kThreads) {
+      const int h = e / kQPieces, piece = e % kQPieces;
+      CpAsync16(&sm.q[h * kDv + ((piece ^ (h & 7)) * 8)], qg + h * kW + piece * 8);
+    }
+    CpAsyncCommit();
+  };
+  load_query(unit_of(0));
   if (threadIdx.x == 0) {
     MbarInit(&sm.bar[0], 1);
     MbarInit(&sm.bar[1], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();  // ids and barriers ready
+  __syncthreads();  // barriers ready
+  int2 next_ids = make_int2(-1, -1);  // warp 0: the ids of the next pass to issue
   if (warp == 0) {
-    IssuePass(a, source, layer_ok, sm, req, chunk, 0, 0, lane);
-    if (passes > 1) IssuePass(a, source, layer_ok, sm, req, chunk, 1, 1, lane);
+    const Unit x = unit_of(0), x1 = unit_of(1);
+    const int2 ids0 = PassIds(a, x, 0, lane);
+    const int2 ids1 = flat_passes > 1 ? PassIds(a, x1, 1 % passes, lane) : ids0;
+    IssuePass(a, source, layer_ok, sm, x, 0, 0, lane, ids0);
+    if (flat_passes > 1) IssuePass(a, source, layer_ok, sm, x1, 1 % passes, 1, lane, ids1);
+    if (flat_passes > 2) next_ids = PassIds(a, unit_of(2), 2 % passes, lane);
   }
-  // The rope query (4 k-steps) is read into registers at each pass (8 KB a block, L1 holds it):
-  // in shared memory too the block would not fit, and held across passes it would spill. A
-  // fragment of m16n8k16: rows g and g + 8, columns 2 q4 (+1) and 2 q4 + 8 (+9).
-  const unsigned int* rope = reinterpret_cast<const unsigned int*>(qg + (hg * 16 + g) * kW + kDv + q4 * 2);
-  CpAsyncWaitAll();  // this thread's query pieces; the first barrier below shows them to all
 
   const int rA = hg * 16 + g, rB = rA + 8;
-  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;  // l: kept by the tq = 0 warps
+  float mA, mB, lA, lB;  // l: kept by the tq = 0 warps
   float o[kGroups][4][4];
-#pragma unroll
-  for (int i = 0; i < kGroups; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) o[i][j][r] = 0.f;
   // ldmatrix rows of this lane: K (token rows of the quarter), Q (head rows), V (token rows).
   const int krow = tq * 16 + (lane & 7) + ((lane >> 4) << 3), kcol = ((lane >> 3) & 1) * 8;
   const int qrow = hg * 16 + (lane & 15), qhi = lane >> 4;
-  const uint16_t* qbase = sm.q + qrow * kDv;
+  const uint32_t qbase = SmemAddr(sm.q + qrow * kDv), qswz = qrow & 7;
+  // The rope query (4 k-steps) is read into registers at each pass (8 KB a block, L1 holds it):
+  // in shared memory too the block would not fit, and held across passes it would spill. A
+  // fragment of m16n8k16: rows g and g + 8, columns 2 q4 (+1) and 2 q4 + 8 (+9).
 
-  for (int t = 0; t < passes; ++t) {
-    const int buf = t & 1;
-    MbarWait(&sm.bar[buf], (t >> 1) & 1);
-    __syncthreads();  // pass t landed (and warp 0's zero rows and flags); pass t - 1 fully consumed
-    if (warp == 0 && t >= 1 && t + 1 < passes) IssuePass(a, source, layer_ok, sm, req, chunk, t + 1, buf ^ 1, lane);
+  for (int f = 0; f < flat_passes; ++f) {
+    const int t = f % passes, buf = f & 1;
+    if (t == 0) {  // a new unit: its query (copied during the previous unit's last pass), fresh state
+      mA = mB = -INFINITY;
+      lA = lB = 0.f;
+#pragma unroll
+      for (int i = 0; i < kGroups; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) o[i][j][r] = 0.f;
+      CpAsyncWaitAll();  // this thread's query pieces; the barrier below shows them to all
+    }
+    MbarWait(&sm.bar[buf], (f >> 1) & 1);
+    __syncthreads();  // pass f landed (and warp 0's zero rows and flags); pass f - 1 fully consumed
+    if (warp == 0 && f >= 1 && f + 1 < flat_passes) {
+      IssuePass(a, source, layer_ok, sm, unit_of(f + 1), (f + 1) % passes, buf ^ 1, lane, next_ids);
+      if (f + 2 < flat_passes) next_ids = PassIds(a, unit_of(f + 2), (f + 2) % passes, lane);
+    }
     const bool two = (t + 1) * kPass <= a.chunk_tokens;  // the pass holds both stages (else only the first)
     const uint16_t* kv = sm.kv[buf];
 
     float acc[2][4];
     if (scorer) {
       // S = Q K^T for 16 heads x 16 tokens, d in order 0..575.
+      const unsigned int* rope =
+          reinterpret_cast<const unsigned int*>(a.q + (unit_of(f).head0 + hg * 16 + g) * kW + kDv + q4 * 2);
       uint32_t qr[kRopeSteps][4];  // loads issued first, used last
 #pragma unroll
       for (int ks = 0; ks < kRopeSteps; ++ks) {
@@ -281,19 +327,19 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[j][r] = 0.f;
-      const uint16_t* kbase = kv + krow * kRow + kcol;
+      const uint32_t kbase = SmemAddr(kv + krow * kRow + kcol);
 #pragma unroll kLatentUnroll
       for (int ks = 0; ks < kLatentSteps; ++ks) {
         uint32_t qa[4], kb[4];
-        Ldm4(qa, qbase + (((2 * ks + qhi) ^ (qrow & 7)) * 8));
-        Ldm4(kb, kbase + ks * 16);
+        Ldm4(qa, qbase + (((2 * ks + qhi) ^ qswz) * 16));
+        Ldm4(kb, kbase + ks * 32);
         Mma(acc[0], qa, kb[0], kb[1]);
         Mma(acc[1], qa, kb[2], kb[3]);
       }
 #pragma unroll
       for (int ks = 0; ks < kRopeSteps; ++ks) {
         uint32_t kb[4];
-        Ldm4(kb, kbase + kDv + ks * 16);
+        Ldm4(kb, kbase + (kDv + ks * 16) * 2);
         Mma(acc[0], qr[ks], kb[0], kb[1]);
         Mma(acc[1], qr[ks], kb[2], kb[3]);
       }
@@ -319,7 +365,8 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
         sm.red_max[tq][rB] = maxB;
       }
     }
-    __syncthreads();  // the quarters' maxima visible
+    __syncthreads();  // the quarters' maxima visible (and every warp done with the query)
+    if (t == passes - 1 && f + 1 < flat_passes) load_query(unit_of(f + 1));  // overlaps softmax and P @ V
     float a1A = 0.f, a1B = 0.f, a2A = 0.f, a2B = 0.f;
     if (scorer) {
       // Stage 1 = quarters 0, 1; stage 2 = quarters 2, 3. Every warp of a head group computes the
@@ -393,12 +440,12 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
         uint32_t vb[2][4];
 #pragma unroll
         for (int np = 0; np < 2; ++np)
-          Ldm4T(vb[np], &kv[(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow + warp * kColsPerWarp + np * 16 +
-                            (lane >> 4) * 8]);
+          Ldm4T(vb[np], SmemAddr(&kv[(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow + warp * kColsPerWarp +
+                                     np * 16 + (lane >> 4) * 8]));
 #pragma unroll
         for (int mt = 0; mt < kGroups; ++mt) {
           uint32_t pa[4];
-          Ldm4(pa, &sm.p[(mt * 16 + (lane & 15)) * kProw + ks * 16 + (lane >> 4) * 8]);
+          Ldm4(pa, SmemAddr(&sm.p[(mt * 16 + (lane & 15)) * kProw + ks * 16 + (lane >> 4) * 8]));
 #pragma unroll
           for (int np = 0; np < 2; ++np) {
             Mma(o[mt][2 * np], pa, vb[np][0], vb[np][1]);
@@ -407,21 +454,24 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
         }
       }
     }
-  }
 
+    if (t == passes - 1) {  // the unit's partial: (m, l, o) of its chunk
+      const Unit x = unit_of(f);
 #pragma unroll
-  for (int mt = 0; mt < kGroups; ++mt)
+      for (int mt = 0; mt < kGroups; ++mt)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t h = head0 + mt * 16 + g + half * 8;
-      float* dst = a.o_part + (h * kChunks + chunk) * kDv + warp * kColsPerWarp + q4 * 2;
+        for (int half = 0; half < 2; ++half) {
+          const int64_t h = x.head0 + mt * 16 + g + half * 8;
+          float* dst = a.o_part + (h * kChunks + x.chunk) * kDv + warp * kColsPerWarp + q4 * 2;
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-        *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
+          for (int nt = 0; nt < 4; ++nt)
+            *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
+        }
+      if (scorer && tq == 0 && q4 == 0) {
+        *reinterpret_cast<float2*>(a.ml + ((x.head0 + rA) * kChunks + x.chunk) * 2) = make_float2(mA, lA);
+        *reinterpret_cast<float2*>(a.ml + ((x.head0 + rB) * kChunks + x.chunk) * 2) = make_float2(mB, lB);
+      }
     }
-  if (scorer && tq == 0 && q4 == 0) {
-    *reinterpret_cast<float2*>(a.ml + ((head0 + rA) * kChunks + chunk) * 2) = make_float2(mA, lA);
-    *reinterpret_cast<float2*>(a.ml + ((head0 + rB) * kChunks + chunk) * 2) = make_float2(mB, lB);
   }
 }
 
@@ -533,8 +583,12 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   a.records = static_cast<int>(shape.records);
   a.chunk_tokens = static_cast<int>(shape.top_k * shape.page / kChunks);
   a.scale = scale;
-  const int groups = kHeadGroupsOverride > 0 ? kHeadGroupsOverride : GroupsFor(shape, g_sms[dev & 63].load());
-  const dim3 grid(kChunks, static_cast<unsigned>(shape.heads / (16 * groups)), static_cast<unsigned>(shape.batch));
+  const int sms = g_sms[dev & 63].load();
+  const int groups = kHeadGroupsOverride > 0 ? kHeadGroupsOverride : GroupsFor(shape, sms);
+  a.units = static_cast<int>(shape.batch * (shape.heads / (16 * groups)) * kChunks);
+  // More units than multiprocessors: one block per multiprocessor runs them in turn (a unit's
+  // loads then start during the previous unit's last pass); else one block per unit.
+  const dim3 grid(static_cast<unsigned>(kPersistent ? std::min(a.units, sms) : a.units));
   if (groups == 1) ChunkKernel<1><<<grid, kThreads, sizeof(Smem), stream>>>(a);
   else if (groups == 2) ChunkKernel<2><<<grid, kThreads, sizeof(Smem), stream>>>(a);
   else ChunkKernel<4><<<grid, kThreads, sizeof(Smem), stream>>>(a);

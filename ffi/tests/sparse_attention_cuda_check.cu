@@ -249,6 +249,10 @@ int main(int argc, char** argv) {
   }
   // Chunks of many passes: passes issued inside the loop (the first two are issued before it).
   if (!o.quick) cases.push_back({"long-chunks-k8192", shape(1, 64, 8192, 1, 9000), 0.0722f, 0.02});
+  // More units (chunk, 64 heads, request) than an H200's 132 SMs: blocks run several units in
+  // turn, the next unit's loads issued during the previous one's last pass.
+  cases.push_back({"units-b9-k256-p2-half-pass", shape(9, 64, 256, 2, 300), 0.1f, 0.1});
+  if (!o.quick) cases.push_back({"units-b9-k2048", shape(9, 64, 2048, 1, 2100), 0.0722f, 0.02});
   cases.push_back({"page4-k1024-4passes", shape(1, 64, 1024, 4, 1500), 0.0722f, 0.05});
   if (!o.quick) cases.push_back({"h64-k2048-b3", shape(3, 64, 2048, 1, 8192), 0.0722f, 0.01});
   for (const Case& c : cases) CheckVsCpu(o, c, rng);
