@@ -362,15 +362,23 @@ def attention_kernel_domain(config: Config, mode: str, stream_axes: int = 1) -> 
     return ""
 
 
+def uses_attention_kernel(config: Config, mode: str, stream_axes: int = 1) -> bool:
+    """Whether the decode attention runs the sparse attention kernel (config.attention_implementation:
+    "auto" where it can run, "reference" never); "ffi" where it cannot run raises why."""
+    domain = attention_kernel_domain(config, mode, stream_axes)
+    impl = choose_implementation("sparse_attention", config.attention_implementation, targets.SPARSE_ATTENTION, domain)
+    if impl == "reference":
+        return False
+    require_handler("sparse_attention", targets.SPARSE_ATTENTION, domain)
+    return True
+
+
 def _attend_records(config: Config, store, layer: int, located, tail, pos, q):
     """One layer's attention over its selected records and its open page (tail, this step's token
     written): (latent [b, H, dc] float32, misses [b], store)."""
-    domain = attention_kernel_domain(config, store.mode, store.sealed.ndim)
-    impl = choose_implementation("sparse_attention", config.attention_implementation, targets.SPARSE_ATTENTION, domain)
-    if impl == "reference":
+    if not uses_attention_kernel(config, store.mode, store.sealed.ndim):
         parts, misses, store = paging.selected_parts(store, layer, located, tail, pos, mla.split_record(config))
         return layers.attend(q, parts, mla.scale(config)), misses, store
-    require_handler("sparse_attention", targets.SPARSE_ATTENTION, domain)
     # What selected_parts does before its gather: the open page written through ("device",
     # "dense"), a prefetched copy joined; then the kernel reads the records where they live.
     store = kv_store.write_open_page(store, layer, tail)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from model_helpers import CASES, assert_bitwise_equal
 
+import hisparse_jax
 from hisparse_jax.bench.decode.capacity import account
 from hisparse_jax.models import dsa
 
@@ -166,12 +167,19 @@ def test_attention_kernel_domain_names_what_is_outside_it():
     assert "one batch axis" in dsa.attention_kernel_domain(dsa.Config.tiny(**KERNEL_SHAPED), "hisparse", 2)
 
 
-def test_attention_ffi_off_cuda_says_why():
-    if jax.default_backend() == "gpu":
-        pytest.skip("runs the kernel here: test_the_attention_kernel_decodes_alike_in_every_mode")
-    config = CASE.config(**KERNEL_SHAPED, attention_implementation="ffi")
-    with pytest.raises(RuntimeError, match="sparse_attention"):
-        CASE.run(config, "device", steps=1)
+def test_attention_kernel_runs_where_asked_and_able():
+    config = lambda impl, **o: dsa.Config.tiny(**dict(KERNEL_SHAPED, **o), attention_implementation=impl)
+    assert not dsa.uses_attention_kernel(config("reference"), "hisparse")
+    assert not dsa.uses_attention_kernel(config("auto", n_heads=32), "hisparse")  # outside its domain
+    cuda = jax.default_backend() == "gpu" and hisparse_jax.built_with_cuda()
+    assert dsa.uses_attention_kernel(config("auto"), "device") == cuda  # on CPU: XLA
+    if cuda:
+        assert dsa.uses_attention_kernel(config("ffi"), "dense")
+        with pytest.raises(ValueError, match="n_heads=32"):
+            dsa.uses_attention_kernel(config("ffi", n_heads=32), "hisparse")
+    else:
+        with pytest.raises(RuntimeError, match="sparse_attention"):
+            dsa.uses_attention_kernel(config("ffi"), "device")
 
 
 @pytest.mark.gpu
