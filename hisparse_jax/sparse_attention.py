@@ -92,12 +92,24 @@ def sparse_attention_reference(q, source, index, tail, tail_valid, scale: float,
     is exact in float32; XLA:CPU has no bfloat16 x bfloat16 -> float32 dot) and accumulate in
     float32 at HIGHEST precision.
     """
-    f32, hi = jnp.float32, jax.lax.Precision.HIGHEST
     layer_ok = jnp.bool_(True)
     if len(_shape(source)) == 5:
         layer = jnp.asarray(layer, jnp.int32)
         layer_ok = (layer >= 0) & (layer < _shape(source)[0])
         source = jax.lax.dynamic_index_in_dim(source, jnp.clip(layer, 0, _shape(source)[0] - 1), keepdims=False)
+    # One request at a time, by the same loop body whatever the batch: XLA:CPU compiles a batched
+    # dot of one request differently from one of several (other bits), and the reference must be
+    # batch-invariant like the kernel (a request alone == inside a batch).
+    def one(args):
+        return _one_request(*(x[None] for x in args), scale, layer_ok)[0]
+
+    return jax.lax.map(one, (q, source, index, tail, tail_valid))
+
+
+def _one_request(q, source, index, tail, tail_valid, scale: float, layer_ok) -> jax.Array:
+    """sparse_attention_reference's arithmetic for a batch of one ([1, ...] operands, source
+    [1, N, P, W] of the layer)."""
+    f32, hi = jnp.float32, jax.lax.Precision.HIGHEST
     b, N, P, W = _shape(source)
     k = _shape(index)[1]
     T = k * P

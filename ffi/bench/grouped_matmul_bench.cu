@@ -98,6 +98,9 @@ struct Config {
   bool fp8;
   int64_t rows;  // P
   int64_t experts = kExperts;  // E: 32 routed, 1 for the shared expert (every token)
+  // > 0: the model's layout (hisparse_jax.models.moe): the last of the E experts is the shared
+  // one and gets exactly these rows (every token), the others the rest, uniformly.
+  int64_t shared_rows = 0;
   int64_t element_bytes() const { return fp8 ? 1 : 2; }
   GroupedMatmulDims dims() const {
     GroupedMatmulDims d;
@@ -191,7 +194,9 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
   // Routing: exact bincounts of P uniform draws; x and scale from the same seed.
   std::mt19937_64 rng(seed * 7919 + c.rows);
   std::vector<int32_t> sizes(experts, 0);
-  for (int64_t i = 0; i < c.rows; ++i) ++sizes[std::uniform_int_distribution<int64_t>(0, experts - 1)(rng)];
+  const int64_t routed = c.shared_rows > 0 ? experts - 1 : experts;
+  for (int64_t i = 0; i < c.rows - c.shared_rows; ++i) ++sizes[std::uniform_int_distribution<int64_t>(0, routed - 1)(rng)];
+  if (c.shared_rows > 0) sizes[experts - 1] = static_cast<int32_t>(c.shared_rows);
   for (int32_t s : sizes) r.active += s > 0;
   r.active_bytes = r.active * c.n * c.k * c.element_bytes();
   std::vector<uint16_t> x(c.rows * c.k);
@@ -330,6 +335,9 @@ int main(int argc, char** argv) {
                                      std::tuple<const char*, int64_t, int64_t>{"down", 2048, 6144}}) {
       for (int64_t rows : {16, 136, 328, 512}) configs.push_back({name, k, n, true, rows});
       for (int64_t rows : {2, 17, 41, 64}) configs.push_back({name, k, n, true, rows, 1});
+      // The model's layout: the shared expert as a 33rd expert of the same launch (batch b:
+      // 8 b routed pairs + b shared rows), to compare with the two launches above.
+      for (int64_t batch : {1, 2, 10, 17, 41}) configs.push_back({name, k, n, true, 9 * batch, kExperts + 1, batch});
     }
   }
   for (bool fp8 : {true, false}) {
@@ -372,12 +380,13 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     std::fprintf(f,
-                 "    {\"projection\": \"%s\", \"weights\": \"%s\", \"experts\": %lld, \"k\": %lld, \"n\": %lld, \"rows\": %lld, "
+                 "    {\"projection\": \"%s\", \"weights\": \"%s\", \"experts\": %lld, \"shared_rows\": %lld, \"k\": %lld, \"n\": %lld, \"rows\": %lld, "
                  "\"active_experts\": %lld, \"active_weight_bytes\": %lld, \"auto_plan\": %s, "
                  "\"auto_us\": {\"min\": %.2f, \"median\": %.2f, \"max\": %.2f}, \"auto_gbs\": %.1f, "
                  "\"auto_of_nominal\": %.3f, \"auto_of_read_kernel\": %.3f, \"auto_of_memcpy\": %.3f, "
                  "\"best_plan\": %s, \"best_us_median\": %.2f, \"best_gbs\": %.1f, \"ok\": %s}%s\n",
-                 r.config.projection, r.config.fp8 ? "fp8" : "bf16", (long long)r.config.experts, (long long)r.config.k, (long long)r.config.n,
+                 r.config.projection, r.config.fp8 ? "fp8" : "bf16", (long long)r.config.experts,
+                 (long long)r.config.shared_rows, (long long)r.config.k, (long long)r.config.n,
                  (long long)r.config.rows, (long long)r.active, (long long)r.active_bytes, Json(r.auto_plan).c_str(),
                  r.auto_stats.min_us, r.auto_stats.median_us, r.auto_stats.max_us, r.auto_gbs,
                  r.auto_gbs / kNominalGbs, r.auto_gbs / read_gbs, r.auto_gbs / copy_gbs, Json(r.best_plan).c_str(),

@@ -76,9 +76,11 @@ def weight_bytes(weights, batch: int, config=None) -> float:
     for path, leaf in jax.tree_util.tree_flatten_with_path(weights)[0]:
         names = {getattr(key, "name", None) for key in path}
         share = 1.0
-        if config is not None and "moe" in names and "routed" in names and config.experts > 0:
+        if config is not None and "moe" in names and "experts" in names and config.experts > 0:
+            # [routed + shared, ...]: the busy routed experts and every slice of the shared one
             pairs = batch * config.experts_per_token
-            share = expected_active_experts(config.experts, pairs) / config.experts
+            busy = expected_active_experts(config.experts, pairs) + config.shared_experts
+            share = busy / (config.experts + config.shared_experts)
         total += leaf.nbytes * share
     embed = weights.embed
     return total - embed.nbytes + batch * embed.shape[1] * embed.dtype.itemsize

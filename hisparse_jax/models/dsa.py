@@ -294,7 +294,7 @@ def _index_rope(config: Config, x: jax.Array, positions) -> jax.Array:
 def index_key(config: Config, iw: IndexerWeights, h: jax.Array, positions=None):
     """h [..., D] -> (k_I [..., dI] in the key dtype, scale [...] float32 or None) = LayerNorm(W_k h),
     its last index_rope_dim dims rotated at `positions` (broadcast to h.shape[:-1])."""
-    key = layers.layer_norm(jnp.einsum("...d,de->...e", h, iw.w_k), iw.k_scale, iw.k_bias, config.norm_eps)
+    key = layers.layer_norm(layers.weight_einsum("...d,de->...e", h, iw.w_k), iw.k_scale, iw.k_bias, config.norm_eps)
     key = _index_rope(config, key, positions)
     if config.index_dtype == "fp8":
         return fp8.quantize_rows(key)  # one scale per token
@@ -304,9 +304,9 @@ def index_key(config: Config, iw: IndexerWeights, h: jax.Array, positions=None):
 def index_query(config: Config, iw: IndexerWeights, h: jax.Array, positions=None):
     """h [..., D] -> (q_I [..., HI, dI] in dtype, head weights [..., HI] float32 with 1/sqrt(HI dI) folded in);
     q_I's last index_rope_dim dims rotated at `positions` (broadcast to h.shape[:-1])."""
-    q = jnp.einsum("...d,dje->...je", h, iw.w_q)
+    q = layers.weight_einsum("...d,dje->...je", h, iw.w_q)
     q = _index_rope(config, q, None if positions is None else jnp.asarray(positions)[..., None])
-    head = jnp.einsum("...d,dj->...j", h, iw.w_head, preferred_element_type=jnp.float32)
+    head = layers.weight_einsum("...d,dj->...j", h, iw.w_head, preferred_element_type=jnp.float32)
     return q, head / math.sqrt(config.index_heads * config.index_dim)
 
 

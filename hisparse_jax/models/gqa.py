@@ -88,7 +88,7 @@ def project(config: GQAConfig, h: jax.Array, w_in: jax.Array, positions: jax.Arr
       config.dtype, extra [b, ..., kvh, e] float32.
     """
     g, hd = config.group_size, config.head_dim
-    y = jnp.einsum("...d,dhn->...hn", h, w_in, preferred_element_type=jnp.float32)
+    y = layers.weight_einsum("...d,dhn->...hn", h, w_in, preferred_element_type=jnp.float32)
     q = y[..., : g * hd].reshape(*y.shape[:-1], g, hd)
     q = layers.rope(q, positions[..., None, None], config.rope_theta)
     k = layers.rope(y[..., g * hd : (g + 1) * hd], positions[..., None], config.rope_theta)
@@ -104,7 +104,7 @@ def split(config: GQAConfig):
 
 def attention_out(heads: jax.Array, w_o: jax.Array, dtype) -> jax.Array:
     """heads [..., h, g, hd] (float32), w_o [h, g, hd, D] -> [..., D] in dtype."""
-    return jnp.einsum("...hgk,hgkd->...d", heads.astype(dtype), w_o)
+    return layers.weight_einsum("...hgk,hgkd->...d", heads.astype(dtype), w_o)
 
 
 def per_stream(x: jax.Array, kv_heads: int) -> jax.Array:

@@ -8,12 +8,33 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from .config import require
+
+
+def weight_einsum(spec: str, x: jax.Array, w: jax.Array, **kwargs) -> jax.Array:
+    """jnp.einsum(spec, x, w, **kwargs) for activations x times a weight w, spec "...<x>,<w>-><out>"
+    with x's leading axes under "...", the same values row for row.
+
+    A decode step of one request has a single row, and XLA turns a one-row matmul into products
+    and a reduce: on an H200 those read the weight at ~0.8 TB/s, a fifth of what its GEMMs reach
+    (0.34 ms of a 3.3 ms full-KV step at batch 1). A single row is therefore computed as two, the
+    second zero, and the first row kept: the weight is still read once, by a GEMM.
+    """
+    lhs = spec.split(",")[0]
+    if not lhs.startswith("..."):
+        raise ValueError(f"weight_einsum: the spec must start with '...' (the rows), got {spec!r}")
+    lead = x.shape[: x.ndim - (len(lhs) - 3)]
+    if math.prod(lead) != 1:
+        return jnp.einsum(spec, x, w, **kwargs)
+    row = x.reshape(1, *x.shape[len(lead):])
+    y = jnp.einsum(spec, jnp.concatenate([row, jnp.zeros_like(row)]), w, **kwargs)
+    return y[:1].reshape(*lead, *y.shape[1:])
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -52,7 +73,7 @@ def lm_head(weights: Any, x: jax.Array, eps: float) -> jax.Array:
     """x [..., D] -> logits [..., V] float32: weights.final_norm [D], then weights.unembed [D, V]."""
     with jax.named_scope("unembed"):
         h = rms_norm(x, weights.final_norm, eps)
-        return jnp.einsum("...d,dv->...v", h, weights.unembed, preferred_element_type=jnp.float32)
+        return weight_einsum("...d,dv->...v", h, weights.unembed, preferred_element_type=jnp.float32)
 
 
 @jax.tree_util.register_dataclass
@@ -90,9 +111,9 @@ def mlp_specs(config: Any, L: int) -> dict[str, tuple[tuple[int, ...], int]]:
 def mlp(w: MLPWeights, x: jax.Array, eps: float) -> jax.Array:
     """The dense MLP branch of a layer: SwiGLU(rms_norm(x, w.norm)) -> [..., D]."""
     h = rms_norm(x, w.norm, eps)
-    gate = jnp.einsum("...d,df->...f", h, w.w_gate)
-    up = jnp.einsum("...d,df->...f", h, w.w_up)
-    return jnp.einsum("...f,fd->...d", jax.nn.silu(gate) * up, w.w_down)
+    gate = weight_einsum("...d,df->...f", h, w.w_gate)
+    up = weight_einsum("...d,df->...f", h, w.w_up)
+    return weight_einsum("...f,fd->...d", jax.nn.silu(gate) * up, w.w_down)
 
 
 # --------------------------------------------------------------------------- attention

@@ -24,19 +24,19 @@ if TYPE_CHECKING:
 def query(config: dsa.Config, w: dsa.LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
     """h [..., D] at positions (broadcast to h.shape[:-1]) -> absorbed q [..., H, dc + dr] float32."""
     if config.q_lora_rank:
-        latent = layers.rms_norm(jnp.einsum("...d,dr->...r", h, w.w_q_a), w.q_norm, config.norm_eps)
-        q = jnp.einsum("...r,rhe->...he", latent, w.w_q_b)
+        latent = layers.rms_norm(layers.weight_einsum("...d,dr->...r", h, w.w_q_a), w.q_norm, config.norm_eps)
+        q = layers.weight_einsum("...r,rhe->...he", latent, w.w_q_b)
     else:
-        q = jnp.einsum("...d,dhe->...he", h, w.w_q)
+        q = layers.weight_einsum("...d,dhe->...he", h, w.w_q)
     q_nope, q_rope = q[..., : config.qk_nope_dim], q[..., config.qk_nope_dim :]
     q_rope = layers.rope(q_rope, positions[..., None], config.rope_theta)
-    q_latent = jnp.einsum("...hn,hnc->...hc", q_nope, w.w_uk, preferred_element_type=jnp.float32)
+    q_latent = layers.weight_einsum("...hn,hnc->...hc", q_nope, w.w_uk, preferred_element_type=jnp.float32)
     return jnp.concatenate([q_latent, q_rope.astype(jnp.float32)], axis=-1)
 
 
 def kv_record(config: dsa.Config, w: dsa.LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
     """h [..., D] -> record [..., dc + dr] in config.dtype: [rms-normed latent c, rope key]."""
-    kv = jnp.einsum("...d,dw->...w", h, w.w_kv)
+    kv = layers.weight_einsum("...d,dw->...w", h, w.w_kv)
     latent = layers.rms_norm(kv[..., : config.kv_lora_rank], w.kv_norm, config.norm_eps)
     k_rope = layers.rope(kv[..., config.kv_lora_rank :], positions, config.rope_theta)
     return jnp.concatenate([latent, k_rope], axis=-1).astype(config.dtype)
@@ -44,8 +44,8 @@ def kv_record(config: dsa.Config, w: dsa.LayerWeights, h: jax.Array, positions: 
 
 def attention_out(config: dsa.Config, w: dsa.LayerWeights, latent: jax.Array) -> jax.Array:
     """Attention read-out in latent space latent [..., H, dc] float32 -> [..., D]."""
-    heads = jnp.einsum("...hc,hcv->...hv", latent.astype(config.dtype), w.w_uv)
-    return jnp.einsum("...hv,hvd->...d", heads, w.w_o)
+    heads = layers.weight_einsum("...hc,hcv->...hv", latent.astype(config.dtype), w.w_uv)
+    return layers.weight_einsum("...hv,hvd->...d", heads, w.w_o)
 
 
 def scale(config: dsa.Config) -> float:

@@ -25,6 +25,10 @@ groups, and brought back to token order by a gather with the inverse permutation
 scatter-add anywhere: each token sums its k weighted expert outputs in choice order, in float32,
 so a decode step gives the same bits on every run and in every decode mode.
 
+The shared expert is stored as shared_experts more experts of width expert_d_ff after the routed
+ones (MoEWeights.experts), and every token is one more row of the same grouped matmul: a launch of
+its own could not fill the GPU with its few weight rows.
+
 Weights: expert matrices are [E, N, K] with K the contiguous axis (grouped_matmul's layout):
 w_gate_up [E, 2F, D] (an expert's gate rows, then its up rows) and w_down [E, D, F]; with
 expert_dtype "fp8", float8_e4m3fn codes and a float32 scale per expert and output channel
@@ -70,8 +74,11 @@ class MoEWeights:
 
     norm: jax.Array  # [D]
     router: jax.Array  # [D, experts * expert_groups] float32
-    routed: ExpertWeights  # E = experts, F = expert_d_ff
-    shared: ExpertWeights | None  # E = 1, F = shared_experts * expert_d_ff; None without a shared expert
+    # E = experts + shared_experts, F = expert_d_ff: the routed experts, then the shared expert
+    # cut into shared_experts SwiGLUs of width F (see `shared_expert_slices`), so that one grouped
+    # matmul reads both: the shared expert alone has too few weight rows to fill a GPU (on an
+    # H200 it ran at 8-41% of HBM in a launch of its own, 2-3x its bytes in every decode step).
+    experts: ExpertWeights
 
 
 # --------------------------------------------------------------------------- weights
@@ -103,12 +110,26 @@ def init_layer(config: ModelConfig, seed: int, layer: int) -> MoEWeights:
     if S:
         specs.update(shared_gate_up=((1, 2 * S, D), D), shared_down=((1, D, S), S))
     w = init_normal(seed, specs, c.dtype, stream=(_STREAM, layer))
-    return MoEWeights(
-        norm=ones((D,), c.dtype),
-        router=w["router"].astype(jnp.float32),
-        routed=_experts(c, w["w_gate_up"], w["w_down"]),
-        shared=_experts(c, w["shared_gate_up"], w["shared_down"]) if S else None,
-    )
+    gate_up, down = w["w_gate_up"], w["w_down"]
+    if S:
+        shared_gate_up, shared_down = shared_expert_slices(w["shared_gate_up"][0], w["shared_down"][0], F)
+        gate_up = jnp.concatenate([gate_up, shared_gate_up])
+        down = jnp.concatenate([down, shared_down])
+    return MoEWeights(norm=ones((D,), c.dtype), router=w["router"].astype(jnp.float32),
+                      experts=_experts(c, gate_up, down))
+
+
+def shared_expert_slices(gate_up: jax.Array, down: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
+    """A shared SwiGLU expert of width S = n x F (gate_up [2S, D]: its S gate rows then its S up
+    rows; down [D, S]) as n experts of width F in grouped_matmul's layout ([n, 2F, D], [n, D, F]).
+
+    SwiGLU acts channel by channel, so the wide expert's output is the sum of its n slices'
+    (down's columns cut like gate and up's rows); only the float order of that sum changes.
+    """
+    S, D = gate_up.shape[0] // 2, gate_up.shape[1]
+    n = S // width
+    gate, up = gate_up[:S].reshape(n, width, D), gate_up[S:].reshape(n, width, D)
+    return jnp.concatenate([gate, up], axis=1), jnp.moveaxis(down.reshape(D, n, width), 1, 0)
 
 
 def feed_forward_weights(config: ModelConfig, seed: int, drawn: dict[str, jax.Array]) -> tuple[dict, ...]:
@@ -150,7 +171,7 @@ def route(config: ModelConfig, router: jax.Array, h: jax.Array) -> tuple[jax.Arr
     operands to TF32), the k best by lax.top_k (equal scores: the lower id first), weights = the
     chosen scores over their sum, times routed_scaling.
     """
-    logits = jnp.einsum("td,de->te", h.astype(jnp.float32), router.astype(jnp.float32),
+    logits = layers.weight_einsum("...d,de->...e", h.astype(jnp.float32), router.astype(jnp.float32),
                         precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
     top, chosen = jax.lax.top_k(jax.nn.sigmoid(logits), config.experts_per_token)
     weights = top / jnp.sum(top, axis=-1, keepdims=True) * jnp.float32(config.routed_scaling)
@@ -178,15 +199,19 @@ def moe(config: ModelConfig, w: MoEWeights, x: jax.Array) -> jax.Array:
     chosen, weights = route(c, w.router, h)
     local = (chosen % E).reshape(T * k)  # pair p = token p // k, its choice p % k
     order = jnp.argsort(local, stable=True)  # pairs by local expert, each expert's in token order
-    group_sizes = jnp.bincount(local, length=E).astype(jnp.int32)
-    sorted_out = swiglu_experts(c, w.routed, jnp.take(h, order // k, axis=0), group_sizes)  # [T k, D] f32
+    n = c.shared_experts
+    # The routed pairs by expert, then every token once per slice of the shared expert: one call.
+    group_sizes = jnp.concatenate([jnp.bincount(local, length=E), jnp.full((n,), T)]).astype(jnp.int32)
+    rows = jnp.concatenate([jnp.take(h, order // k, axis=0), *([h] * n)])
+    out = swiglu_experts(c, w.experts, rows, group_sizes)  # [T k + n T, D] float32
+    sorted_out = out[: T * k]
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(T * k, dtype=order.dtype), unique_indices=True)
     per_choice = jnp.take(sorted_out, inverse, axis=0).reshape(T, k, -1)
     y = weights[:, 0, None] * per_choice[:, 0]
     for j in range(1, k):  # choice order, float32: a fixed sum
         y = y + weights[:, j, None] * per_choice[:, j]
-    if w.shared is not None:
-        y = y + swiglu_experts(c, w.shared, h, jnp.full((1,), T, jnp.int32))
+    for j in range(n):  # then the shared expert's slices, in order
+        y = y + out[T * k + j * T : T * k + (j + 1) * T]
     return y.astype(x.dtype).reshape(x.shape)
 
 

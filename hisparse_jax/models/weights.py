@@ -93,8 +93,9 @@ def weight_bytes(family: Any, config: Any) -> dict[str, int]:
         - "embed", "unembed", "final_norm" at the top: "embeddings";
         - a name the family lists in SELECTION_WEIGHTS (DSA: its lightning "indexers"; NSA: the
           compression maps "cmp_k", "cmp_v" whose keys score the selection blocks): "indexer";
-        - under a layer's "moe": "shared experts" under its "shared", else "routed experts"
-          (the experts, their fp8 scales, the router and the MoE's input norm);
+        - under a layer's "moe": its experts' matrices and fp8 scales [experts + shared_experts,
+          ...] split by expert, the routed ones (and the router and the MoE's input norm)
+          "routed experts", the shared expert's slices "shared experts";
         - under a layer's "mlp" (the dense SwiGLU and its input norm): "dense MLP";
         - anything else of a layer (projections, attention and query/KV norms): "attention".
       Weights fused into another matrix count with it (NSA's branch gates are columns of the
@@ -108,7 +109,13 @@ def weight_bytes(family: Any, config: Any) -> dict[str, int]:
     out = dict.fromkeys(COMPONENTS, 0)
     for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
         names = [_key_name(key) for key in path]
-        out[_component(names, selection)] += math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+        nbytes = math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+        component = _component(names, selection)
+        if component == "routed experts" and "experts" in names:
+            shared = nbytes * config.shared_experts // leaf.shape[0]  # equal slices, one per expert
+            out["shared experts"] += shared
+            nbytes -= shared
+        out[component] += nbytes
     out["total"] = sum(out[c] for c in COMPONENTS)
     return out
 
@@ -126,7 +133,7 @@ def _component(names: list, selection: set) -> str:
     if selection.intersection(names):
         return "indexer"
     if "moe" in names:
-        return "shared experts" if "shared" in names else "routed experts"
+        return "routed experts"  # the shared expert's share of "experts" is split off by the caller
     if "mlp" in names:
         return "dense MLP"
     return "attention"

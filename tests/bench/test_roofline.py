@@ -26,7 +26,9 @@ def test_a_step_reads_only_the_experts_it_is_expected_to_use():
     # batch 64 routes 128 pairs (all but ~1e-7 of an expert busy).
     config = dsa.Config.tiny(experts=8, experts_per_token=2, expert_d_ff=16, shared_experts=1, expert_groups=2)
     weights = dsa.init_weights(config)
-    routed = sum(x.nbytes for layer in weights.layers for x in jax.tree.leaves(layer.moe.routed))
+    # the experts' matrices and scales hold 8 routed experts and then the shared one
+    experts = sum(x.nbytes for layer in weights.layers for x in jax.tree.leaves(layer.moe.experts))
+    routed = experts * 8 / 9
     everything = sum(x.nbytes for x in jax.tree.leaves(weights)) - weights.embed.nbytes
     for batch, busy in ((1, 8 * (1 - (7 / 8) ** 2)), (64, 8 * (1 - (7 / 8) ** 128))):
         want = everything - routed + routed * busy / 8 + batch * weights.embed.shape[1] * 4

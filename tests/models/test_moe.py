@@ -71,9 +71,9 @@ def oracle_moe(config, w: moe.MoEWeights, x) -> tuple[np.ndarray, np.ndarray]:
             assert scores[t, order[k - 1]] - scores[t, order[k]] > 1e-4, "test data with a near tie"
         top = scores[t, chosen[t]]
         for j, expert in enumerate(chosen[t]):
-            out[t] += top[j] / top.sum() * config.routed_scaling * _oracle_expert(config, w.routed, expert % E, h[t])
-        if w.shared is not None:
-            out[t] += _oracle_expert(config, w.shared, 0, h[t])
+            out[t] += top[j] / top.sum() * config.routed_scaling * _oracle_expert(config, w.experts, expert % E, h[t])
+        for j in range(config.shared_experts):  # the shared expert: its slices after the routed experts
+            out[t] += _oracle_expert(config, w.experts, E + j, h[t])
     return out.reshape(x.shape), chosen
 
 
@@ -113,9 +113,36 @@ def test_moe_matches_a_numpy_oracle(dtype, expert_dtype, shape):
     np.testing.assert_array_equal(np.asarray(moe.route(config, w.router, h)[0]), chosen)
     np.testing.assert_allclose(_f64(got), want, rtol=0, atol=_tolerance(config, want))
     if expert_dtype == "fp8":
-        assert w.routed.w_gate_up.dtype == jnp.float8_e4m3fn and w.routed.gate_up_scale.dtype == jnp.float32
-        assert w.shared.w_down.dtype == jnp.float8_e4m3fn and w.shared.down_scale.shape == (1, 64)
+        assert w.experts.w_gate_up.dtype == jnp.float8_e4m3fn and w.experts.gate_up_scale.dtype == jnp.float32
+        assert w.experts.w_down.dtype == jnp.float8_e4m3fn and w.experts.down_scale.shape == (4 + 1, 64)
     assert w.router.dtype == jnp.float32 and w.router.shape == (64, 8)
+
+
+def test_the_shared_expert_cut_into_slices_is_the_wide_swiglu():
+    # A shared expert of width S = 3 x 4 as 3 experts of width 4: their outputs sum to the wide
+    # SwiGLU's (float64 here, so only the order of the sum differs).
+    rng = np.random.default_rng(0)
+    D, F, n = 5, 4, 3
+    # float32 values (what jnp holds), the sums in float64
+    gate_up, down = (rng.standard_normal(shape).astype(np.float32).astype(np.float64) for shape in ((2 * n * F, D), (D, n * F)))
+    h = rng.standard_normal(D)
+    silu = lambda v: v / (1.0 + np.exp(-v))
+    y = gate_up @ h
+    wide = down @ (silu(y[: n * F]) * y[n * F :])
+    sliced = moe.shared_expert_slices(jnp.asarray(gate_up, jnp.float32), jnp.asarray(down, jnp.float32), F)
+    slices_gate_up, slices_down = (np.asarray(a, np.float64) for a in sliced)
+    assert slices_gate_up.shape == (n, 2 * F, D) and slices_down.shape == (n, D, F)
+    parts = [slices_down[j] @ (silu(slices_gate_up[j, :F] @ h) * (slices_gate_up[j, F:] @ h)) for j in range(n)]
+    np.testing.assert_allclose(sum(parts), wide, rtol=1e-12, atol=1e-12)
+
+
+def test_a_wide_shared_expert_runs_as_its_slices():
+    config = _config(shared_experts=2)
+    w = moe.init_layer(config, 0, 0)
+    assert w.experts.w_gate_up.shape == (4 + 2, 2 * 16, 64) and w.experts.w_down.shape == (4 + 2, 64, 16)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((3, 64)), config.dtype)
+    want, _ = oracle_moe(config, w, x)
+    np.testing.assert_allclose(_f64(_jitted(config)(w, x)), want, rtol=0, atol=_tolerance(config, want))
 
 
 # --------------------------------------------------------------------------- routing corner cases
