@@ -93,21 +93,13 @@ __device__ __forceinline__ void MbarWait(unsigned long long* bar, uint32_t parit
         : "memory");
   } while (!done);
 }
-// The records stream through L2 once per block: evict first, so that they displace the chunk
-// partials (read back by the combine kernel right after) and the model's other data last.
-__device__ __forceinline__ uint64_t L2EvictFirst() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
 // One record row, global -> shared, completing on `bar` (the TMA engine: one instruction a row,
 // where 16-byte cp.async took 72 and their address arithmetic).
-__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes, unsigned long long* bar,
-                                         uint64_t policy) {
+__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes, unsigned long long* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
-      "%4;\n" ::"r"(SmemAddr(dst)),
-      "l"(src), "r"(bytes), "r"(SmemAddr(bar)), "l"(policy)
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
       : "memory");
 }
 // Generic-proxy accesses of this thread (zero fills; reads ordered before it by a barrier) before
@@ -216,10 +208,9 @@ __device__ __forceinline__ void IssuePass(const ChunkArgs& a, const uint16_t* so
   __syncwarp();
   if (lane == 0) MbarArriveExpectTx(&sm.bar[buf], (__popc(got0) + __popc(got1)) * kRecordBytes);
   __syncwarp();
-  const uint64_t policy = L2EvictFirst();
 #pragma unroll
   for (int h = 0; h < 2; ++h)
-    if (ok[h]) BulkCopy(&sm.kv[buf][(lane + 32 * h) * kRow], src[h], kRecordBytes, &sm.bar[buf], policy);
+    if (ok[h]) BulkCopy(&sm.kv[buf][(lane + 32 * h) * kRow], src[h], kRecordBytes, &sm.bar[buf]);
 }
 
 // The open page's score for one head: lane sums d = lane, lane + 32, ... in order, then a fixed
