@@ -41,7 +41,7 @@ inline constexpr int64_t kSparseAttentionHeadTile = 64;     // H must be a multi
 inline constexpr int64_t kSparseAttentionChunks = 16;       // fixed split of the k*P tokens
 inline constexpr int64_t kSparseAttentionStage = 32;        // tokens per online-softmax step
 inline constexpr int64_t kSparseAttentionMaxPage = 64;      // P <= this (the open page's scores)
-inline constexpr int64_t kSparseAttentionMaxTopK = 8192;    // k <= this (a chunk's ids in shared memory)
+inline constexpr int64_t kSparseAttentionMaxTopK = 8192;    // k <= this (the checked range: k * P tokens index as int)
 
 struct SparseAttentionShape {
   int64_t batch = 0;   // b

@@ -1,14 +1,17 @@
 // Sparse MLA decode attention on a CUDA device (sparse_attention.h is the contract): launchers on
 // raw pointers, no XLA types.
 //
-// Plan: kernel 1, one block per (chunk, head tile of 64, request), 8 warps: the block's Q tile
-// (64 heads x 576) sits in shared memory; its chunk's tokens are fetched straight from the source
-// by index with cp.async, kSparseAttentionStage tokens a stage, three stages in flight; scores
-// and P @ V run on the tensor cores (mma.sync m16n8k16, bf16 in, float32 accumulate) with the
-// online softmax between them; the block writes its chunk's (m, l, o) to the workspace.
-// Kernel 2, one block per (head, request): merges chunks 0..15 in order with the open page
-// (or, plan kCluster, the chunk blocks merge among themselves; see SparseAttentionPlan).
-// The grid never depends on the batch beyond its last dimension: batch invariance.
+// Plan: kernel 1, one block per (chunk, heads, request), 16 warps: 64 heads a block, or 16 / 32
+// where that many more blocks still fit one wave (small batches); the block's latent query
+// (heads x 512) sits in shared memory, the rope part is read into registers each pass; its
+// chunk's tokens are fetched straight from the source by index, one bulk copy (TMA) per token row
+// onto an mbarrier,
+// 64 tokens (two of the contract's stages) a pass, two passes in flight; scores and P @ V run on
+// the tensor cores (mma.sync m16n8k16, bf16 in, float32 accumulate) with the online softmax
+// between them, stage by stage; the block writes its chunk's (m, l, o) to the workspace.
+// Kernel 2, one block per (head, request): merges chunks 0..15 in order with the open page.
+// Batch invariance: the chunks are fixed, and a head's instructions and values are the same
+// whatever the batch and the head split (the same warp roles, the same row of the same m16 tile).
 #ifndef HISPARSE_FFI_SPARSE_ATTENTION_CUDA_H_
 #define HISPARSE_FFI_SPARSE_ATTENTION_CUDA_H_
 
@@ -20,15 +23,7 @@
 
 namespace hisparse {
 
-// How the 16 chunks' partials are merged (same arithmetic, same bits, either way):
-//   kCombine: the chunk kernel writes (m, l, o) to the workspace, a second kernel merges them.
-//   kCluster: the 16 chunk blocks of a (request, head tile) are one thread-block cluster; they
-//             merge through distributed shared memory: no partial reaches HBM, one launch.
-//   kAuto:    kCluster where the device fits a cluster of 16 such blocks, else kCombine.
-enum class SparseAttentionPlan : int32_t { kAuto = 0, kCombine = 1, kCluster = 2 };
-
-// Bytes of float32 workspace the launcher needs: (o [512], m, l) per (request, head, chunk)
-// (plan kCombine; kCluster leaves it untouched).
+// Bytes of float32 workspace the launcher needs: (o [512], m, l) per (request, head, chunk).
 inline int64_t SparseAttentionWorkspaceBytes(const SparseAttentionShape& s) {
   return s.batch * s.heads * kSparseAttentionChunks * (kSparseAttentionValueWidth + 2) * 4;
 }
@@ -40,10 +35,7 @@ inline int64_t SparseAttentionWorkspaceBytes(const SparseAttentionShape& s) {
 cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale, const uint16_t* q,
                                   const uint16_t* source, const int32_t* layer, const int32_t* index, const uint16_t* tail,
                                   const uint8_t* tail_valid, float* out, float* workspace,
-                                  cudaStream_t stream, SparseAttentionPlan plan = SparseAttentionPlan::kAuto);
-
-// Clusters of 16 chunk blocks the device runs at once (0: the cluster plan cannot run here).
-int SparseAttentionMaxActiveClusters();
+                                  cudaStream_t stream);
 
 }  // namespace hisparse
 

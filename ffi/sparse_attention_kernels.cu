@@ -1,11 +1,10 @@
 // Sparse MLA decode attention kernels (sparse_attention_cuda.h has the plan, sparse_attention.h
 // the arithmetic). Shapes are fixed by the model family: W = 576, value 512, head tile 64.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
-#include <cstddef>
 #include <cmath>
 #include <cstdint>
 
@@ -19,53 +18,105 @@ constexpr int kDv = static_cast<int>(kSparseAttentionValueWidth);
 constexpr int kHt = static_cast<int>(kSparseAttentionHeadTile);
 constexpr int kChunks = static_cast<int>(kSparseAttentionChunks);
 constexpr int kStage = static_cast<int>(kSparseAttentionStage);
-constexpr int kBufs = 3;          // stages in flight: enough bytes in flight per SM for HBM
-constexpr int kThreads = 256;     // 8 warps
-constexpr int kRow = kW + 8;      // smem row in bf16: 1168 B, so ldmatrix's 8 rows hit 8 bank groups
-constexpr int kProw = kStage + 8; // P tile row: 80 B, conflict-free for the same reason
-constexpr int kChunks16B = kW * 2 / 16;  // 72 16-byte pieces per token
-constexpr int kSrow = kStage + 4;        // float row of the partial scores
-constexpr int kMaxChunkRecords = static_cast<int>(kSparseAttentionMaxTopK / kSparseAttentionChunks) + 1;
-constexpr int kTailHeads = kHt / kChunks;  // cluster plan: open-page scores of 4 heads per block
+// A pass covers two of the contract's stages (64 tokens): the block's barriers and the max
+// exchange run once per pass, while the online softmax still steps stage by stage (two alphas).
+constexpr int kPass = 2 * kStage;
+constexpr int kThreads = 512;                   // 16 warps: 4 per scheduler hide the mma latency
+constexpr int kWarps = kThreads / 32;
+constexpr int kRow = kW + 8;                    // KV smem row in bf16: 1168 B, ldmatrix's 8 rows hit 8 bank groups
+constexpr int kRecordBytes = kW * 2;            // one token: 1152 B, one bulk copy
+constexpr int kProw = kPass + 8;                // P tile row: 144 B, conflict-free for the same reason
+constexpr int kQPieces = kDv * 2 / 16;          // 64 16-byte pieces of a head's latent query in smem
+constexpr int kRopeSteps = (kW - kDv) / 16;     // 4 k-steps of the rope query, read into registers
+constexpr int kLatentSteps = kDv / 16;          // 32 k-steps of the latent query, read from smem
+// The latent score loop unrolls by this much: fully (32), ptxas hoists the ldmatrix loads past the
+// 128-register cap of 512 threads and spills; 16 fits with none (-Xptxas -v). A/B: -D.
+#ifndef HISPARSE_SPARSE_ATTENTION_LATENT_UNROLL
+#define HISPARSE_SPARSE_ATTENTION_LATENT_UNROLL 16
+#endif
+constexpr int kLatentUnroll = HISPARSE_SPARSE_ATTENTION_LATENT_UNROLL;
+// Head groups per block, fixed (1, 2 or 4) instead of chosen by the batch (GroupsFor): an A/B of
+// the small-batch split, -DHISPARSE_SPARSE_ATTENTION_HEAD_GROUPS=4 is the one-variant kernel.
+#ifndef HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS
+#define HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS 0
+#endif
+constexpr int kHeadGroupsOverride = HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS;
+// Blocks that run several units in turn where the units outnumber the multiprocessors (1), or one
+// block per unit (0: the A/B).
+#ifndef HISPARSE_SPARSE_ATTENTION_PERSISTENT
+#define HISPARSE_SPARSE_ATTENTION_PERSISTENT 1
+#endif
+constexpr bool kPersistent = HISPARSE_SPARSE_ATTENTION_PERSISTENT != 0;
+constexpr int kColsPerWarp = kDv / kWarps;      // 32 value columns of all 64 heads per warp in P @ V
+static_assert(kHt == 64 && kPass == 64 && kWarps == 16, "warp roles assume 4 head groups x 4 token quarters");
 
+// Shared memory of the chunk kernel: two 64-token KV buffers (bulk-copied rows, padded), the
+// latent query swizzled (16-byte piece p of head h at p ^ (h & 7): conflict-free ldmatrix with no
+// padding, which would not fit), the P tile and the small exchange arrays.
 struct Smem {
-  uint16_t q[kHt * kRow];
-  uint16_t kv[kBufs][kStage * kRow];
+  uint16_t kv[2][kPass * kRow];
+  uint16_t q[kHt * kDv];
   uint16_t p[kHt * kProw];
-  float red_max[2][kHt];
-  float red_sum[2][kHt];
-  float alpha[kHt];
-  int valid[kBufs][kStage];
-  float red_s[kHt * (kStage + 4)];  // the second half of d's partial scores
-  int ids[kMaxChunkRecords];        // the chunk's record ids, loaded once: no load in the issue path
-  float tail_s[kTailHeads][kSparseAttentionMaxPage];  // cluster plan: this block's heads' page scores
+  unsigned long long bar[2];        // mbarriers: buffer b's bytes landed
+  float red_max[4][kHt];            // each token quarter's row max of the pass
+  float red_sum[4][kHt];            // each token quarter's row sum of p
+  float alpha[2][kHt];              // the pass's two stage rescales
+  uint8_t valid[2][kPass];
 };
+
+static_assert(sizeof(Smem) <= 227 * 1024, "the chunk kernel's shared memory exceeds sm_90's 227 KB a block");
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared; src_bytes = 0 writes zeros (an invalid token's row then holds no
-// NaN that a zero probability could turn into NaN).
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
-               "r"(src_bytes));
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(dst)), "l"(src) : "memory");
 }
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-__device__ __forceinline__ void Ldm4(uint32_t* r, const void* p) {
+__device__ __forceinline__ void MbarInit(unsigned long long* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarArriveExpectTx(unsigned long long* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void MbarWait(unsigned long long* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(SmemAddr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// One record row, global -> shared, completing on `bar` (the TMA engine: one instruction a row,
+// where 16-byte cp.async took 72 and their address arithmetic).
+__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes, unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+// Generic-proxy accesses of this thread (zero fills; reads ordered before it by a barrier) before
+// the async proxy's next writes of the same shared memory.
+__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// ldmatrix at a 32-bit shared address (smem pointers kept as 32-bit offsets: fewer registers
+// than generic 64-bit pointers, under the 128 a thread of 512 gets).
+__device__ __forceinline__ void Ldm4(uint32_t* r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
+               : "r"(addr));
 }
-__device__ __forceinline__ void Ldm4T(uint32_t* r, const void* p) {
+__device__ __forceinline__ void Ldm4T(uint32_t* r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
+               : "r"(addr));
 }
 __device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -88,35 +139,82 @@ struct ChunkArgs {
   const int32_t* index;
   float* o_part;  // [b, H, C, 512]
   float* ml;      // [b, H, C, 2]
-  const uint16_t* tail;       // cluster plan: the merge runs in the chunk kernel
-  const uint8_t* tail_valid;
-  float* out;
   int heads, top_k, page, records, chunk_tokens;
+  int units;  // (chunk, head block, request) work units; block i runs units i, i + gridDim.x, ...
   float scale;
 };
 
-// Issues the cp.async of stage `s` of this block's chunk into buffer `buf` (one commit group).
-__device__ __forceinline__ void IssueStage(const ChunkArgs& a, const uint16_t* source, bool layer_ok, Smem& sm,
-                                           int req, int chunk, int s, int buf) {
-  const int tok0 = chunk * a.chunk_tokens + s * kStage;
-  const int rec0 = chunk * a.chunk_tokens / a.page;
-  for (int e = threadIdx.x; e < kStage * kChunks16B; e += kThreads) {
-    const int row = e / kChunks16B, piece = e % kChunks16B;
-    const int j = tok0 + row;
-    const int rec = j / a.page, tok = j % a.page;
-    const int id = sm.ids[rec - rec0];
-    const bool ok = layer_ok && id >= 0 && id < a.records;
-    const uint16_t* src =
-        ok ? source + ((static_cast<int64_t>(req) * a.records + id) * a.page + tok) * kW + piece * 8 : source;
-    CpAsync16(&sm.kv[buf][row * kRow + piece * 8], src, ok ? 16 : 0);
-    if (piece == 0) sm.valid[buf][row] = ok;
-  }
-  CpAsyncCommit();
+// A work unit: one chunk of one request for one block of 16 kGroups heads. Its bits do not depend
+// on which block runs it, nor on what that block ran before: the launch may size the grid to the
+// GPU (each block then runs several units, the next one's first loads overlapping this one's end).
+struct Unit {
+  int chunk, req;
+  int64_t head0;  // the unit's first head of [b, H]
+};
+template <int kGroups>
+__device__ __forceinline__ Unit UnitAt(const ChunkArgs& a, int u) {
+  const int blocks = a.heads / (16 * kGroups);
+  Unit x;
+  x.chunk = u % kChunks;
+  const int rest = u / kChunks;
+  x.req = rest / blocks;
+  x.head0 = static_cast<int64_t>(x.req) * a.heads + (rest % blocks) * (16 * kGroups);
+  return x;
 }
 
+// The record ids of pass t of a unit's chunk for rows lane and lane + 32 (warp 0's issue rows);
+// -1 past the chunk's end. Loaded a pass ahead of their issue, so no issue waits on them.
+__device__ __forceinline__ int2 PassIds(const ChunkArgs& a, const Unit& x, int t, int lane) {
+  const int tok_end = (x.chunk + 1) * a.chunk_tokens, tok0 = x.chunk * a.chunk_tokens + t * kPass;
+  const int32_t* ids = a.index + static_cast<int64_t>(x.req) * a.top_k;
+  int id[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int j = tok0 + lane + 32 * h;
+    id[h] = j < tok_end ? __ldg(ids + (a.page == 1 ? j : j / a.page)) : -1;
+  }
+  return make_int2(id[0], id[1]);
+}
+
+// Warp 0 issues pass `t` of unit `x` into buffer `buf`: lane l owns rows l and l + 32 (their ids
+// from PassIds). A row with a record is one bulk copy; a row without (id invalid, layer outside,
+// past the chunk's end) is zero-filled (its p is 0; 0 * a stale NaN would not be) and marked
+// invalid.
+__device__ __forceinline__ void IssuePass(const ChunkArgs& a, const uint16_t* source, bool layer_ok, Smem& sm,
+                                          const Unit& x, int t, int buf, int lane, int2 ids) {
+  const int tok0 = x.chunk * a.chunk_tokens + t * kPass;
+  const uint16_t* src[2];
+  bool ok[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = lane + 32 * h, j = tok0 + row, id = h == 0 ? ids.x : ids.y;
+    const int tok = a.page == 1 ? 0 : j % a.page;
+    ok[h] = layer_ok && id >= 0 && id < a.records;
+    src[h] = ok[h] ? source + ((static_cast<int64_t>(x.req) * a.records + id) * a.page + tok) * kW : source;
+    sm.valid[buf][row] = ok[h];
+  }
+  const uint32_t got0 = __ballot_sync(0xffffffffu, ok[0]), got1 = __ballot_sync(0xffffffffu, ok[1]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t empty = ~(h == 0 ? got0 : got1);
+    while (empty) {
+      const int row = __ffs(empty) - 1 + 32 * h;
+      empty &= empty - 1;
+      uint4* dst = reinterpret_cast<uint4*>(&sm.kv[buf][row * kRow]);
+      for (int piece = lane; piece < kRecordBytes / 16; piece += 32) dst[piece] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  FenceProxyAsync();
+  __syncwarp();
+  if (lane == 0) MbarArriveExpectTx(&sm.bar[buf], (__popc(got0) + __popc(got1)) * kRecordBytes);
+  __syncwarp();
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (ok[h]) BulkCopy(&sm.kv[buf][(lane + 32 * h) * kRow], src[h], kRecordBytes, &sm.bar[buf]);
+}
 
 // The open page's score for one head: lane sums d = lane, lane + 32, ... in order, then a fixed
-// xor tree. Both plans call this, so their bits agree.
+// xor tree.
 __device__ __forceinline__ float TailScore(const uint16_t* qh, const uint16_t* kt, int lane, float scale) {
   float d = 0.f;
 #pragma unroll
@@ -126,241 +224,134 @@ __device__ __forceinline__ float TailScore(const uint16_t* qh, const uint16_t* k
   return d * scale;
 }
 
-// The merge of sparse_attention.h for `n` value columns of one head: chunks 0..C-1 in order
-// (m_c, l_c from ml(c), o_c[col] from o(c, col)), then the open page's tokens in order.
-template <int n, typename Ml, typename O, typename Ts>
-__device__ __forceinline__ void Merge(Ml ml, O o, Ts tail_s, int page, const uint16_t* tail_v, float* dst) {
-  // Unrolled: every partial's loads issue together (a loop waited for each chunk's in turn).
-  float2 mls[kChunks];
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) mls[c] = ml(c);
-  float vals[kChunks][n];
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-    for (int r = 0; r < n; ++r) vals[c][r] = o(c, r);
-  float big = -INFINITY;
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) big = fmaxf(big, mls[c].x);
-  for (int t = 0; t < page; ++t) big = fmaxf(big, tail_s(t));
-  float total = 0.f, acc[n];
-#pragma unroll
-  for (int r = 0; r < n; ++r) acc[r] = 0.f;
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const float2 v = mls[c];
-    const float w = v.x == -INFINITY ? 0.f : expf(v.x - big);
-    total = fmaf(w, v.y, total);
-#pragma unroll
-    for (int r = 0; r < n; ++r) acc[r] = fmaf(w, vals[c][r], acc[r]);
-  }
-  for (int t = 0; t < page; ++t) {
-    const float ts = tail_s(t);
-    const float p = ts == -INFINITY ? 0.f : expf(ts - big);
-    total += p;
-#pragma unroll
-    for (int r = 0; r < n; ++r) acc[r] = fmaf(p, Bf16ToFloat(tail_v[t * kW + r]), acc[r]);
-  }
-#pragma unroll
-  for (int r = 0; r < n; ++r) dst[r] = total > 0.f ? acc[r] / total : 0.f;
-}
-
-// Cluster plan's merge area, laid over the block's shared memory once the chunk is done.
-constexpr int kOrow = kDv + 8;  // float row of o: float2 stores of 8 rows hit distinct banks
-struct MergeSmem {
-  float o[kHt * kOrow];
-  float2 ml[kHt];
-};
-static_assert(sizeof(MergeSmem) <= offsetof(Smem, ids), "the merge area lies over the chunk's buffers only");
-constexpr int kMergeCols = kDv / kChunks;  // 32 columns of every head per block of the cluster
-
-template <bool kCluster>
+// kGroups head groups of 16 per block (64 heads: 4; small batches split the 64 into 4 blocks of
+// 1 group, so that 4x the blocks share the GPU). A head's bits do not depend on kGroups: its
+// scores, softmax and P @ V are the same instructions on the same values in every variant (the
+// same warp roles per group, the same row of the same m16 tile), so the choice may follow the
+// batch without breaking batch invariance (the checker compares batch 17 with batch 1).
+template <int kGroups>
 __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kHeads = 16 * kGroups;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
-  const int chunk = blockIdx.x, tile = blockIdx.y, req = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q4 = lane & 3;
-  const int stages = a.chunk_tokens / kStage;
+  // Score role: head group hg (16 heads) x token quarter tq (16 of the pass's 64 tokens), all of
+  // d, so no partial score crosses warps (warps of groups >= kGroups have no score role). P @ V
+  // role: all the unit's heads x 32 value columns.
+  const int hg = warp & 3, tq = warp >> 2;
+  const bool scorer = hg < kGroups;
+  const int passes = (a.chunk_tokens + kPass - 1) / kPass;
+  // This block's units, one after another: one pipeline of passes across them ("flat" passes).
+  const int my_units = (a.units - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
+  const int flat_passes = my_units * passes;
+  auto unit_of = [&](int f) { return UnitAt<kGroups>(a, static_cast<int>(blockIdx.x) + (f / passes) * gridDim.x); };
   // A layer outside [0, layers) reads no record (sparse_attention.h): only the open page counts.
   const int layer = *a.layer;
   const bool layer_ok = layer >= 0 && layer < a.layers;
   const uint16_t* source = a.source + (layer_ok ? layer * a.layer_stride : 0);
 
-  // Q tile first (it needs no id), in the first commit group with stage 0.
-  const uint16_t* qg = a.q + (static_cast<int64_t>(req) * a.heads + tile * kHt) * kW;
-  for (int e = threadIdx.x; e < kHt * kChunks16B; e += kThreads) {
-    const int row = e / kChunks16B, piece = e % kChunks16B;
-    CpAsync16(&sm.q[row * kRow + piece * 8], qg + row * kW + piece * 8, 16);
-  }
-  // The chunk's record ids, one load per thread in parallel (a load per 16-byte piece in the issue
-  // loop made every stage wait for a chain of dependent global loads: 38 us at b = 1).
-  {
-    const int rec0 = chunk * a.chunk_tokens / a.page, rec1 = ((chunk + 1) * a.chunk_tokens - 1) / a.page;
-    for (int r = threadIdx.x; r <= rec1 - rec0; r += kThreads)
-      sm.ids[r] = a.index[static_cast<int64_t>(req) * a.top_k + rec0 + r];
-  }
-  __syncthreads();
-
-  for (int s = 0; s < kBufs - 1; ++s) {
-    if (s < stages) IssueStage(a, source, layer_ok, sm, req, chunk, s, s);
-    else CpAsyncCommit();  // empty group: the wait count below stays uniform
-  }
-  if constexpr (kCluster) {
-    // This block's 4 heads' open-page scores (the merge reads every head's from its peers),
-    // here, after the first stages' copies are issued, so their loads overlap those.
-    const int64_t head0 = static_cast<int64_t>(req) * a.heads + tile * kHt + chunk * kTailHeads;
-    for (int job = warp; job < kTailHeads * a.page; job += kThreads / 32) {
-      const int hh = job % kTailHeads, t = job / kTailHeads;
-      const float sc = TailScore(a.q + (head0 + hh) * kW, a.tail + (static_cast<int64_t>(req) * a.page + t) * kW, lane,
-                                 a.scale);
-      if (lane == 0) sm.tail_s[hh][t] = a.tail_valid[static_cast<int64_t>(req) * a.page + t] ? sc : -INFINITY;
+  // The latent query of a unit, swizzled into shared memory by cp.async (one group).
+  auto load_query = [&](const Unit& x) {
+    const uint16_t* qg = a.q + x.head0 * kW;
+#pragma unroll 1  // unrolled, its addresses spill the P @ V accumulators around it
+    for (int e = threadIdx.x; e < kHeads * kQPieces; e += kThreads) {
+      const int h = e / kQPieces, piece = e % kQPieces;
+      CpAsync16(&sm.q[h * kDv + ((piece ^ (h & 7)) * 8)], qg + h * kW + piece * 8);
     }
+    CpAsyncCommit();
+  };
+  load_query(unit_of(0));
+  if (threadIdx.x == 0) {
+    MbarInit(&sm.bar[0], 1);
+    MbarInit(&sm.bar[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();  // barriers ready
+  int2 next_ids = make_int2(-1, -1);  // warp 0: the ids of the next pass to issue
+  if (warp == 0) {
+    const Unit x = unit_of(0), x1 = unit_of(1);
+    const int2 ids0 = PassIds(a, x, 0, lane);
+    const int2 ids1 = flat_passes > 1 ? PassIds(a, x1, 1 % passes, lane) : ids0;
+    IssuePass(a, source, layer_ok, sm, x, 0, 0, lane, ids0);
+    if (flat_passes > 1) IssuePass(a, source, layer_ok, sm, x1, 1 % passes, 1, lane, ids1);
+    if (flat_passes > 2) next_ids = PassIds(a, unit_of(2), 2 % passes, lane);
   }
 
-#ifdef HISPARSE_SPARSE_ATTENTION_Q_IN_SMEM
-  // Score-phase role: 16 heads (hg) x 16 tokens (th) of the 64 x 32 stage, Q read from shared
-  // memory every stage (the first version; kept for A/B: -DHISPARSE_SPARSE_ATTENTION_Q_IN_SMEM).
-  const int hg = warp & 3, th = warp >> 2;
-#else
-  // Score-phase role: 16 heads (hg) x all 32 tokens over half of d (th: 0..287 or 288..575), the
-  // warp's Q slice held in registers for the whole chunk: shared memory then streams only the
-  // keys, whose re-reads by the 4 head groups were half of the first version's traffic and Q's
-  // the other half. Warps th = 0 add the other half's partial scores and run the softmax.
-  const int hg = warp & 3, th = warp >> 2;
-  constexpr int kHalfSteps = kW / 32;  // 18 k-steps of 16 per half
-  uint32_t qa[kHalfSteps][4];
-  CpAsyncWait<kBufs - 2>();  // Q (and stage 0) landed
-  __syncthreads();
-#pragma unroll
-  for (int ks = 0; ks < kHalfSteps; ++ks)
-    Ldm4(qa[ks], &sm.q[(hg * 16 + (lane & 15)) * kRow + th * (kW / 2) + ks * 16 + (lane >> 4) * 8]);
-#endif
-  const int rowA = hg * 16 + g, rowB = rowA + 8;
-  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
-  // P @ V role: all 64 heads x 64 value columns (warp * 64).
-  float o[4][8][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) o[i][j][r] = 0.f;
+  const int rA = hg * 16 + g, rB = rA + 8;
+  float mA, mB, lA, lB;  // l: kept by the tq = 0 warps
+  float o[kGroups][4][4];
+  // ldmatrix rows of this lane: K (token rows of the quarter), Q (head rows), V (token rows).
+  const int krow = tq * 16 + (lane & 7) + ((lane >> 4) << 3), kcol = ((lane >> 3) & 1) * 8;
+  const int qrow = hg * 16 + (lane & 15), qhi = lane >> 4;
+  const uint32_t qbase = SmemAddr(sm.q + qrow * kDv), qswz = qrow & 7;
+  // The rope query (4 k-steps) is read into registers at each pass (8 KB a block, L1 holds it):
+  // in shared memory too the block would not fit, and held across passes it would spill. A
+  // fragment of m16n8k16: rows g and g + 8, columns 2 q4 (+1) and 2 q4 + 8 (+9).
 
-  for (int s = 0; s < stages; ++s) {
-    const int buf = s % kBufs;
-    CpAsyncWait<kBufs - 2>();
-    __syncthreads();  // stage s landed for all; stage s-1 fully consumed
-    if (s + kBufs - 1 < stages)
-      IssueStage(a, source, layer_ok, sm, req, chunk, s + kBufs - 1, (s + kBufs - 1) % kBufs);
-    else CpAsyncCommit();
+  for (int f = 0; f < flat_passes; ++f) {
+    const int t = f % passes, buf = f & 1;
+    if (t == 0) {  // a new unit: its query (copied during the previous unit's last pass), fresh state
+      mA = mB = -INFINITY;
+      lA = lB = 0.f;
+#pragma unroll
+      for (int i = 0; i < kGroups; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) o[i][j][r] = 0.f;
+      CpAsyncWaitAll();  // this thread's query pieces; the barrier below shows them to all
+    }
+    MbarWait(&sm.bar[buf], (f >> 1) & 1);
+    __syncthreads();  // pass f landed (and warp 0's zero rows and flags); pass f - 1 fully consumed
+    if (warp == 0 && f >= 1 && f + 1 < flat_passes) {
+      IssuePass(a, source, layer_ok, sm, unit_of(f + 1), (f + 1) % passes, buf ^ 1, lane, next_ids);
+      if (f + 2 < flat_passes) next_ids = PassIds(a, unit_of(f + 2), (f + 2) % passes, lane);
+    }
+    const bool two = (t + 1) * kPass <= a.chunk_tokens;  // the pass holds both stages (else only the first)
     const uint16_t* kv = sm.kv[buf];
 
-#ifdef HISPARSE_SPARSE_ATTENTION_Q_IN_SMEM
-    // S = Q K^T for 16 heads x 16 tokens, d in order 0..575.
-    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll 4
-    for (int ks = 0; ks < kW / 16; ++ks) {
-      uint32_t qa[4], kb[4];
-      Ldm4(qa, &sm.q[(hg * 16 + (lane & 15)) * kRow + ks * 16 + (lane >> 4) * 8]);
-      Ldm4(kb, &kv[(th * 16 + (lane & 7) + ((lane >> 4) << 3)) * kRow + ks * 16 + ((lane >> 3) & 1) * 8]);
-      Mma(acc[0], qa, kb[0], kb[1]);
-      Mma(acc[1], qa, kb[2], kb[3]);
-    }
-    float sc[2][4];
-    float maxA = -INFINITY, maxB = -INFINITY;
+    float acc[2][4];
+    if (scorer) {
+      // S = Q K^T for 16 heads x 16 tokens, d in order 0..575.
+      const unsigned int* rope =
+          reinterpret_cast<const unsigned int*>(a.q + (unit_of(f).head0 + hg * 16 + g) * kW + kDv + q4 * 2);
+      uint32_t qr[kRopeSteps][4];  // loads issued first, used last
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int t = th * 16 + j * 8 + q4 * 2 + (r & 1);
-        sc[j][r] = sm.valid[buf][t] ? acc[j][r] * a.scale : -INFINITY;
-        if (r < 2) maxA = fmaxf(maxA, sc[j][r]);
-        else maxB = fmaxf(maxB, sc[j][r]);
+      for (int ks = 0; ks < kRopeSteps; ++ks) {
+        qr[ks][0] = __ldg(rope + ks * 8);
+        qr[ks][1] = __ldg(rope + 4 * kW + ks * 8);
+        qr[ks][2] = __ldg(rope + ks * 8 + 4);
+        qr[ks][3] = __ldg(rope + 4 * kW + ks * 8 + 4);
       }
 #pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-      maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, x));
-      maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, x));
-    }
-    if (q4 == 0) {
-      sm.red_max[th][rowA] = maxA;
-      sm.red_max[th][rowB] = maxB;
-    }
-    __syncthreads();
-    // Both token halves compute the same new max (max is exact in any order).
-    const float nA = fmaxf(mA, fmaxf(sm.red_max[0][rowA], sm.red_max[1][rowA]));
-    const float nB = fmaxf(mB, fmaxf(sm.red_max[0][rowB], sm.red_max[1][rowB]));
-    const float alA = mA == -INFINITY ? 0.f : expf(mA - nA);
-    const float alB = mB == -INFINITY ? 0.f : expf(mB - nB);
-    float sumA = 0.f, sumB = 0.f;
+      for (int j = 0; j < 2; ++j)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int t = th * 16 + j * 8 + q4 * 2;
-      __nv_bfloat16 p[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float n = r < 2 ? nA : nB;
-        p[r] = __float2bfloat16_rn(sc[j][r] == -INFINITY ? 0.f : expf(sc[j][r] - n));
+        for (int r = 0; r < 4; ++r) acc[j][r] = 0.f;
+      const uint32_t kbase = SmemAddr(kv + krow * kRow + kcol);
+#pragma unroll kLatentUnroll
+      for (int ks = 0; ks < kLatentSteps; ++ks) {
+        uint32_t qa[4], kb[4];
+        Ldm4(qa, qbase + (((2 * ks + qhi) ^ qswz) * 16));
+        Ldm4(kb, kbase + ks * 32);
+        Mma(acc[0], qa, kb[0], kb[1]);
+        Mma(acc[1], qa, kb[2], kb[3]);
       }
-      sumA += __bfloat162float(p[0]) + __bfloat162float(p[1]);
-      sumB += __bfloat162float(p[2]) + __bfloat162float(p[3]);
-      *reinterpret_cast<__nv_bfloat162*>(&sm.p[rowA * kProw + t]) = __nv_bfloat162(p[0], p[1]);
-      *reinterpret_cast<__nv_bfloat162*>(&sm.p[rowB * kProw + t]) = __nv_bfloat162(p[2], p[3]);
-    }
 #pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-      sumA += __shfl_xor_sync(0xffffffffu, sumA, x);
-      sumB += __shfl_xor_sync(0xffffffffu, sumB, x);
-    }
-    if (q4 == 0) {
-      sm.red_sum[th][rowA] = sumA;
-      sm.red_sum[th][rowB] = sumB;
-      if (th == 0) {
-        sm.alpha[rowA] = alA;
-        sm.alpha[rowB] = alB;
-      }
-    }
-    mA = nA;
-    mB = nB;
-    __syncthreads();  // P tile, alpha and the halves' sums visible
-    lA = alA * lA + (sm.red_sum[0][rowA] + sm.red_sum[1][rowA]);
-    lB = alB * lB + (sm.red_sum[0][rowB] + sm.red_sum[1][rowB]);
-
-#else
-    // S = Q K^T for 16 heads x 32 tokens over this warp's half of d (in order within the half).
-    float acc[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[j][r] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < kHalfSteps; ++ks)
-#pragma unroll
-      for (int np = 0; np < 2; ++np) {
+      for (int ks = 0; ks < kRopeSteps; ++ks) {
         uint32_t kb[4];
-        Ldm4(kb, &kv[(np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kRow + th * (kW / 2) + ks * 16 +
-                     ((lane >> 3) & 1) * 8]);
-        Mma(acc[2 * np], qa[ks], kb[0], kb[1]);
-        Mma(acc[2 * np + 1], qa[ks], kb[2], kb[3]);
+        Ldm4(kb, kbase + (kDv + ks * 16) * 2);
+        Mma(acc[0], qr[ks], kb[0], kb[1]);
+        Mma(acc[1], qr[ks], kb[2], kb[3]);
       }
-    if (th == 1)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        *reinterpret_cast<float2*>(&sm.red_s[rowA * kSrow + j * 8 + q4 * 2]) = make_float2(acc[j][0], acc[j][1]);
-        *reinterpret_cast<float2*>(&sm.red_s[rowB * kSrow + j * 8 + q4 * 2]) = make_float2(acc[j][2], acc[j][3]);
-      }
-    __syncthreads();
-    float alA = 0.f, alB = 0.f;
-    if (th == 0) {
-      // s = (first half + second half) * scale; the row max over all 32 tokens within the warp.
+
+      // Scores, and this quarter's row max (the stage max is exact in any order).
       float maxA = -INFINITY, maxB = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const int t = j * 8 + q4 * 2 + (r & 1);
-          const float other = sm.red_s[(r < 2 ? rowA : rowB) * kSrow + t];
-          acc[j][r] = sm.valid[buf][t] ? (acc[j][r] + other) * a.scale : -INFINITY;
+          const int tok = tq * 16 + j * 8 + q4 * 2 + (r & 1);
+          acc[j][r] = sm.valid[buf][tok] ? acc[j][r] * a.scale : -INFINITY;
           if (r < 2) maxA = fmaxf(maxA, acc[j][r]);
           else maxB = fmaxf(maxB, acc[j][r]);
         }
@@ -369,23 +360,38 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
         maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, x));
         maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, x));
       }
-      const float nA = fmaxf(mA, maxA), nB = fmaxf(mB, maxB);
-      alA = mA == -INFINITY ? 0.f : expf(mA - nA);
-      alB = mB == -INFINITY ? 0.f : expf(mB - nB);
+      if (q4 == 0) {
+        sm.red_max[tq][rA] = maxA;
+        sm.red_max[tq][rB] = maxB;
+      }
+    }
+    __syncthreads();  // the quarters' maxima visible (and every warp done with the query)
+    if (t == passes - 1 && f + 1 < flat_passes) load_query(unit_of(f + 1));  // overlaps softmax and P @ V
+    float a1A = 0.f, a1B = 0.f, a2A = 0.f, a2B = 0.f;
+    if (scorer) {
+      // Stage 1 = quarters 0, 1; stage 2 = quarters 2, 3. Every warp of a head group computes the
+      // same running max from the same values (so all agree without another exchange).
+      const float n1A = fmaxf(mA, fmaxf(sm.red_max[0][rA], sm.red_max[1][rA]));
+      const float n1B = fmaxf(mB, fmaxf(sm.red_max[0][rB], sm.red_max[1][rB]));
+      const float n2A = two ? fmaxf(n1A, fmaxf(sm.red_max[2][rA], sm.red_max[3][rA])) : n1A;
+      const float n2B = two ? fmaxf(n1B, fmaxf(sm.red_max[2][rB], sm.red_max[3][rB])) : n1B;
+      a1A = mA == -INFINITY ? 0.f : expf(mA - n1A), a1B = mB == -INFINITY ? 0.f : expf(mB - n1B);
+      a2A = n1A == -INFINITY ? 0.f : expf(n1A - n2A), a2B = n1B == -INFINITY ? 0.f : expf(n1B - n2B);
+      const float subA = tq < 2 ? n1A : n2A, subB = tq < 2 ? n1B : n2B;
       float sumA = 0.f, sumB = 0.f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int t = j * 8 + q4 * 2;
+      for (int j = 0; j < 2; ++j) {
+        const int tok = tq * 16 + j * 8 + q4 * 2;
         __nv_bfloat16 p[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const float n = r < 2 ? nA : nB;
+          const float n = r < 2 ? subA : subB;
           p[r] = __float2bfloat16_rn(acc[j][r] == -INFINITY ? 0.f : expf(acc[j][r] - n));
         }
         sumA += __bfloat162float(p[0]) + __bfloat162float(p[1]);
         sumB += __bfloat162float(p[2]) + __bfloat162float(p[3]);
-        *reinterpret_cast<__nv_bfloat162*>(&sm.p[rowA * kProw + t]) = __nv_bfloat162(p[0], p[1]);
-        *reinterpret_cast<__nv_bfloat162*>(&sm.p[rowB * kProw + t]) = __nv_bfloat162(p[2], p[3]);
+        *reinterpret_cast<__nv_bfloat162*>(&sm.p[rA * kProw + tok]) = __nv_bfloat162(p[0], p[1]);
+        *reinterpret_cast<__nv_bfloat162*>(&sm.p[rB * kProw + tok]) = __nv_bfloat162(p[2], p[3]);
       }
 #pragma unroll
       for (int x = 1; x <= 2; x <<= 1) {
@@ -393,106 +399,87 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
         sumB += __shfl_xor_sync(0xffffffffu, sumB, x);
       }
       if (q4 == 0) {
-        sm.alpha[rowA] = alA;
-        sm.alpha[rowB] = alB;
+        sm.red_sum[tq][rA] = sumA;
+        sm.red_sum[tq][rB] = sumB;
+        if (tq == 0) {
+          sm.alpha[0][rA] = a1A, sm.alpha[0][rB] = a1B;
+          sm.alpha[1][rA] = a2A, sm.alpha[1][rB] = a2B;
+        }
       }
-      lA = alA * lA + sumA;
-      lB = alB * lB + sumB;
-      mA = nA;
-      mB = nB;
+      mA = n2A;
+      mB = n2B;
     }
-    __syncthreads();  // P tile and alpha visible
-#endif
+    __syncthreads();  // P tile, alphas and the quarters' sums visible
+    if (scorer && tq == 0) {
+      lA = a1A * lA + (sm.red_sum[0][rA] + sm.red_sum[1][rA]);
+      lB = a1B * lB + (sm.red_sum[0][rB] + sm.red_sum[1][rB]);
+      if (two) {
+        lA = a2A * lA + (sm.red_sum[2][rA] + sm.red_sum[3][rA]);
+        lB = a2B * lB + (sm.red_sum[2][rB] + sm.red_sum[3][rB]);
+      }
+    }
 
-    // O = alpha * O + P V for 64 heads x 64 value columns.
+    // O = alpha * O + P V, stage by stage, for the block's heads x this warp's 32 value columns.
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-      const float a0 = sm.alpha[mt * 16 + g], a1 = sm.alpha[mt * 16 + g + 8];
+    for (int st = 0; st < 2; ++st) {
+      if (st == 1 && !two) break;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        o[mt][nt][0] *= a0;
-        o[mt][nt][1] *= a0;
-        o[mt][nt][2] *= a1;
-        o[mt][nt][3] *= a1;
+      for (int mt = 0; mt < kGroups; ++mt) {
+        const float x0 = sm.alpha[st][mt * 16 + g], x1 = sm.alpha[st][mt * 16 + g + 8];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          o[mt][nt][0] *= x0;
+          o[mt][nt][1] *= x0;
+          o[mt][nt][2] *= x1;
+          o[mt][nt][3] *= x1;
+        }
       }
-    }
 #pragma unroll
-    for (int ks = 0; ks < kStage / 16; ++ks) {
-      uint32_t pa[4][4];
+      for (int kk = 0; kk < kStage / 16; ++kk) {
+        const int ks = st * (kStage / 16) + kk;
+        uint32_t vb[2][4];
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
-        Ldm4(pa[mt], &sm.p[(mt * 16 + (lane & 15)) * kProw + ks * 16 + (lane >> 4) * 8]);
+        for (int np = 0; np < 2; ++np)
+          Ldm4T(vb[np], SmemAddr(&kv[(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow + warp * kColsPerWarp +
+                                     np * 16 + (lane >> 4) * 8]));
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t vb[4];
-        Ldm4T(vb, &kv[(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow + warp * 64 + np * 16 +
-                      (lane >> 4) * 8]);
+        for (int mt = 0; mt < kGroups; ++mt) {
+          uint32_t pa[4];
+          Ldm4(pa, SmemAddr(&sm.p[(mt * 16 + (lane & 15)) * kProw + ks * 16 + (lane >> 4) * 8]));
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
-          Mma(o[mt][2 * np], pa[mt], vb[0], vb[1]);
-          Mma(o[mt][2 * np + 1], pa[mt], vb[2], vb[3]);
+          for (int np = 0; np < 2; ++np) {
+            Mma(o[mt][2 * np], pa, vb[np][0], vb[np][1]);
+            Mma(o[mt][2 * np + 1], pa, vb[np][2], vb[np][3]);
+          }
         }
       }
     }
-  }
-  CpAsyncWait<0>();  // no copy outlives the block (the trailing groups are empty)
 
-  const int64_t head0 = static_cast<int64_t>(req) * a.heads + tile * kHt;
-  if constexpr (!kCluster) {
+    if (t == passes - 1) {  // the unit's partial: (m, l, o) of its chunk
+      const Unit x = unit_of(f);
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
+      for (int mt = 0; mt < kGroups; ++mt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t h = head0 + mt * 16 + g + half * 8;
-        float* dst = a.o_part + (h * kChunks + chunk) * kDv + warp * 64 + q4 * 2;
+        for (int half = 0; half < 2; ++half) {
+          const int64_t h = x.head0 + mt * 16 + g + half * 8;
+          float* dst = a.o_part + (h * kChunks + x.chunk) * kDv + warp * kColsPerWarp + q4 * 2;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
+          for (int nt = 0; nt < 4; ++nt)
+            *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
+        }
+      if (scorer && tq == 0 && q4 == 0) {
+        *reinterpret_cast<float2*>(a.ml + ((x.head0 + rA) * kChunks + x.chunk) * 2) = make_float2(mA, lA);
+        *reinterpret_cast<float2*>(a.ml + ((x.head0 + rB) * kChunks + x.chunk) * 2) = make_float2(mB, lB);
       }
-    if (th == 0 && q4 == 0) {
-      *reinterpret_cast<float2*>(a.ml + ((head0 + rowA) * kChunks + chunk) * 2) = make_float2(mA, lA);
-      *reinterpret_cast<float2*>(a.ml + ((head0 + rowB) * kChunks + chunk) * 2) = make_float2(mB, lB);
     }
-  } else {
-    // The 16 chunk blocks of (request, tile) form one cluster: each parks its (m, l, o) in its own
-    // shared memory, then block `chunk` merges value columns [32 chunk, 32 chunk + 32) of all 64
-    // heads, reading the 16 partials in chunk order through distributed shared memory. No
-    // partial touches global memory and the merge needs no second launch.
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    __syncthreads();  // every warp is done with Q and the stage buffers
-    MergeSmem& ms = *reinterpret_cast<MergeSmem*>(smem_raw);
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float* dst = ms.o + (mt * 16 + g + half * 8) * kOrow + warp * 64 + q4 * 2;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
-      }
-    if (th == 0 && q4 == 0) {
-      ms.ml[rowA] = make_float2(mA, lA);
-      ms.ml[rowB] = make_float2(mB, lB);
-    }
-    cluster.sync();  // every block's partial is visible cluster-wide
-    const int hh = threadIdx.x / 4, col = chunk * kMergeCols + (threadIdx.x % 4) * 8;
-    const Smem* tail_peer = cluster.map_shared_rank(&sm, hh / kTailHeads);
-    float res[8];
-    Merge<8>([&](int c) { return cluster.map_shared_rank(&ms, c)->ml[hh]; },
-             [&](int c, int r) { return cluster.map_shared_rank(&ms, c)->o[hh * kOrow + col + r]; },
-             [&](int t) { return tail_peer->tail_s[hh % kTailHeads][t]; }, a.page,
-             a.tail + static_cast<int64_t>(req) * a.page * kW + col, res);
-    float* dst = a.out + (head0 + hh) * kDv + col;
-    *reinterpret_cast<float4*>(dst) = make_float4(res[0], res[1], res[2], res[3]);
-    *reinterpret_cast<float4*>(dst + 4) = make_float4(res[4], res[5], res[6], res[7]);
-    cluster.sync();  // no block leaves while a peer may still read its shared memory
   }
 }
 
 constexpr int kCombineThreads = kDv / 4;  // 4 value columns a thread
 
-// One block per (head, request): chunks 0..C-1 in order, then the open page's tokens in order.
+// One block per (head, request), the merge of sparse_attention.h: chunks 0..C-1 in order, then
+// the open page's tokens in order. Every partial's load is issued first (float4, all 16 chunks at
+// once), so they overlap each other and the open page's score.
 __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
     const uint16_t* __restrict__ q, const uint16_t* __restrict__ tail, const uint8_t* __restrict__ tail_valid,
     const float* __restrict__ o_part, const float* __restrict__ ml, float* __restrict__ out, int heads,
@@ -500,6 +487,16 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
   __shared__ float tail_s[kSparseAttentionMaxPage];
   const int h = blockIdx.x, req = blockIdx.y;
   const int64_t hq = static_cast<int64_t>(req) * heads + h;
+  const int col = threadIdx.x * 4;
+  const float2* mlh = reinterpret_cast<const float2*>(ml + hq * kChunks * 2);
+  const float* oh = o_part + hq * kChunks * kDv + col;
+  float2 mls[kChunks];
+  float4 vals[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    mls[c] = mlh[c];
+    vals[c] = *reinterpret_cast<const float4*>(oh + c * kDv);
+  }
   if (threadIdx.x < 32) {
     for (int t = 0; t < page; ++t) {
       const float sc = TailScore(q + hq * kW, tail + (static_cast<int64_t>(req) * page + t) * kW, threadIdx.x, scale);
@@ -507,83 +504,66 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
     }
   }
   __syncthreads();
-  const float* mlh = ml + hq * kChunks * 2;
-  const int col = threadIdx.x * 4;
-  const float* oh = o_part + hq * kChunks * kDv + col;
+  float big = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) big = fmaxf(big, mls[c].x);
+  for (int t = 0; t < page; ++t) big = fmaxf(big, tail_s[t]);
+  float total = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const float w = mls[c].x == -INFINITY ? 0.f : expf(mls[c].x - big);
+    total = fmaf(w, mls[c].y, total);
+    acc[0] = fmaf(w, vals[c].x, acc[0]);
+    acc[1] = fmaf(w, vals[c].y, acc[1]);
+    acc[2] = fmaf(w, vals[c].z, acc[2]);
+    acc[3] = fmaf(w, vals[c].w, acc[3]);
+  }
+  const uint16_t* tail_v = tail + static_cast<int64_t>(req) * page * kW + col;
+  for (int t = 0; t < page; ++t) {
+    const float p = tail_s[t] == -INFINITY ? 0.f : expf(tail_s[t] - big);
+    total += p;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[r] = fmaf(p, Bf16ToFloat(tail_v[t * kW + r]), acc[r]);
+  }
   float res[4];
-  Merge<4>([&](int c) { return make_float2(mlh[2 * c], mlh[2 * c + 1]); },
-           [&](int c, int r) { return oh[c * kDv + r]; }, [&](int t) { return tail_s[t]; }, page,
-           tail + static_cast<int64_t>(req) * page * kW + col, res);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) res[r] = total > 0.f ? acc[r] / total : 0.f;
   *reinterpret_cast<float4*>(out + hq * kDv + col) = make_float4(res[0], res[1], res[2], res[3]);
 }
 
-std::atomic<uint64_t> g_configured{0};    // devices whose chunk kernels allow the large smem
-std::atomic<uint64_t> g_cluster_ok{0};     // devices that fit a cluster of 16 such blocks
-std::atomic<uint64_t> g_cluster_known{0};
+std::atomic<uint64_t> g_configured{0};  // devices whose chunk kernels allow the large smem
+std::atomic<int> g_sms[64];              // multiprocessors of each device (0: not asked yet)
 
 cudaError_t Configure(int dev) {
   const uint64_t bit = uint64_t{1} << (dev & 63);
   if (g_configured.load() & bit) return cudaSuccess;
-  cudaError_t err = cudaFuncSetAttribute(ChunkKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(sizeof(Smem)));
-  if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(ChunkKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(sizeof(Smem)));
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(ChunkKernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  const int bytes = static_cast<int>(sizeof(Smem));
+  cudaError_t err = cudaFuncSetAttribute(ChunkKernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(ChunkKernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(ChunkKernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  int sms = 0;
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
+  g_sms[dev & 63].store(sms);
   g_configured.fetch_or(bit);
   return cudaSuccess;
 }
 
-cudaLaunchConfig_t ClusterConfig(dim3 grid, cudaStream_t stream, cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = sizeof(Smem);
-  cfg.stream = stream;
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = kChunks;
-  attr->val.clusterDim.y = 1;
-  attr->val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
-// Whether this device can run a cluster of 16 chunk blocks at all (asked once per device).
-bool ClusterFits(int dev) {
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (!(g_cluster_known.load() & bit)) {
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = ClusterConfig(dim3(kChunks, 1, 1), nullptr, &attr);
-    int clusters = 0;
-    const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, ChunkKernel<true>, &cfg);
-    if (err != cudaSuccess) cudaGetLastError();  // not sticky: forget it, use the other plan
-    if (err == cudaSuccess && clusters > 0) g_cluster_ok.fetch_or(bit);
-    g_cluster_known.fetch_or(bit);
+// Head groups of 16 per block: the fewest (the most blocks) whose grid still fits one wave of one
+// block per multiprocessor, else 4 (a request's 64 heads share each record the block loads).
+int GroupsFor(const SparseAttentionShape& shape, int sms) {
+  for (int groups : {1, 2}) {
+    const int64_t blocks = shape.batch * (shape.heads / (16 * groups)) * kChunks;
+    if (blocks <= sms) return groups;
   }
-  return g_cluster_ok.load() & bit;
+  return 4;
 }
 
 }  // namespace
 
-int SparseAttentionMaxActiveClusters() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || Configure(dev) != cudaSuccess) return 0;
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = ClusterConfig(dim3(kChunks, 1, 1), nullptr, &attr);
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, ChunkKernel<true>, &cfg) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return clusters;
-}
-
 cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale, const uint16_t* q,
                                   const uint16_t* source, const int32_t* layer, const int32_t* index, const uint16_t* tail,
-                                  const uint8_t* tail_valid, float* out, float* workspace,
-                                  cudaStream_t stream, SparseAttentionPlan plan) {
+                                  const uint8_t* tail_valid, float* out, float* workspace, cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
@@ -597,29 +577,25 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   a.index = index;
   a.o_part = workspace;
   a.ml = workspace + shape.batch * shape.heads * kChunks * kDv;
-  a.tail = tail;
-  a.tail_valid = tail_valid;
-  a.out = out;
   a.heads = static_cast<int>(shape.heads);
   a.top_k = static_cast<int>(shape.top_k);
   a.page = static_cast<int>(shape.page);
   a.records = static_cast<int>(shape.records);
   a.chunk_tokens = static_cast<int>(shape.top_k * shape.page / kChunks);
   a.scale = scale;
-  const dim3 grid(kChunks, static_cast<unsigned>(shape.heads / kHt), static_cast<unsigned>(shape.batch));
-  const bool cluster = plan == SparseAttentionPlan::kCluster ||
-                       (plan == SparseAttentionPlan::kAuto && ClusterFits(dev));
-  if (cluster) {
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = ClusterConfig(grid, stream, &attr);
-    return cudaLaunchKernelEx(&cfg, ChunkKernel<true>, a);
-  }
-  ChunkKernel<false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
+  const int sms = g_sms[dev & 63].load();
+  const int groups = kHeadGroupsOverride > 0 ? kHeadGroupsOverride : GroupsFor(shape, sms);
+  a.units = static_cast<int>(shape.batch * (shape.heads / (16 * groups)) * kChunks);
+  // More units than multiprocessors: one block per multiprocessor runs them in turn (a unit's
+  // loads then start during the previous unit's last pass); else one block per unit.
+  const dim3 grid(static_cast<unsigned>(kPersistent ? std::min(a.units, sms) : a.units));
+  if (groups == 1) ChunkKernel<1><<<grid, kThreads, sizeof(Smem), stream>>>(a);
+  else if (groups == 2) ChunkKernel<2><<<grid, kThreads, sizeof(Smem), stream>>>(a);
+  else ChunkKernel<4><<<grid, kThreads, sizeof(Smem), stream>>>(a);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  CombineKernel<<<dim3(static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch)),
-                  kCombineThreads, 0, stream>>>(q, tail, tail_valid, a.o_part, a.ml, out, a.heads,
-                                                a.page, scale);
+  CombineKernel<<<dim3(static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch)), kCombineThreads, 0,
+                  stream>>>(q, tail, tail_valid, a.o_part, a.ml, out, a.heads, a.page, scale);
   return cudaGetLastError();
 }
 

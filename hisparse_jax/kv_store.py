@@ -189,6 +189,30 @@ def await_located(store: RecordStore, located: Located | None, after) -> tuple[L
     return dataclasses.replace(located, misses=misses, pending=None), dataclasses.replace(store, cache=cache)
 
 
+def read_in_place(store: RecordStore, layer: int, located: Located | None):
+    """What one layer's attention reads, for a kernel that reads records by index where they live
+    (hisparse_jax.sparse_attention): no gathered copy, unlike `gather`.
+
+    Args:
+      located: where the selection is (`locate`), or None in "dense" mode (every record).
+    Returns:
+      (source, source_layer, index): "hisparse": the stacked hot buffer [L, *S, B, P, W], passed
+      whole with source_layer = layer picking this layer's (XLA then copies no layer out of it);
+      "device" and "dense": the layer's device buffer [*S, R, P, W], source_layer None. index
+      [*S, k] int32 rows of it in selection order, -1 where the selection is padding or invalid
+      ("dense": every record, k = R, -1 from `sealed` on), so a read attends exactly the records
+      `gather` returns as valid, in the same order.
+    """
+    if store.mode == "dense":
+        kv = store.device_kv[layer]
+        ids = jnp.arange(kv.shape[store.sealed.ndim], dtype=jnp.int32)
+        return kv, None, jnp.where(ids < store.sealed[..., None], ids, -1)
+    index = jnp.where(located.valid, located.index, -1)
+    if store.mode == "hisparse":
+        return store.cache.hot, layer, index
+    return store.device_kv[layer], None, index
+
+
 def gather(store: RecordStore, layer: int, located: Located | None):
     """The records one layer attends to, in selection order, and which are valid.
 

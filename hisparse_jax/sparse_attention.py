@@ -30,7 +30,7 @@ HEAD_TILE = 64      # H must be a multiple
 CHUNKS = 16         # fixed split of the k * P tokens, whatever the batch
 STAGE = 32          # tokens per online-softmax step
 MAX_PAGE = 64
-MAX_TOP_K = 8192    # a chunk's record ids sit in shared memory
+MAX_TOP_K = 8192    # the checked range (ffi/sparse_attention.h)
 
 _BF16 = np.dtype(jnp.bfloat16)
 

@@ -4,8 +4,8 @@
 // k = 2048, P = 1. Two sources: "hot" (hot buffer, 4096 slots per request) and "kv" (device KV,
 // one row per record of the context: 128K, or 32K at b = 41). The L2 is flushed (a 256 MB write)
 // before every timed call, so the records come from HBM as in a decode step.
-// Usage: sparse_attention_bench [out.json [BATCH HEADS PLAN]]   (PLAN: cluster or combine; one
-// shape, hot source only: what a profiler run of one configuration wants)
+// Usage: sparse_attention_bench [out.json [BATCH HEADS]]   (one shape, hot source only: what a
+// profiler run of one configuration wants)
 #include <numeric>
 
 #include "../tests/harness.h"
@@ -26,12 +26,10 @@ __global__ void FillBf16(uint16_t* p, int64_t n, uint64_t seed) {
 
 int main(int argc, char** argv) {
   const char* json_path = argc > 1 ? argv[1] : nullptr;
-  const bool one = argc > 4;
+  const bool one = argc > 3;
   const int64_t only_b = one ? std::atoll(argv[2]) : 0, only_h = one ? std::atoll(argv[3]) : 0;
-  const std::string only_plan = one ? argv[4] : "";
   const harness::DeviceInfo dev = harness::QueryDevice();
   std::printf("%s\n", harness::DeviceLine(dev).c_str());
-  std::printf("cluster plan: %d clusters of 16 blocks at once\n", hisparse::SparseAttentionMaxActiveClusters());
   const double hbm_tbs = 4.3;  // H200 HBM3e, the roofline's bandwidth
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -44,12 +42,9 @@ int main(int argc, char** argv) {
   const int64_t k = 2048, W = hisparse::kSparseAttentionWidth;
   std::mt19937_64 rng(7);
   for (const char* mode : {"hot", "kv"}) {
-   for (hisparse::SparseAttentionPlan plan : {hisparse::SparseAttentionPlan::kCluster, hisparse::SparseAttentionPlan::kCombine}) {
-    const char* plan_name = plan == hisparse::SparseAttentionPlan::kCluster ? "cluster" : "combine";
-    if (std::string(mode) == "kv" && plan == hisparse::SparseAttentionPlan::kCombine) continue;  // same kernel
-    if (one && (std::string(mode) != "hot" || only_plan != plan_name)) continue;
-    for (int64_t b : {17, 41, 1, 2}) {
-      for (int64_t H : {64, 128}) {
+    if (one && std::string(mode) != "hot") continue;
+    for (int64_t H : {64, 128}) {
+      for (int64_t b : {17, 2, 1, 41}) {
         if (one && (b != only_b || H != only_h)) continue;
         hisparse::SparseAttentionShape s;
         s.batch = b, s.heads = H, s.top_k = k, s.page = 1;
@@ -82,11 +77,11 @@ int main(int argc, char** argv) {
         CUDA_OK(cudaStreamSynchronize(stream));
         const float scale = 0.0722f;
         auto launch = [&](int) {
-          CUDA_OK(hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream, plan));
+          CUDA_OK(hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream));
         };
-        if (const cudaError_t err = hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream, plan);
+        if (const cudaError_t err = hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream);
             err != cudaSuccess) {
-          std::printf("%-7s %-3s b=%-3lld H=%-4lld does not launch: %s\n", plan_name, mode, (long long)b, (long long)H,
+          std::printf("%-3s b=%-3lld H=%-4lld does not launch: %s\n", mode, (long long)b, (long long)H,
                       cudaGetErrorString(err));
           cudaGetLastError();
           cudaFree(q), cudaFree(src), cudaFree(tail), cudaFree(idx), cudaFree(tv), cudaFree(out), cudaFree(ws), cudaFree(layer);
@@ -104,17 +99,17 @@ int main(int argc, char** argv) {
         const harness::Stats w = harness::TimeLaunches(stream, 50, launch);
         const double bytes = double(b) * k * W * 2;
         const double roof_us = bytes / (hbm_tbs * 1e12) * 1e6;
-        std::printf("%-7s %-3s b=%-3lld H=%-4lld cold us min %7.2f med %7.2f max %7.2f | %5.1f%% of byte roofline (%.2f us) "
+        std::printf("%-3s b=%-3lld H=%-4lld cold us min %7.2f med %7.2f max %7.2f | %5.1f%% of byte roofline (%.2f us) "
                     "| warm(L2) med %7.2f\n",
-                    plan_name, mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us, 100 * roof_us / c.median_us,
+                    mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us, 100 * roof_us / c.median_us,
                     roof_us, w.median_us);
         std::fflush(stdout);
         if (json) {
           std::fprintf(json,
-                       "%s{\"plan\": \"%s\", \"source\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"top_k\": %lld, \"cold_min_us\": %.3f, "
+                       "%s{\"source\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"top_k\": %lld, \"cold_min_us\": %.3f, "
                        "\"cold_median_us\": %.3f, \"cold_max_us\": %.3f, \"warm_median_us\": %.3f, \"roofline_us\": %.3f, "
                        "\"roofline_fraction\": %.4f}",
-                       first_row ? "" : ",\n", plan_name, mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us,
+                       first_row ? "" : ",\n", mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us,
                        w.median_us, roof_us, roof_us / c.median_us);
           first_row = false;
         }
@@ -122,7 +117,6 @@ int main(int argc, char** argv) {
       }
     }
   }
-   }
   if (json) std::fprintf(json, "\n]}\n"), std::fclose(json);
   return 0;
 }

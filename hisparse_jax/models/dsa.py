@@ -38,12 +38,14 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .. import fp8, kv_store, layout
-from .._dispatch import IMPLEMENTATIONS
+from .. import fp8, kv_store, layout, targets
+from .._dispatch import IMPLEMENTATIONS, choose_implementation, require_handler
 from ..config import CacheConfig
 from ..indexer import index_scores
 from ..kv_store import RecordStore
+from ..sparse_attention import CHUNKS, HEAD_TILE, MAX_PAGE, MAX_TOP_K, STAGE, VALUE_WIDTH, WIDTH, sparse_attention
 from . import shapes
 from .family import Family
 from .paging import ForcedSelection
@@ -77,6 +79,15 @@ class Config(ModelConfig):
         or "reference" (XLA). Kept apart from `implementation`: RESOLVE and top-k give the same
         bits in every implementation, the indexer's scores agree within rounding only, so a
         comparison of implementations fixes this one.
+      attention_implementation: the decode attention over the selected records and the open
+        page: "auto" (the sparse attention CUDA kernel, hisparse_jax.sparse_attention, on a CUDA
+        backend when the layer is in its domain: bf16 records of 512 latent + 64 rope, n_heads a
+        multiple of 64, one stream axis, k * page_size a multiple of 512; else XLA), "ffi" (the
+        kernel; an error where it cannot run) or "reference" (XLA: a gather of the selected
+        records, then layers.attend). The kernel reads each record in place by index (the hot
+        buffer by slot, the device KV by record id) with a bf16 query; its bits are the same in
+        every mode (hisparse == device == dense), but not XLA's: kept apart from `implementation`
+        for the same reason as the indexer's.
     """
 
     n_heads: int
@@ -91,6 +102,7 @@ class Config(ModelConfig):
     index_dtype: str | None = None
     index_rope_dim: int = 0
     indexer_implementation: str = "auto"
+    attention_implementation: str = "auto"
 
     PRESETS = shapes.FAMILY_PRESETS["dsa"]  # named shapes live in models/shapes.py
     POSITIVE = ("n_heads", "qk_nope_dim", "qk_rope_dim", "v_head_dim", "kv_lora_rank", "index_heads",
@@ -109,6 +121,8 @@ class Config(ModelConfig):
                 f"must be None (keys in dtype) or 'fp8', got {self.index_dtype!r}")
         require(self.indexer_implementation in IMPLEMENTATIONS, self, "indexer_implementation",
                 f"must be one of {IMPLEMENTATIONS}, got {self.indexer_implementation!r}")
+        require(self.attention_implementation in IMPLEMENTATIONS, self, "attention_implementation",
+                f"must be one of {IMPLEMENTATIONS}, got {self.attention_implementation!r}")
         d = self.index_rope_dim
         require(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= self.index_dim and d % 2 == 0, self,
                 "index_rope_dim", f"must be an even int in [0, index_dim={self.index_dim}], got {d!r}")
@@ -322,11 +336,59 @@ def _decode_layer(config: Config, w: LayerWeights, store, located, pos, x, tail,
         q = mla.query(config, w, h, pos)  # [b, H, dc + dr] f32
         tail = paging.tail_write(tail, mla.kv_record(config, w, h, pos), pos)
     with jax.named_scope("attention"):
-        parts, misses, store = paging.selected_parts(store, layer, located, tail, pos, mla.split_record(config))
-        latent = layers.attend(q, parts, mla.scale(config))  # [b, H, dc]
+        latent, misses, store = _attend_records(config, store, layer, located, tail, pos, q)  # [b, H, dc]
         x = x + mla.attention_out(config, w, latent)
     x = moe.add_feed_forward(config, w, x)
     return x, tail, store, misses
+
+
+def attention_kernel_domain(config: Config, mode: str, stream_axes: int = 1) -> str:
+    """Why the sparse attention kernel cannot run this model's decode attention in `mode` ("" if
+    it can). "dense" reads every record of the store: k = store_records."""
+    P = config.page_size
+    k = config.store_records if mode == "dense" else config.top_k
+    if (config.kv_lora_rank, config.record_width) != (VALUE_WIDTH, WIDTH):
+        return (f"records are {config.kv_lora_rank} latent + {config.qk_rope_dim} rope; the kernel reads "
+                f"{VALUE_WIDTH} + {WIDTH - VALUE_WIDTH}")
+    if config.dtype != np.dtype(jnp.bfloat16):
+        return f"records are {config.dtype}; the kernel reads bfloat16"
+    if config.n_heads % HEAD_TILE:
+        return f"n_heads={config.n_heads} is not a multiple of {HEAD_TILE}"
+    if stream_axes != 1:
+        return f"streams have {stream_axes} axes; the kernel takes one batch axis"
+    if P > MAX_PAGE or k > MAX_TOP_K or (k * P) % (CHUNKS * STAGE):
+        return (f"k={k} records of page_size={P}: the kernel takes k <= {MAX_TOP_K}, P <= {MAX_PAGE}, "
+                f"k * P a multiple of {CHUNKS * STAGE}")
+    return ""
+
+
+def uses_attention_kernel(config: Config, mode: str, stream_axes: int = 1) -> bool:
+    """Whether the decode attention runs the sparse attention kernel (config.attention_implementation:
+    "auto" where it can run, "reference" never); "ffi" where it cannot run raises why."""
+    domain = attention_kernel_domain(config, mode, stream_axes)
+    impl = choose_implementation("sparse_attention", config.attention_implementation, targets.SPARSE_ATTENTION, domain)
+    if impl == "reference":
+        return False
+    require_handler("sparse_attention", targets.SPARSE_ATTENTION, domain)
+    return True
+
+
+def _attend_records(config: Config, store, layer: int, located, tail, pos, q):
+    """One layer's attention over its selected records and its open page (tail, this step's token
+    written): (latent [b, H, dc] float32, misses [b], store)."""
+    if not uses_attention_kernel(config, store.mode, store.sealed.ndim):
+        parts, misses, store = paging.selected_parts(store, layer, located, tail, pos, mla.split_record(config))
+        return layers.attend(q, parts, mla.scale(config)), misses, store
+    # What selected_parts does before its gather: the open page written through ("device",
+    # "dense"), a prefetched copy joined; then the kernel reads the records where they live.
+    store = kv_store.write_open_page(store, layer, tail)
+    located, store = kv_store.await_located(store, located, tail)
+    source, source_layer, index = kv_store.read_in_place(store, layer, located)
+    latent = sparse_attention(
+        q.astype(jnp.bfloat16), source, index, tail.astype(jnp.bfloat16), paging.tail_valid(pos, config.page_size),
+        mla.scale(config), layer=0 if source_layer is None else source_layer, implementation="ffi")
+    misses = located.misses if located is not None else jnp.zeros(store.sealed.shape, jnp.int32)
+    return latent, misses, store
 
 
 def decode_step(config: Config, weights: Weights, state: State, tokens: jax.Array,

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from model_helpers import CASES, assert_bitwise_equal
 
+import hisparse_jax
 from hisparse_jax.bench.decode.capacity import account
 from hisparse_jax.models import dsa
 
@@ -138,3 +140,58 @@ def test_indexer_rope_needs_positions():
     iw = dsa.init_weights(config, 0).indexers[0]
     with pytest.raises(ValueError, match="pass positions"):
         dsa.index_key(config, iw, jnp.zeros((2, config.d_model), config.dtype))
+
+
+# --------------------------------------------------------------------------- the attention kernel
+
+# The smallest DSA model in the sparse attention kernel's domain: bf16 records of 512 latent + 64
+# rope, 64 heads, k * page_size = 512.
+KERNEL_SHAPED = dict(n_heads=64, qk_nope_dim=16, qk_rope_dim=64, v_head_dim=16, kv_lora_rank=512, dtype="bfloat16",
+                     num_layers=2, max_context=1024, top_k=512, hot_slots=520, prefill_chunk=64)
+
+
+def test_attention_implementation_is_checked():
+    with pytest.raises(ValueError, match="attention_implementation"):
+        dsa.Config.tiny(attention_implementation="cuda")
+
+
+def test_attention_kernel_domain_names_what_is_outside_it():
+    assert dsa.attention_kernel_domain(dsa.Config.tiny(**KERNEL_SHAPED), "hisparse") == ""
+    assert dsa.attention_kernel_domain(dsa.Config.tiny(**KERNEL_SHAPED), "device") == ""
+    assert dsa.attention_kernel_domain(dsa.Config.tiny(**KERNEL_SHAPED), "dense") == ""  # k = 1024 records
+    assert "latent" in dsa.attention_kernel_domain(dsa.Config.tiny(), "hisparse")
+    assert "bfloat16" in dsa.attention_kernel_domain(dsa.Config.tiny(**dict(KERNEL_SHAPED, dtype="float32")), "device")
+    assert "n_heads=16" in dsa.attention_kernel_domain(dsa.Config.realistic(), "hisparse")
+    assert "multiple of 512" in dsa.attention_kernel_domain(
+        dsa.Config.tiny(**dict(KERNEL_SHAPED, top_k=256, hot_slots=256)), "hisparse")
+    assert "one batch axis" in dsa.attention_kernel_domain(dsa.Config.tiny(**KERNEL_SHAPED), "hisparse", 2)
+
+
+def test_attention_kernel_runs_where_asked_and_able():
+    config = lambda impl, **o: dsa.Config.tiny(**dict(KERNEL_SHAPED, **o), attention_implementation=impl)
+    assert not dsa.uses_attention_kernel(config("reference"), "hisparse")
+    assert not dsa.uses_attention_kernel(config("auto", n_heads=32), "hisparse")  # outside its domain
+    cuda = jax.default_backend() == "gpu" and hisparse_jax.built_with_cuda()
+    assert dsa.uses_attention_kernel(config("auto"), "device") == cuda  # on CPU: XLA
+    if cuda:
+        assert dsa.uses_attention_kernel(config("ffi"), "dense")
+        with pytest.raises(ValueError, match="n_heads=32"):
+            dsa.uses_attention_kernel(config("ffi", n_heads=32), "hisparse")
+    else:
+        with pytest.raises(RuntimeError, match="sparse_attention"):
+            dsa.uses_attention_kernel(config("ffi"), "device")
+
+
+@pytest.mark.gpu
+def test_the_attention_kernel_decodes_alike_in_every_mode():
+    """With the kernel ("ffi") HiSparse (hot buffer by slot) == device KV (by record id) and
+    "dense" == a selection of every record, bit for bit; its outputs are XLA's to bf16 rounding."""
+    ffi = CASE.config(**KERNEL_SHAPED, attention_implementation="ffi")
+    hisparse = CASE.run(ffi, "hisparse")
+    assert_bitwise_equal(hisparse, CASE.run(ffi, "device"))
+    every = CASE.config(**dict(KERNEL_SHAPED, top_k=1024, hot_slots=1024), attention_implementation="ffi")
+    assert_bitwise_equal(CASE.run(every, "hisparse"), CASE.run(every, "dense"))
+    xla = CASE.run(CASE.config(**KERNEL_SHAPED, attention_implementation="reference"), "hisparse")
+    np.testing.assert_array_equal(hisparse.prefill_logits, xla.prefill_logits)  # prefill reads no record
+    first, want = np.asarray(hisparse.logits[0], np.float32), np.asarray(xla.logits[0], np.float32)
+    assert np.abs(first - want).max() <= 0.05 * np.abs(want).max(), "the kernel's first step is not XLA's"
