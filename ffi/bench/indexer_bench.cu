@@ -61,11 +61,14 @@ using harness::Uniform;
 using hisparse::IndexerBuffers;
 using hisparse::IndexerDims;
 using hisparse::IndexerKernel;
+#ifdef HISPARSE_INDEXER_HAS_SHAPES
+using hisparse::IndexerRegisterShape;
+#endif
 using hisparse::IndexerTuning;
 using hisparse::IndexKeyType;
 using hisparse::IndexQueryType;
 
-constexpr int64_t kHeads = 64;
+int64_t g_heads = 64;  // H (--heads; the decode table defaults to 32, GLM-5's index heads)
 constexpr int64_t kDim = 128;
 constexpr int64_t kLengthsRows = 11;  // the -inf check's shape
 constexpr int64_t kLengthsTokens = 32768;
@@ -145,7 +148,7 @@ struct Config {
     IndexerDims d;
     d.rows = rows;
     d.tokens = tokens;
-    d.heads = kHeads;
+    d.heads = g_heads;
     d.dim = kDim;
     d.query_type = IndexQueryType::kBf16;
     d.key_type = key_type;
@@ -210,9 +213,9 @@ void CheckRows(const Buffers& b, const Config& c, const std::vector<int32_t>& le
       CUDA_OK(cudaMemcpy(keys16.data(), b.keys_bf16 + row * c.tokens * kDim, keys16.size() * 2,
                          cudaMemcpyDeviceToHost));
     }
-    std::vector<double> q(kHeads * kDim), w(kHeads);
-    for (int64_t i = 0; i < kHeads * kDim; ++i) q[i] = Bf16ToDouble(b.host_query[row * kHeads * kDim + i]);
-    for (int64_t h = 0; h < kHeads; ++h) w[h] = b.host_weights[row * kHeads + h];
+    std::vector<double> q(g_heads * kDim), w(g_heads);
+    for (int64_t i = 0; i < g_heads * kDim; ++i) q[i] = Bf16ToDouble(b.host_query[row * g_heads * kDim + i]);
+    for (int64_t h = 0; h < g_heads; ++h) w[h] = b.host_weights[row * g_heads + h];
     for (int64_t j = 0; j < kCheckTokens; ++j) {
       // The first and last 1024 tokens, and 2048 spread over the row.
       const int64_t spread = static_cast<int64_t>(Mix(row * 7919 + j) % static_cast<uint64_t>(c.tokens));
@@ -227,7 +230,7 @@ void CheckRows(const Buffers& b, const Config& c, const std::vector<int32_t>& le
       for (int64_t i = 0; i < kDim; ++i)
         k[i] = fp8 ? Fp8ToDouble(keys8[t * kDim + i]) : Bf16ToDouble(keys16[t * kDim + i]);
       double exact = 0, magnitude = 0;
-      for (int64_t h = 0; h < kHeads; ++h) {
+      for (int64_t h = 0; h < g_heads; ++h) {
         double dot = 0, mag = 0;
         for (int64_t i = 0; i < kDim; ++i) {
           dot += q[h * kDim + i] * k[i];
@@ -236,7 +239,7 @@ void CheckRows(const Buffers& b, const Config& c, const std::vector<int32_t>& le
         exact += w[h] * std::max(dot * s, 0.0);
         magnitude += std::fabs(w[h]) * mag * std::fabs(s);
       }
-      const double bound = (kDim + kHeads + 4) * 0x1p-23 * magnitude;
+      const double bound = (kDim + g_heads + 4) * 0x1p-23 * magnitude;
       const double err = std::fabs(static_cast<double>(scores[t]) - exact);
       if (!(err <= bound)) ++out->failures;
       if (bound > 0) out->worst = std::max(out->worst, err / bound);
@@ -312,17 +315,153 @@ Result Measure(const Buffers& b, const Config& c, const IndexerTuning& tuning, i
   return r;
 }
 
+// ---------------------------------------------------------------------------
+// The decode table (--decode): the batches of the decode slices (1, 2, 10, 17,
+// 41 requests) x 32K-256K keys each, fp8 keys, H = --heads (32: GLM-5's index
+// heads). Each configuration is checked first (two runs give the same bits,
+// every register-q shape gives the automatic launch's bits, rows 0 and b - 1
+// are within the bound of a double-precision evaluation), then the automatic
+// launch and every shape that the operands admit are timed.
+
+constexpr double kNominalHbmGbs = 4300.0;  // the H200's HBM read bandwidth the issue measures against
+
+#ifdef HISPARSE_INDEXER_HAS_SHAPES
+constexpr IndexerRegisterShape kShapes[] = {IndexerRegisterShape::k16x8, IndexerRegisterShape::k32x8,
+                                            IndexerRegisterShape::k16x16, IndexerRegisterShape::k32x12};
+const char* ShapeName(IndexerRegisterShape s) {
+  switch (s) {
+    case IndexerRegisterShape::k16x8:
+      return "16x8";
+    case IndexerRegisterShape::k32x8:
+      return "32x8";
+    case IndexerRegisterShape::k16x16:
+      return "16x16";
+    case IndexerRegisterShape::k32x12:
+      return "32x12";
+    default:
+      return "auto";
+  }
+}
+#endif
+
+struct DecodeResult {
+  Config config{IndexKeyType::kFp8E4m3, 0, 0};
+  std::string shape;
+  Stats stats;
+  double gbs = 0;
+};
+
+int RunDecode(const char* json_path, int iters, bool quick, bool shapes, const harness::DeviceInfo& info,
+              cudaStream_t stream) {
+  const std::vector<int64_t> rows_list = quick ? std::vector<int64_t>{2, 17} : std::vector<int64_t>{1, 2, 10, 17, 41};
+  const std::vector<int64_t> tokens_list =
+      quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{32768, 131072, 262144};
+  Buffers b;
+  b.max_rows = std::max(kLengthsRows, *std::max_element(rows_list.begin(), rows_list.end()));
+  b.max_tokens = std::max(kLengthsTokens, *std::max_element(tokens_list.begin(), tokens_list.end()));
+  b.bf16_tokens = 0;
+  // Every configuration's keys, and >= kRotateBytes of them for the small ones (rotating copies).
+  b.fp8_tokens = std::max<int64_t>(b.max_rows * b.max_tokens, quick ? 0 : kRotateBytes / (kDim + 4) + b.max_tokens);
+  CUDA_OK(cudaMalloc(&b.query, b.max_rows * g_heads * kDim * 2));
+  CUDA_OK(cudaMalloc(&b.weights, b.max_rows * g_heads * 4));
+  CUDA_OK(cudaMalloc(&b.keys_fp8, b.fp8_tokens * kDim));
+  CUDA_OK(cudaMalloc(&b.scales, b.fp8_tokens * 4));
+  CUDA_OK(cudaMalloc(&b.lengths, b.max_rows * 4));
+  CUDA_OK(cudaMalloc(&b.scores, b.max_rows * b.max_tokens * 4));
+  const int grid = 8 * info.prop.multiProcessorCount;
+  FillBf16<<<grid, 256, 0, stream>>>(b.query, b.max_rows * g_heads * kDim, 11, 2.0f);
+  FillF32<<<grid, 256, 0, stream>>>(b.weights, b.max_rows * g_heads, 12, 1.0f / std::sqrt(float(g_heads * kDim)));
+  QuantizeTokens<<<(b.fp8_tokens * 32 + 255) / 256, 256, 0, stream>>>(b.keys_fp8, b.scales, b.fp8_tokens, 14);
+  CUDA_OK(cudaGetLastError());
+  b.host_query.resize(b.max_rows * g_heads * kDim);
+  b.host_weights.resize(b.max_rows * g_heads);
+  CUDA_OK(cudaMemcpyAsync(b.host_query.data(), b.query, b.host_query.size() * 2, cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(cudaMemcpyAsync(b.host_weights.data(), b.weights, b.host_weights.size() * 4, cudaMemcpyDeviceToHost,
+                          stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+
+  bool all_ok = true;
+  std::vector<DecodeResult> results;
+  std::printf("Decode batches, fp8 keys + f32 scale (132 B/token at d = 128), H = %lld, lengths = T; share = key "
+              "GB/s / %.0f GB/s (the H200's HBM)\n\n| b | T | key MB | shape | min us | median us | max us | GB/s | "
+              "share of 4.3 TB/s | check |\n|---|---|---|---|---|---|---|---|---|---|\n",
+              (long long)g_heads, kNominalHbmGbs);
+  for (int64_t tokens : tokens_list) {
+    for (int64_t rows : rows_list) {
+      const Config c{IndexKeyType::kFp8E4m3, rows, tokens};
+      Check check = CheckConfig(b, c, stream);
+      bool shapes_agree = true;
+      std::vector<std::pair<std::string, IndexerTuning>> launches = {{"auto", IndexerTuning{}}};
+#ifdef HISPARSE_INDEXER_HAS_SHAPES
+      if (shapes) {
+        const int64_t n = c.rows * c.tokens;
+        std::vector<uint32_t> first(n), other(n);
+        CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream));
+        CUDA_OK(cudaMemcpyAsync(first.data(), b.scores, n * 4, cudaMemcpyDeviceToHost, stream));
+        for (IndexerRegisterShape s : kShapes) {
+          if (!hisparse::IndexerRegisterShapeApplies(c.dims(), s)) continue;
+          IndexerTuning t;
+          t.shape = s;
+          launches.push_back({ShapeName(s), t});
+          CUDA_OK(cudaMemsetAsync(b.scores, 0xff, n * 4, stream));
+          CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream, t));
+          CUDA_OK(cudaMemcpyAsync(other.data(), b.scores, n * 4, cudaMemcpyDeviceToHost, stream));
+          CUDA_OK(cudaStreamSynchronize(stream));
+          if (other != first) {
+            shapes_agree = false;
+            std::printf("FAIL: shape %s writes other bits than the automatic launch (b = %lld, T = %lld)\n",
+                        ShapeName(s), (long long)rows, (long long)tokens);
+          }
+        }
+      }
+#else
+      (void)shapes;
+#endif
+      const bool ok = check.failures == 0 && check.deterministic && check.kernels_agree && shapes_agree;
+      all_ok = all_ok && ok;
+      for (const auto& [name, tuning] : launches) {
+        const Result r = Measure(b, c, tuning, iters, stream);
+        results.push_back({c, name, r.stats, r.gbs});
+        std::printf("| %lld | %lld | %.1f | %s | %.1f | %.1f | %.1f | %.0f | %.2f | %s |\n", (long long)rows,
+                    (long long)tokens, c.key_bytes() / 1e6, name.c_str(), r.stats.min_us, r.stats.median_us,
+                    r.stats.max_us, r.gbs, r.gbs / kNominalHbmGbs, ok ? "ok" : "FAIL");
+        std::fflush(stdout);
+      }
+    }
+  }
+  FILE* f = harness::OpenJson(json_path);
+  std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"heads\": %lld, \"dim\": %lld, \"iters\": %d, "
+               "\"nominal_hbm_gbs\": %.0f,\n  \"decode\": [\n",
+               info.prop.name, info.prop.multiProcessorCount, (long long)g_heads, (long long)kDim, iters,
+               kNominalHbmGbs);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const DecodeResult& r = results[i];
+    std::fprintf(f,
+                 "    {\"b\": %lld, \"T\": %lld, \"key_bytes\": %lld, \"shape\": \"%s\", \"us_min\": %.2f, "
+                 "\"us_median\": %.2f, \"us_max\": %.2f, \"gbs\": %.1f, \"share_of_4300\": %.4f}%s\n",
+                 (long long)r.config.rows, (long long)r.config.tokens, (long long)r.config.key_bytes(),
+                 r.shape.c_str(), r.stats.min_us, r.stats.median_us, r.stats.max_us, r.gbs, r.gbs / kNominalHbmGbs,
+                 i + 1 < results.size() ? "," : "");
+  }
+  std::fprintf(f, "  ],\n  \"all_checks_passed\": %s\n}\n", all_ok ? "true" : "false");
+  std::fclose(f);
+  std::printf("\nJSON: %s; checks %s\n", json_path, all_ok ? "passed" : "FAILED");
+  return all_ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  constexpr const char* kUsage = "usage: %s OUT.json [--quick] [--iters N] [--no-sweep]\n";
+  constexpr const char* kUsage =
+      "usage: %s OUT.json [--quick] [--iters N] [--no-sweep] [--decode [--heads H] [--no-shapes]]\n";
   if (argc < 2) {
     std::fprintf(stderr, kUsage, argv[0]);
     return 2;
   }
   const char* json_path = argv[1];
-  bool quick = false, sweep = true;
+  bool quick = false, sweep = true, decode = false, shapes = true;
   int iters = 50;
+  int64_t heads = 0;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
@@ -332,14 +471,33 @@ int main(int argc, char** argv) {
       sweep = false;
     } else if (a == "--iters" && i + 1 < argc) {
       iters = std::max(5, std::atoi(argv[++i]));
+    } else if (a == "--decode") {
+      decode = true;
+    } else if (a == "--no-shapes") {
+      shapes = false;
+    } else if (a == "--heads" && i + 1 < argc) {
+      heads = std::atoll(argv[++i]);
+      if (heads < 1 || heads > 128) {
+        std::fprintf(stderr, "--heads must be in [1, 128] (the kernel's H)\n");
+        return 2;
+      }
     } else {
       std::fprintf(stderr, kUsage, argv[0]);
       return 2;
     }
   }
+  g_heads = heads > 0 ? heads : decode ? 32 : 64;
   const harness::DeviceInfo info = harness::QueryDevice();
+  if (decode) {
+    std::printf("# Lightning indexer benchmark, decode batches\n\ndevice: %s; H = %lld, d = %lld, q bf16; %d "
+                "iterations (min / median / max)\n\n",
+                harness::DeviceLine(info).c_str(), (long long)g_heads, (long long)kDim, iters);
+    cudaStream_t decode_stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&decode_stream, cudaStreamNonBlocking));
+    return RunDecode(json_path, iters, quick, shapes, info, decode_stream);
+  }
   std::printf("# Lightning indexer benchmark\n\ndevice: %s; H = %lld, d = %lld, q bf16, lengths = T; %d iterations "
-              "(min / median / max)\n\n", harness::DeviceLine(info).c_str(), (long long)kHeads, (long long)kDim, iters);
+              "(min / median / max)\n\n", harness::DeviceLine(info).c_str(), (long long)g_heads, (long long)kDim, iters);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
@@ -364,21 +522,21 @@ int main(int argc, char** argv) {
   b.bf16_tokens = b.max_rows * b.max_tokens;  // 2.7 GB at b = 80, T = 131072
   b.fp8_tokens = b.max_rows * b.max_tokens;   // 1.3 GB + 42 MB of scales
   const int64_t kMaxRows = b.max_rows, kMaxTokens = b.max_tokens;
-  CUDA_OK(cudaMalloc(&b.query, kMaxRows * kHeads * kDim * 2));
-  CUDA_OK(cudaMalloc(&b.weights, kMaxRows * kHeads * 4));
+  CUDA_OK(cudaMalloc(&b.query, kMaxRows * g_heads * kDim * 2));
+  CUDA_OK(cudaMalloc(&b.weights, kMaxRows * g_heads * 4));
   CUDA_OK(cudaMalloc(&b.keys_bf16, b.bf16_tokens * kDim * 2));
   CUDA_OK(cudaMalloc(&b.keys_fp8, b.fp8_tokens * kDim));
   CUDA_OK(cudaMalloc(&b.scales, b.fp8_tokens * 4));
   CUDA_OK(cudaMalloc(&b.lengths, kMaxRows * 4));
   CUDA_OK(cudaMalloc(&b.scores, kMaxRows * kMaxTokens * 4));
   const int grid = 8 * info.prop.multiProcessorCount;
-  FillBf16<<<grid, 256, 0, stream>>>(b.query, kMaxRows * kHeads * kDim, 11, 2.0f);
-  FillF32<<<grid, 256, 0, stream>>>(b.weights, kMaxRows * kHeads, 12, 1.0f / std::sqrt(float(kHeads * kDim)));
+  FillBf16<<<grid, 256, 0, stream>>>(b.query, kMaxRows * g_heads * kDim, 11, 2.0f);
+  FillF32<<<grid, 256, 0, stream>>>(b.weights, kMaxRows * g_heads, 12, 1.0f / std::sqrt(float(g_heads * kDim)));
   FillBf16<<<grid, 256, 0, stream>>>(b.keys_bf16, b.bf16_tokens * kDim, 13, 1.0f);
   QuantizeTokens<<<(b.fp8_tokens * 32 + 255) / 256, 256, 0, stream>>>(b.keys_fp8, b.scales, b.fp8_tokens, 14);
   CUDA_OK(cudaGetLastError());
-  b.host_query.resize(kMaxRows * kHeads * kDim);
-  b.host_weights.resize(kMaxRows * kHeads);
+  b.host_query.resize(kMaxRows * g_heads * kDim);
+  b.host_weights.resize(kMaxRows * g_heads);
   CUDA_OK(cudaMemcpyAsync(b.host_query.data(), b.query, b.host_query.size() * 2, cudaMemcpyDeviceToHost, stream));
   CUDA_OK(cudaMemcpyAsync(b.host_weights.data(), b.weights, b.host_weights.size() * 4, cudaMemcpyDeviceToHost,
                           stream));
@@ -451,7 +609,7 @@ int main(int argc, char** argv) {
   FILE* f = harness::OpenJson(json_path);
   std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"cuda_runtime\": %d, \"driver\": %d,\n",
                info.prop.name, info.prop.multiProcessorCount, info.runtime, info.driver);
-  std::fprintf(f, "  \"heads\": %lld, \"dim\": %lld, \"iters\": %d,\n", (long long)kHeads, (long long)kDim, iters);
+  std::fprintf(f, "  \"heads\": %lld, \"dim\": %lld, \"iters\": %d,\n", (long long)g_heads, (long long)kDim, iters);
   std::fprintf(f, "  \"hbm\": {\"memcpy_d2d_gbs\": %.1f, \"read_kernel_gbs\": %.1f, \"bytes\": %lld},\n", copy_gbs,
                read_gbs, (long long)ceiling_bytes);
   auto write = [&](const char* name, const std::vector<Result>& list, bool last) {
