@@ -107,6 +107,54 @@ __global__ void QuantizeTokens(uint8_t* codes, float* scale, int64_t tokens, uin
   if (lane == 0) scale[token] = s;
 }
 
+// The tensor cores' mma.sync ceiling: each warp runs kMmaChains independent
+// accumulator chains of m16n8k16 bf16 -> f32 (operands in registers, nothing
+// read from memory); the sum is written so nothing is optimized away.
+constexpr int kMmaChains = 8;
+constexpr int kMmaIters = 2048;
+
+__global__ void MmaCeiling(float* out) {
+  uint32_t a[4], b0 = 0x3f803f80u ^ threadIdx.x, b1 = 0x3f003f00u ^ threadIdx.x;
+  for (int i = 0; i < 4; ++i) a[i] = 0x3c003c00u + 17u * (threadIdx.x + i);
+  float acc[kMmaChains][4] = {};
+  for (int it = 0; it < kMmaIters; ++it) {
+#pragma unroll
+    for (int c = 0; c < kMmaChains; ++c) {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+          "{%0, %1, %2, %3};\n"
+          : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+  }
+  float sum = 0;
+  for (int c = 0; c < kMmaChains; ++c) sum += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = sum;
+}
+
+// TFLOP/s of MmaCeiling over `sms` x 2 blocks of 8 warps (median of 5 runs after a warm-up).
+double MeasureMmaCeiling(cudaStream_t stream, int sms) {
+  const int blocks = 2 * sms, threads = 256;
+  float* out = nullptr;
+  CUDA_OK(cudaMalloc(&out, blocks * threads * sizeof(float)));
+  cudaEvent_t start, stop;
+  CUDA_OK(cudaEventCreate(&start));
+  CUDA_OK(cudaEventCreate(&stop));
+  std::vector<double> us;
+  for (int rep = 0; rep < 6; ++rep) {
+    CUDA_OK(cudaEventRecord(start, stream));
+    MmaCeiling<<<blocks, threads, 0, stream>>>(out);
+    CUDA_OK(cudaEventRecord(stop, stream));
+    CUDA_OK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
+    if (rep > 0) us.push_back(ms * 1e3);
+  }
+  CUDA_OK(cudaFree(out));
+  const double flop = 2.0 * 16 * 8 * 16 * kMmaChains * kMmaIters * (blocks * threads / 32.0);
+  return flop / (harness::Summarize(us).median_us * 1e-6) / 1e12;
+}
+
 // ---------------------------------------------------------------------------
 // Host side.
 
@@ -351,11 +399,20 @@ struct DecodeResult {
   double gbs = 0;
 };
 
-int RunDecode(const char* json_path, int iters, bool quick, bool shapes, const harness::DeviceInfo& info,
+struct DecodeOptions {
+  bool quick = false;    // b in {2, 17}, T = 4096
+  bool shapes = true;    // check and time every register-q shape, not only the automatic launch
+  bool profile = false;  // one launch per configuration and shape, nothing checked or timed (under ncu)
+  std::vector<int64_t> rows, tokens;  // empty: the decode lists
+};
+
+int RunDecode(const char* json_path, int iters, const DecodeOptions& o, const harness::DeviceInfo& info,
               cudaStream_t stream) {
-  const std::vector<int64_t> rows_list = quick ? std::vector<int64_t>{2, 17} : std::vector<int64_t>{1, 2, 10, 17, 41};
-  const std::vector<int64_t> tokens_list =
-      quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{32768, 131072, 262144};
+  const bool quick = o.quick, shapes = o.shapes;
+  std::vector<int64_t> rows_list = quick ? std::vector<int64_t>{2, 17} : std::vector<int64_t>{1, 2, 10, 17, 41};
+  std::vector<int64_t> tokens_list = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{32768, 131072, 262144};
+  if (!o.rows.empty()) rows_list = o.rows;
+  if (!o.tokens.empty()) tokens_list = o.tokens;
   Buffers b;
   b.max_rows = std::max(kLengthsRows, *std::max_element(rows_list.begin(), rows_list.end()));
   b.max_tokens = std::max(kLengthsTokens, *std::max_element(tokens_list.begin(), tokens_list.end()));
@@ -380,11 +437,35 @@ int RunDecode(const char* json_path, int iters, bool quick, bool shapes, const h
                           stream));
   CUDA_OK(cudaStreamSynchronize(stream));
 
+  if (o.profile) {
+    for (int64_t tokens : tokens_list) {
+      for (int64_t rows : rows_list) {
+        const Config c{IndexKeyType::kFp8E4m3, rows, tokens};
+        SetLengths(b, std::vector<int32_t>(rows, static_cast<int32_t>(tokens)));
+        CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream));
+#ifdef HISPARSE_INDEXER_HAS_SHAPES
+        for (IndexerRegisterShape s : kShapes) {
+          if (!shapes || !hisparse::IndexerRegisterShapeApplies(c.dims(), s)) continue;
+          IndexerTuning t;
+          t.shape = s;
+          CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream, t));
+        }
+#endif
+        CUDA_OK(cudaStreamSynchronize(stream));
+        std::printf("profiled launches: b = %lld, T = %lld\n", (long long)rows, (long long)tokens);
+      }
+    }
+    return 0;
+  }
+  const double mma_tflops = MeasureMmaCeiling(stream, info.prop.multiProcessorCount);
+  std::printf("mma.sync m16n8k16 bf16 -> f32 ceiling (16 warps per SM, %d independent chains each): %.0f TFLOP/s; "
+              "'MMA floor' below = b T H d 2 flop at that rate\n\n",
+              kMmaChains, mma_tflops);
   bool all_ok = true;
   std::vector<DecodeResult> results;
   std::printf("Decode batches, fp8 keys + f32 scale (132 B/token at d = 128), H = %lld, lengths = T; share = key "
               "GB/s / %.0f GB/s (the H200's HBM)\n\n| b | T | key MB | shape | min us | median us | max us | GB/s | "
-              "share of 4.3 TB/s | check |\n|---|---|---|---|---|---|---|---|---|---|\n",
+              "share of 4.3 TB/s | MMA floor us | check |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
               (long long)g_heads, kNominalHbmGbs);
   for (int64_t tokens : tokens_list) {
     for (int64_t rows : rows_list) {
@@ -422,18 +503,19 @@ int RunDecode(const char* json_path, int iters, bool quick, bool shapes, const h
       for (const auto& [name, tuning] : launches) {
         const Result r = Measure(b, c, tuning, iters, stream);
         results.push_back({c, name, r.stats, r.gbs});
-        std::printf("| %lld | %lld | %.1f | %s | %.1f | %.1f | %.1f | %.0f | %.2f | %s |\n", (long long)rows,
+        const double mma_floor_us = 2.0 * rows * tokens * g_heads * kDim / (mma_tflops * 1e6);
+        std::printf("| %lld | %lld | %.1f | %s | %.1f | %.1f | %.1f | %.0f | %.2f | %.1f | %s |\n", (long long)rows,
                     (long long)tokens, c.key_bytes() / 1e6, name.c_str(), r.stats.min_us, r.stats.median_us,
-                    r.stats.max_us, r.gbs, r.gbs / kNominalHbmGbs, ok ? "ok" : "FAIL");
+                    r.stats.max_us, r.gbs, r.gbs / kNominalHbmGbs, mma_floor_us, ok ? "ok" : "FAIL");
         std::fflush(stdout);
       }
     }
   }
   FILE* f = harness::OpenJson(json_path);
   std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"heads\": %lld, \"dim\": %lld, \"iters\": %d, "
-               "\"nominal_hbm_gbs\": %.0f,\n  \"decode\": [\n",
+               "\"nominal_hbm_gbs\": %.0f, \"mma_sync_tflops\": %.1f,\n  \"decode\": [\n",
                info.prop.name, info.prop.multiProcessorCount, (long long)g_heads, (long long)kDim, iters,
-               kNominalHbmGbs);
+               kNominalHbmGbs, mma_tflops);
   for (size_t i = 0; i < results.size(); ++i) {
     const DecodeResult& r = results[i];
     std::fprintf(f,
@@ -453,13 +535,28 @@ int RunDecode(const char* json_path, int iters, bool quick, bool shapes, const h
 
 int main(int argc, char** argv) {
   constexpr const char* kUsage =
-      "usage: %s OUT.json [--quick] [--iters N] [--no-sweep] [--decode [--heads H] [--no-shapes]]\n";
+      "usage: %s OUT.json [--quick] [--iters N] [--no-sweep]\n"
+      "       %s OUT.json --decode [--quick] [--iters N] [--heads H] [--no-shapes] [--rows B,B..] [--tokens T,T..] "
+      "[--profile]\n";
   if (argc < 2) {
-    std::fprintf(stderr, kUsage, argv[0]);
+    std::fprintf(stderr, kUsage, argv[0], argv[0]);
     return 2;
   }
   const char* json_path = argv[1];
-  bool quick = false, sweep = true, decode = false, shapes = true;
+  bool quick = false, sweep = true, decode = false;
+  DecodeOptions decode_options;
+  auto list = [](const char* text) {
+    std::vector<int64_t> out;
+    for (const char* p = text; *p;) {
+      char* end = nullptr;
+      const long long v = std::strtoll(p, &end, 10);
+      if (end == p || v < 1) return std::vector<int64_t>{};
+      out.push_back(v);
+      p = *end == ',' ? end + 1 : end;
+      if (*end != ',' && *end != '\0') return std::vector<int64_t>{};
+    }
+    return out;
+  };
   int iters = 50;
   int64_t heads = 0;
   for (int i = 2; i < argc; ++i) {
@@ -474,7 +571,16 @@ int main(int argc, char** argv) {
     } else if (a == "--decode") {
       decode = true;
     } else if (a == "--no-shapes") {
-      shapes = false;
+      decode_options.shapes = false;
+    } else if (a == "--profile") {
+      decode_options.profile = true;
+    } else if ((a == "--rows" || a == "--tokens") && i + 1 < argc) {
+      std::vector<int64_t>& dst = a == "--rows" ? decode_options.rows : decode_options.tokens;
+      dst = list(argv[++i]);
+      if (dst.empty()) {
+        std::fprintf(stderr, "%s takes positive integers separated by commas, e.g. 2,17\n", a.c_str());
+        return 2;
+      }
     } else if (a == "--heads" && i + 1 < argc) {
       heads = std::atoll(argv[++i]);
       if (heads < 1 || heads > 128) {
@@ -482,7 +588,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else {
-      std::fprintf(stderr, kUsage, argv[0]);
+      std::fprintf(stderr, kUsage, argv[0], argv[0]);
       return 2;
     }
   }
@@ -494,7 +600,8 @@ int main(int argc, char** argv) {
                 harness::DeviceLine(info).c_str(), (long long)g_heads, (long long)kDim, iters);
     cudaStream_t decode_stream;
     CUDA_OK(cudaStreamCreateWithFlags(&decode_stream, cudaStreamNonBlocking));
-    return RunDecode(json_path, iters, quick, shapes, info, decode_stream);
+    decode_options.quick = quick;
+    return RunDecode(json_path, iters, decode_options, info, decode_stream);
   }
   std::printf("# Lightning indexer benchmark\n\ndevice: %s; H = %lld, d = %lld, q bf16, lengths = T; %d iterations "
               "(min / median / max)\n\n", harness::DeviceLine(info).c_str(), (long long)g_heads, (long long)kDim, iters);
