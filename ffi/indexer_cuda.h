@@ -62,16 +62,17 @@ inline constexpr int kIndexerRegisterStagesFp8 = 10;
 // so a block keeps ~150-190 KB of keys in flight). Every shape writes the same
 // bits (each token goes through the same steps); they differ in how many
 // independent tensor-core chains and warps hide the MMA and copy latencies.
-// Other d use k16x8. The 16- and 12-warp shapes need H <= 32 (the q
-// fragments of 64 heads take 128 registers a thread).
+// Other d, and H <= 16, use k16x8. k16x16, k32x12 and k64x6 need H <= 32 (the
+// q fragments of 64 heads take 128 registers a thread).
 enum class IndexerRegisterShape : int32_t {
   kAuto = 0,    // the launcher's choice for the operands (indexer_kernels.cu, RegisterShapeFor)
   k16x8 = 1,    // 16-token tiles, <= 8 warps (the first version)
   k32x8 = 2,    // 32-token tiles (two m16 tiles' MMAs interleaved), <= 8 warps
   k16x16 = 3,   // 16-token tiles, <= 16 warps (H <= 32)
   k32x12 = 4,   // 32-token tiles, <= 12 warps (H <= 32)
+  k64x6 = 5,    // 64-token tiles (four m16 tiles), <= 6 warps (H <= 32)
 };
-inline constexpr int kIndexerRegisterShapes = 5;
+inline constexpr int kIndexerRegisterShapes = 6;
 // For programs built against either version of this header (the benchmark's A/B).
 #define HISPARSE_INDEXER_HAS_SHAPES 1
 

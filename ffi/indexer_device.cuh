@@ -156,15 +156,6 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
 
 // --------------------------------------------------------------------------- q and w staging
 
-template <bool kF32Query>
-__device__ __forceinline__ float LoadQuery(const IndexerArgs& p, int64_t index) {
-  if constexpr (kF32Query) {
-    return static_cast<const float*>(p.query)[index];
-  } else {
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(p.query)[index]);
-  }
-}
-
 // Sixteen consecutive q values (16-element aligned) as floats.
 template <bool kF32Query>
 __device__ __forceinline__ void LoadQuery16(const IndexerArgs& p, int64_t index, float (&x)[16]) {
@@ -202,11 +193,18 @@ __device__ float StageQuery(const IndexerArgs& p, int64_t row, uint8_t* q_smem, 
   const int64_t base = row * p.heads * p.dim;
   float q_mul = 1.0f, factor = 1.0f;
   if constexpr (kFp8) {
-    // Largest finite |q| of the row (as bits: non-negative floats order like integers).
+    // Largest finite |q| of the row (as bits: non-negative floats order like integers), 16
+    // values a thread at a time (H d is a multiple of 16 and each row's q 16-value aligned):
+    // the loads of a block's first row are on the path to its first tile's MMAs.
     uint32_t m = 0;
-    for (int i = tid; i < p.heads * p.dim; i += threads) {
-      const float a = fabsf(LoadQuery<kF32Query>(p, base + i));
-      if (a <= FLT_MAX) m = max(m, __float_as_uint(a));
+    for (int i = 16 * tid; i < p.heads * p.dim; i += 16 * threads) {
+      float x[16];
+      LoadQuery16<kF32Query>(p, base + i, x);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const float a = fabsf(x[k]);
+        if (a <= FLT_MAX) m = max(m, __float_as_uint(a));
+      }
     }
     m = __reduce_max_sync(kFullMask, m);
     if (tid % kWarp == 0) warp_max[tid / kWarp] = m;
@@ -299,10 +297,9 @@ __device__ __forceinline__ void IssueTile(const IndexerArgs& p, uint32_t stage, 
     if (u >= p.key_units) u -= p.key_units, ++r;
   }
   if constexpr (kFp8) {
-    if (lane < kTokens) {
-      const bool ok = lane < valid;
-      CopyAsync4(stage + kTokens * p.key_stride + 4 * lane,
-                 p.key_scale + row * p.tokens + t0 + (ok ? lane : 0), ok ? 4 : 0);
+    for (int i = lane; i < kTokens; i += kWarp) {
+      const bool ok = i < valid;
+      CopyAsync4(stage + kTokens * p.key_stride + 4 * i, p.key_scale + row * p.tokens + t0 + (ok ? i : 0), ok ? 4 : 0);
     }
   }
 }
@@ -344,9 +341,10 @@ __device__ __forceinline__ void IssueTileFixed(const IndexerArgs& p, uint32_t st
     }
   }
   if constexpr (kFp8) {
-    if (lane < kTokens) {
-      const bool ok = lane < valid;
-      CopyAsync4(stage + kTokens * kStride + 4 * lane, p.key_scale + token + (ok ? lane : 0), ok ? 4 : 0);
+#pragma unroll
+    for (int i = lane; i < kTokens; i += kWarp) {
+      const bool ok = i < valid;
+      CopyAsync4(stage + kTokens * kStride + 4 * i, p.key_scale + token + (ok ? i : 0), ok ? 4 : 0);
     }
   }
 }

@@ -353,7 +353,8 @@ __device__ __forceinline__ void ScoreRegisterTile(const IndexerArgs& p, const ui
   constexpr int kTokens = 16 * kMTiles;
   float* out = p.scores + row * p.tokens + t0;
   if (valid <= 0) {  // past lengths[row]: no key was copied
-    if (lane < kTokens && t0 + lane < p.tokens) out[lane] = -INFINITY;
+    for (int i = lane; i < kTokens; i += kWarp)
+      if (t0 + i < p.tokens) out[i] = -INFINITY;
     return;
   }
   const int g = lane / 4, c4 = lane % 4;
@@ -520,6 +521,7 @@ constexpr ShapeParams kShapeParams[kIndexerRegisterShapes] = {
     {2, 8, 5, 3},                                                   // k32x8
     {1, 16, 5, 3},                                                  // k16x16
     {2, 12, 3, 2},                                                  // k32x12
+    {4, 6, 3, 2},                                                   // k64x6
 };
 constexpr ShapeParams Params(IndexerRegisterShape s) { return kShapeParams[static_cast<int>(s)]; }
 
@@ -528,7 +530,7 @@ bool ShapeBuilt(const IndexerDims& d, IndexerRegisterShape shape) {
   if (shape == IndexerRegisterShape::kAuto || shape == IndexerRegisterShape::k16x8) return true;
   if (static_cast<int>(shape) < 0 || static_cast<int>(shape) >= kIndexerRegisterShapes) return false;
   if (d.dim != kIndexerRegisterMaxDim || d.heads <= 16) return false;
-  return Params(shape).max_warps <= 8 || d.heads <= 32;
+  return shape == IndexerRegisterShape::k32x8 || d.heads <= 32;
 }
 
 // The automatic shape.
@@ -550,6 +552,7 @@ Plan PlanFor(const IndexerDims& d, bool registers, IndexerRegisterShape shape = 
   plan.shape = IndexerRegisterShape::k16x8;
   if (registers) {
     plan.shape = shape == IndexerRegisterShape::kAuto ? RegisterShapeFor(d) : shape;
+    if (!ShapeBuilt(d, plan.shape)) plan.shape = IndexerRegisterShape::k16x8;
     const ShapeParams sp = Params(plan.shape);
     plan.tile_tokens = 16 * sp.m_tiles;
     plan.stages = fp8 ? sp.stages_fp8 : sp.stages_bf16;
@@ -748,6 +751,8 @@ KernelFn RegisterKernel128(int n_tiles, IndexerRegisterShape shape) {
         return RegisterShapeKernel<kFp8, 4, kK, S::k16x16>();
       case S::k32x12:
         return RegisterShapeKernel<kFp8, 4, kK, S::k32x12>();
+      case S::k64x6:
+        return RegisterShapeKernel<kFp8, 4, kK, S::k64x6>();
       default:
         return RegisterShapeKernel<kFp8, 4, kK, S::k16x8>();
     }

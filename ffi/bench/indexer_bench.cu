@@ -375,7 +375,8 @@ constexpr double kNominalHbmGbs = 4300.0;  // the H200's HBM read bandwidth the 
 
 #ifdef HISPARSE_INDEXER_HAS_SHAPES
 constexpr IndexerRegisterShape kShapes[] = {IndexerRegisterShape::k16x8, IndexerRegisterShape::k32x8,
-                                            IndexerRegisterShape::k16x16, IndexerRegisterShape::k32x12};
+                                            IndexerRegisterShape::k16x16, IndexerRegisterShape::k32x12,
+                                            IndexerRegisterShape::k64x6};
 const char* ShapeName(IndexerRegisterShape s) {
   switch (s) {
     case IndexerRegisterShape::k16x8:
@@ -386,6 +387,8 @@ const char* ShapeName(IndexerRegisterShape s) {
       return "16x16";
     case IndexerRegisterShape::k32x12:
       return "32x12";
+    case IndexerRegisterShape::k64x6:
+      return "64x6";
     default:
       return "auto";
   }

@@ -165,7 +165,8 @@ std::vector<std::pair<std::string, IndexerTuning>> Launches(const Case& c) {
   const std::pair<const char*, IndexerRegisterShape> shapes[] = {{"16x8", IndexerRegisterShape::k16x8},
                                                                  {"32x8", IndexerRegisterShape::k32x8},
                                                                  {"16x16", IndexerRegisterShape::k16x16},
-                                                                 {"32x12", IndexerRegisterShape::k32x12}};
+                                                                 {"32x12", IndexerRegisterShape::k32x12},
+                                                                 {"64x6", IndexerRegisterShape::k64x6}};
   for (const auto& [name, shape] : shapes) {
     if (!hisparse::IndexerRegisterShapeApplies(c.dims(), shape)) continue;
     IndexerTuning t;
