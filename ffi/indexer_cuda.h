@@ -71,8 +71,12 @@ enum class IndexerRegisterShape : int32_t {
   k16x16 = 3,   // 16-token tiles, <= 16 warps (H <= 32)
   k32x12 = 4,   // 32-token tiles, <= 12 warps (H <= 32)
   k64x6 = 5,    // 64-token tiles (four m16 tiles), <= 6 warps (H <= 32)
+  // Not the register-q kernel: warpgroups of 4 warps score 64-token tiles with wgmma, q in
+  // shared memory (indexer_wgmma.cuh). fp8 keys, 16 < H <= 64, and only in sm_90a builds
+  // (HISPARSE_SM90A defined); its bits are its own (within the contract's bound).
+  k64wg = 6,
 };
-inline constexpr int kIndexerRegisterShapes = 6;
+inline constexpr int kIndexerRegisterShapes = 7;
 // For programs built against either version of this header (the benchmark's A/B).
 #define HISPARSE_INDEXER_HAS_SHAPES 1
 

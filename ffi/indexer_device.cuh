@@ -185,7 +185,11 @@ __device__ __forceinline__ void LoadQuery16(const IndexerArgs& p, int64_t index,
 // hi + mid + lo) and w into shared memory; heads past H are zero. Returns the
 // factor the row's scores are multiplied by (1 unless fp8 keys). Every thread
 // of the block calls it; the caller brackets it with __syncthreads.
-template <int kQSplit, bool kFp8>
+// kCoreMatrices: q in wgmma's no-swizzle K-major layout instead of one padded
+// row per head: 8 heads x 8 k of 16-bit values per 128 contiguous bytes (a
+// core matrix), core matrix (k-chunk kc, head group hg) at (kc groups + hg)
+// 128 bytes, groups = heads_padded / 8 (indexer_wgmma.cuh).
+template <int kQSplit, bool kFp8, bool kCoreMatrices = false>
 __device__ float StageQuery(const IndexerArgs& p, int64_t row, uint8_t* q_smem, float* w_smem,
                             uint32_t* warp_max) {
   constexpr bool kF32Query = kQSplit == 3;
@@ -246,9 +250,18 @@ __device__ float StageQuery(const IndexerArgs& p, int64_t row, uint8_t* q_smem, 
           packed[k] = PackBf16(part[2 * k], part[2 * k + 1]);
         }
       }
-      uint4* dst = reinterpret_cast<uint4*>(q_smem + s * p.q_copy_bytes + h * p.q_stride + 32 * c);
-      dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-      dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+      if constexpr (kCoreMatrices) {
+        const int groups = p.heads_padded / 8;
+        uint8_t* base_s = q_smem + s * p.q_copy_bytes + 16 * (h % 8);
+        *reinterpret_cast<uint4*>(base_s + 128 * (2 * c * groups + h / 8)) =
+            make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        *reinterpret_cast<uint4*>(base_s + 128 * ((2 * c + 1) * groups + h / 8)) =
+            make_uint4(packed[4], packed[5], packed[6], packed[7]);
+      } else {
+        uint4* dst = reinterpret_cast<uint4*>(q_smem + s * p.q_copy_bytes + h * p.q_stride + 32 * c);
+        dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+      }
     }
   }
   for (int h = tid; h < p.heads_padded; h += threads)

@@ -487,6 +487,8 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp, 1) IndexScoresRegisterKernel
   WaitAsync<0>();
 }
 
+#include "indexer_wgmma.cuh"
+
 // =========================================================================== launch
 
 struct Layout {
@@ -501,6 +503,8 @@ int NTilesFor(int64_t heads) { return heads <= 16 ? 2 : heads <= 32 ? 4 : 8; }
 // Which kernel runs and the shape its launch needs.
 struct Plan {
   bool registers;   // the register-q kernel (else the general one)
+  bool wgmma;       // the wgmma kernel (shape k64wg)
+  int stage_tokens;  // key rows of one ring stage (tile_tokens, or the warp's 16 of a warpgroup tile)
   IndexerRegisterShape shape;  // of the register-q kernel
   int tile_tokens;  // per warp tile
   int n_tiles;      // n-tiles of 8 heads per pass
@@ -522,6 +526,7 @@ constexpr ShapeParams kShapeParams[kIndexerRegisterShapes] = {
     {1, 16, 5, 3},                                                  // k16x16
     {2, 12, 3, 2},                                                  // k32x12
     {4, 6, 3, 2},                                                   // k64x6
+    {4, 16, 5, 0},                                                  // k64wg: 64 tokens a warpgroup, 16 a warp
 };
 constexpr ShapeParams Params(IndexerRegisterShape s) { return kShapeParams[static_cast<int>(s)]; }
 
@@ -530,6 +535,13 @@ bool ShapeBuilt(const IndexerDims& d, IndexerRegisterShape shape) {
   if (shape == IndexerRegisterShape::kAuto || shape == IndexerRegisterShape::k16x8) return true;
   if (static_cast<int>(shape) < 0 || static_cast<int>(shape) >= kIndexerRegisterShapes) return false;
   if (d.dim != kIndexerRegisterMaxDim || d.heads <= 16) return false;
+  if (shape == IndexerRegisterShape::k64wg) {
+#ifdef HISPARSE_SM90A
+    return d.key_type == IndexKeyType::kFp8E4m3;
+#else
+    return false;
+#endif
+  }
   return shape == IndexerRegisterShape::k32x8 || d.heads <= 32;
 }
 
@@ -550,16 +562,20 @@ Plan PlanFor(const IndexerDims& d, bool registers, IndexerRegisterShape shape = 
   plan.registers = registers;
   plan.n_tiles = NTilesFor(d.heads);
   plan.shape = IndexerRegisterShape::k16x8;
+  plan.wgmma = false;
   if (registers) {
     plan.shape = shape == IndexerRegisterShape::kAuto ? RegisterShapeFor(d) : shape;
     if (!ShapeBuilt(d, plan.shape)) plan.shape = IndexerRegisterShape::k16x8;
     const ShapeParams sp = Params(plan.shape);
+    plan.wgmma = plan.shape == IndexerRegisterShape::k64wg;
     plan.tile_tokens = 16 * sp.m_tiles;
+    plan.stage_tokens = plan.wgmma ? 16 : plan.tile_tokens;
     plan.stages = fp8 ? sp.stages_fp8 : sp.stages_bf16;
     plan.max_warps = sp.max_warps;
     plan.q_split = 1;
   } else {
     plan.tile_tokens = kIndexerTileTokens;
+    plan.stage_tokens = plan.tile_tokens;
     plan.stages = fp8 ? kIndexerStagesFp8 : kIndexerStagesBf16;
     plan.max_warps = kIndexerMaxWarps;
     plan.q_split = d.query_type == IndexQueryType::kF32 ? 3 : 1;
@@ -573,12 +589,13 @@ Layout LayoutFor(const IndexerDims& d, const Plan& plan) {
   l.passes = static_cast<int32_t>((d.heads + 8 * plan.n_tiles - 1) / (8 * plan.n_tiles));
   l.heads_padded = l.passes * 8 * plan.n_tiles;
   l.q_stride = PaddedStride(2 * d.dim);
-  l.q_copy_bytes = l.heads_padded * l.q_stride;
+  // wgmma reads q as contiguous core matrices (no padding: its reads are not ldmatrix rows).
+  l.q_copy_bytes = plan.wgmma ? static_cast<int32_t>(l.heads_padded * 2 * d.dim) : l.heads_padded * l.q_stride;
   l.w_bytes = (4 * l.heads_padded + 15) / 16 * 16;
   const int64_t key_row_bytes = fp8 ? d.dim : 2 * d.dim;
   l.key_units = static_cast<int32_t>(key_row_bytes / 16);
   l.key_stride = PaddedStride(key_row_bytes);
-  l.stage_bytes = plan.tile_tokens * l.key_stride + (fp8 ? plan.tile_tokens * 4 : 0);
+  l.stage_bytes = plan.stage_tokens * l.key_stride + (fp8 ? plan.stage_tokens * 4 : 0);
   return l;
 }
 
@@ -670,6 +687,7 @@ cudaError_t LaunchPlan(KernelFn kernel, const Plan& plan, const IndexerDims& d, 
   const int64_t fixed = FixedSharedBytes(l, plan), per_warp = WarpSharedBytes(l, plan);
   int warps = static_cast<int>(std::min<int64_t>(plan.max_warps, (limits.max_shared - fixed) / per_warp));
   if (tuning.warps_per_block > 0) warps = std::min(warps, tuning.warps_per_block);
+  if (plan.wgmma) warps -= warps % 4;  // whole warpgroups
   if (warps < 1) return cudaErrorInvalidValue;
   const int64_t shared = fixed + warps * per_warp;
   int resident = 0;
@@ -698,9 +716,10 @@ cudaError_t LaunchPlan(KernelFn kernel, const Plan& plan, const IndexerDims& d, 
   p.key_units = l.key_units;
   p.key_stride = l.key_stride;
   p.stage_bytes = l.stage_bytes;
-  // Enough blocks to fill the GPU once; fewer when there are fewer tiles than warps in them.
+  // Enough blocks to fill the GPU once; fewer when there are fewer tiles than warps (warpgroups) in them.
+  const int takers = plan.wgmma ? warps / 4 : warps;
   const int64_t blocks = std::max<int64_t>(
-      1, std::min<int64_t>(static_cast<int64_t>(limits.sms) * resident, (p.total_tiles + warps - 1) / warps));
+      1, std::min<int64_t>(static_cast<int64_t>(limits.sms) * resident, (p.total_tiles + takers - 1) / takers));
   kernel<<<static_cast<unsigned>(blocks), warps * kWarp, static_cast<size_t>(shared), stream>>>(p);
   return cudaGetLastError();
 }
@@ -763,6 +782,11 @@ KernelFn RegisterKernel128(int n_tiles, IndexerRegisterShape shape) {
 
 KernelFn KernelFor(const IndexerDims& d, const Plan& plan) {
   const bool fp8 = d.key_type == IndexKeyType::kFp8E4m3;
+  if (plan.wgmma) {
+    constexpr ShapeParams sp = Params(IndexerRegisterShape::k64wg);
+    return plan.n_tiles == 4 ? IndexScoresWgmmaKernel<4, sp.stages_fp8, sp.max_warps>
+                             : IndexScoresWgmmaKernel<8, sp.stages_fp8, sp.max_warps>;
+  }
   if (plan.registers) {
     // d = 128 (the DSA shape) with the k-steps fixed at compile time; any other d <= 128 counted at run time.
     if (d.dim == kIndexerRegisterMaxDim && plan.shape != IndexerRegisterShape::k16x8)

@@ -376,7 +376,7 @@ constexpr double kNominalHbmGbs = 4300.0;  // the H200's HBM read bandwidth the 
 #ifdef HISPARSE_INDEXER_HAS_SHAPES
 constexpr IndexerRegisterShape kShapes[] = {IndexerRegisterShape::k16x8, IndexerRegisterShape::k32x8,
                                             IndexerRegisterShape::k16x16, IndexerRegisterShape::k32x12,
-                                            IndexerRegisterShape::k64x6};
+                                            IndexerRegisterShape::k64x6, IndexerRegisterShape::k64wg};
 const char* ShapeName(IndexerRegisterShape s) {
   switch (s) {
     case IndexerRegisterShape::k16x8:
@@ -389,6 +389,8 @@ const char* ShapeName(IndexerRegisterShape s) {
       return "32x12";
     case IndexerRegisterShape::k64x6:
       return "64x6";
+    case IndexerRegisterShape::k64wg:
+      return "64wg";
     default:
       return "auto";
   }
@@ -492,9 +494,19 @@ int RunDecode(const char* json_path, int iters, const DecodeOptions& o, const ha
           CUDA_OK(cudaMemcpyAsync(other.data(), b.scores, n * 4, cudaMemcpyDeviceToHost, stream));
           CUDA_OK(cudaStreamSynchronize(stream));
           if (other != first) {
-            shapes_agree = false;
-            std::printf("FAIL: shape %s writes other bits than the automatic launch (b = %lld, T = %lld)\n",
-                        ShapeName(s), (long long)rows, (long long)tokens);
+            int64_t differ = 0;
+            for (int64_t i = 0; i < n; ++i) differ += other[i] != first[i];
+            // wgmma's order inside a k-step is its own: its bits may differ, its error may not.
+            Check own;
+            if (s == IndexerRegisterShape::k64wg) CheckRows(b, c, std::vector<int32_t>(rows, tokens), {0, rows - 1}, &own);
+            const bool allowed = s == IndexerRegisterShape::k64wg && own.failures == 0;
+            shapes_agree = shapes_agree && allowed;
+            std::printf("%s: shape %s writes other bits than the automatic launch at %lld of %lld tokens (b = %lld, "
+                        "T = %lld)%s\n",
+                        allowed ? "note" : "FAIL", ShapeName(s), (long long)differ, (long long)n, (long long)rows,
+                        (long long)tokens,
+                        allowed ? harness::Format("; within the bound on rows 0 and b - 1 (worst %.3f)", own.worst).c_str()
+                                : "");
           }
         }
       }
