@@ -19,12 +19,26 @@
 //
 // Two kernels share that plan and compute the same bits (the same tensor-core
 // steps in the same order, the same head chains):
-//   - register-q (bfloat16 q, H <= 64, d <= 128: the DSA shape H = 64,
-//     d = 128): each warp holds the row's q fragments in registers, so a tile
-//     of 16 tokens reads only its keys from shared memory; the ring keeps
-//     loading across a row change.
+//   - register-q (bfloat16 q, H <= 64, d <= 128: the DSA shapes H = 64 and
+//     GLM-5's H = 32, d = 128): each warp holds the row's q fragments in
+//     registers, so a tile reads only its keys from shared memory; the ring
+//     keeps loading across a row change. Its launch shapes
+//     (IndexerRegisterShape: tokens per warp tile x warps per block) trade
+//     independent tensor-core chains per warp against warps per SM; every
+//     shape writes the same bits.
 //   - general (float32 q, H up to 128, d up to 256): q fragments are read
 //     from shared memory for every tile of 32 tokens, in head passes of 64.
+// A third, in sm_90a builds only (HISPARSE_SM90A; shape k64wg, never picked
+// automatically): warpgroups score 64-token tiles with wgmma, q in shared
+// memory (indexer_wgmma.cuh); same plan and epilogue, its own bits within the
+// contract's bound.
+//
+// Batch invariance: which block, warp and tile a token lands in depends on the
+// batch (the grid covers b x T), but a token's score does not: every token
+// goes through the same steps wherever it lands, and the row's power-of-two
+// q factor depends on that row's q alone. So a request's scores (and top-k
+// ids) are the same bits alone and in any batch, and the same in HiSparse and
+// full-KV (ffi/tests/indexer_cuda_check.cu checks it for every launch).
 #ifndef HISPARSE_FFI_INDEXER_CUDA_H_
 #define HISPARSE_FFI_INDEXER_CUDA_H_
 
