@@ -477,8 +477,9 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp, 1) IndexScoresRegisterKernel
       issue_next(stage == 0 ? kStages - 1 : stage - 1);  // tile k + kStages - 1, in tile k - 1's stage
       WaitAsync<kStages - 1>();                          // tile k's group has landed (this lane's copies)
       __syncwarp();                                      // ... and every lane's
-      ScoreRegisterTile<kFp8, kNTiles, kMaxK, kMTiles>(p, qf, w, all_heads, ring + stage * p.stage_bytes, key_stride, row, t0,
-                                              TileValid<kRegTile>(limit, t0), ksteps, factor, lane);
+      ScoreRegisterTile<kFp8, kNTiles, kMaxK, kMTiles>(p, qf, w, all_heads, ring + stage * p.stage_bytes,
+                                                       key_stride, row, t0, TileValid<kRegTile>(limit, t0), ksteps,
+                                                       factor, lane);
       __syncwarp();  // the stage is read before a later issue overwrites it
       stage = stage + 1 == kStages ? 0 : stage + 1;
     }
