@@ -89,8 +89,9 @@ enum class IndexerRegisterShape : int32_t {
   // shared memory (indexer_wgmma.cuh). fp8 keys, 16 < H <= 64, and only in sm_90a builds
   // (HISPARSE_SM90A defined); its bits are its own (within the contract's bound).
   k64wg = 6,
+  k64wgSwap = 7,  // k64wg with the descriptor's offsets exchanged (an experiment's control)
 };
-inline constexpr int kIndexerRegisterShapes = 7;
+inline constexpr int kIndexerRegisterShapes = 8;
 // For programs built against either version of this header (the benchmark's A/B).
 #define HISPARSE_INDEXER_HAS_SHAPES 1
 

@@ -528,6 +528,7 @@ constexpr ShapeParams kShapeParams[kIndexerRegisterShapes] = {
     {2, 12, 3, 2},                                                  // k32x12
     {4, 6, 3, 2},                                                   // k64x6
     {4, 16, 5, 0},                                                  // k64wg: 64 tokens a warpgroup, 16 a warp
+    {4, 16, 5, 0},                                                  // k64wgSwap
 };
 constexpr ShapeParams Params(IndexerRegisterShape s) { return kShapeParams[static_cast<int>(s)]; }
 
@@ -536,7 +537,7 @@ bool ShapeBuilt(const IndexerDims& d, IndexerRegisterShape shape) {
   if (shape == IndexerRegisterShape::kAuto || shape == IndexerRegisterShape::k16x8) return true;
   if (static_cast<int>(shape) < 0 || static_cast<int>(shape) >= kIndexerRegisterShapes) return false;
   if (d.dim != kIndexerRegisterMaxDim || d.heads <= 16) return false;
-  if (shape == IndexerRegisterShape::k64wg) {
+  if (shape == IndexerRegisterShape::k64wg || shape == IndexerRegisterShape::k64wgSwap) {
 #ifdef HISPARSE_SM90A
     return d.key_type == IndexKeyType::kFp8E4m3;
 #else
@@ -568,7 +569,7 @@ Plan PlanFor(const IndexerDims& d, bool registers, IndexerRegisterShape shape = 
     plan.shape = shape == IndexerRegisterShape::kAuto ? RegisterShapeFor(d) : shape;
     if (!ShapeBuilt(d, plan.shape)) plan.shape = IndexerRegisterShape::k16x8;
     const ShapeParams sp = Params(plan.shape);
-    plan.wgmma = plan.shape == IndexerRegisterShape::k64wg;
+    plan.wgmma = plan.shape == IndexerRegisterShape::k64wg || plan.shape == IndexerRegisterShape::k64wgSwap;
     plan.tile_tokens = 16 * sp.m_tiles;
     plan.stage_tokens = plan.wgmma ? 16 : plan.tile_tokens;
     plan.stages = fp8 ? sp.stages_fp8 : sp.stages_bf16;
@@ -785,6 +786,10 @@ KernelFn KernelFor(const IndexerDims& d, const Plan& plan) {
   const bool fp8 = d.key_type == IndexKeyType::kFp8E4m3;
   if (plan.wgmma) {
     constexpr ShapeParams sp = Params(IndexerRegisterShape::k64wg);
+    if (plan.shape == IndexerRegisterShape::k64wgSwap) {
+      return plan.n_tiles == 4 ? IndexScoresWgmmaKernel<4, sp.stages_fp8, sp.max_warps, true>
+                               : IndexScoresWgmmaKernel<8, sp.stages_fp8, sp.max_warps, true>;
+    }
     return plan.n_tiles == 4 ? IndexScoresWgmmaKernel<4, sp.stages_fp8, sp.max_warps>
                              : IndexScoresWgmmaKernel<8, sp.stages_fp8, sp.max_warps>;
   }

@@ -74,7 +74,9 @@ __device__ __forceinline__ void Wgmma64(float (&acc)[8][4], const uint32_t (&a)[
 #endif  // HISPARSE_INDEXER_WGMMA_DEVICE
 
 // kNTiles n-tiles of 8 heads (4: H <= 32, 8: H <= 64); kMaxWarps a multiple of 4.
-template <int kNTiles, int kStages, int kMaxWarps>
+// kSwapOffsets: the descriptor's leading and stride offsets exchanged (an
+// experiment's control for the reading of the PTX layout rules above).
+template <int kNTiles, int kStages, int kMaxWarps, bool kSwapOffsets = false>
 __global__ void __launch_bounds__(kMaxWarps* kWarp, 1) IndexScoresWgmmaKernel(const IndexerArgs p) {
 #ifdef HISPARSE_INDEXER_WGMMA_DEVICE
   static_assert(kNTiles == 4 || kNTiles == 8, "m64n32k16 or m64n64k16");
@@ -93,7 +95,8 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp, 1) IndexScoresWgmmaKernel(co
   // q as B: k-step s starts at core matrix (2s, 0); K-adjacent core matrices are `heads_padded / 8`
   // matrices apart, N-adjacent ones one matrix (128 bytes).
   const uint32_t q_groups = static_cast<uint32_t>(p.heads_padded / 8);
-  const uint64_t desc0 = WgmmaDescriptor(SharedAddress(q_smem), 128 * q_groups, 128);
+  const uint64_t desc0 = kSwapOffsets ? WgmmaDescriptor(SharedAddress(q_smem), 128, 128 * q_groups)
+                                      : WgmmaDescriptor(SharedAddress(q_smem), 128 * q_groups, 128);
   const uint64_t desc_step = (2 * 128 * q_groups) >> 4;  // one k-step further, in the start field
 
   // This block's 64-token tiles: a contiguous range; this warpgroup's: begin + group + k * groups.

@@ -376,7 +376,8 @@ constexpr double kNominalHbmGbs = 4300.0;  // the H200's HBM read bandwidth the 
 #ifdef HISPARSE_INDEXER_HAS_SHAPES
 constexpr IndexerRegisterShape kShapes[] = {IndexerRegisterShape::k16x8, IndexerRegisterShape::k32x8,
                                             IndexerRegisterShape::k16x16, IndexerRegisterShape::k32x12,
-                                            IndexerRegisterShape::k64x6, IndexerRegisterShape::k64wg};
+                                            IndexerRegisterShape::k64x6, IndexerRegisterShape::k64wg,
+                                            IndexerRegisterShape::k64wgSwap};
 const char* ShapeName(IndexerRegisterShape s) {
   switch (s) {
     case IndexerRegisterShape::k16x8:
@@ -391,6 +392,8 @@ const char* ShapeName(IndexerRegisterShape s) {
       return "64x6";
     case IndexerRegisterShape::k64wg:
       return "64wg";
+    case IndexerRegisterShape::k64wgSwap:
+      return "64wgS";
     default:
       return "auto";
   }
@@ -408,8 +411,17 @@ struct DecodeOptions {
   bool quick = false;    // b in {2, 17}, T = 4096
   bool shapes = true;    // check and time every register-q shape, not only the automatic launch
   bool profile = false;  // one launch per configuration and shape, nothing checked or timed (under ncu)
+  std::string only;      // --shapes NAME,NAME: only these shapes (and the automatic launch unless "noauto" is named)
   std::vector<int64_t> rows, tokens;  // empty: the decode lists
 };
+
+// Whether `name` is in the comma-separated `list` (an empty list wants every name).
+bool Wanted(const std::string& list, const std::string& name) {
+  if (list.empty()) return true;
+  return ("," + list + ",").find("," + name + ",") != std::string::npos;
+}
+
+bool AutoWanted(const DecodeOptions& o) { return o.only.empty() || !Wanted(o.only, "noauto"); }
 
 int RunDecode(const char* json_path, int iters, const DecodeOptions& o, const harness::DeviceInfo& info,
               cudaStream_t stream) {
@@ -447,10 +459,11 @@ int RunDecode(const char* json_path, int iters, const DecodeOptions& o, const ha
       for (int64_t rows : rows_list) {
         const Config c{IndexKeyType::kFp8E4m3, rows, tokens};
         SetLengths(b, std::vector<int32_t>(rows, static_cast<int32_t>(tokens)));
-        CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream));
+        if (AutoWanted(o)) CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream));
 #ifdef HISPARSE_INDEXER_HAS_SHAPES
         for (IndexerRegisterShape s : kShapes) {
-          if (!shapes || !hisparse::IndexerRegisterShapeApplies(c.dims(), s)) continue;
+          if (!shapes || !Wanted(o.only, ShapeName(s)) || !hisparse::IndexerRegisterShapeApplies(c.dims(), s))
+            continue;
           IndexerTuning t;
           t.shape = s;
           CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream, t));
@@ -477,7 +490,8 @@ int RunDecode(const char* json_path, int iters, const DecodeOptions& o, const ha
       const Config c{IndexKeyType::kFp8E4m3, rows, tokens};
       Check check = CheckConfig(b, c, stream);
       bool shapes_agree = true;
-      std::vector<std::pair<std::string, IndexerTuning>> launches = {{"auto", IndexerTuning{}}};
+      std::vector<std::pair<std::string, IndexerTuning>> launches;
+      if (AutoWanted(o)) launches.push_back({"auto", IndexerTuning{}});
 #ifdef HISPARSE_INDEXER_HAS_SHAPES
       if (shapes) {
         const int64_t n = c.rows * c.tokens;
@@ -485,7 +499,7 @@ int RunDecode(const char* json_path, int iters, const DecodeOptions& o, const ha
         CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream));
         CUDA_OK(cudaMemcpyAsync(first.data(), b.scores, n * 4, cudaMemcpyDeviceToHost, stream));
         for (IndexerRegisterShape s : kShapes) {
-          if (!hisparse::IndexerRegisterShapeApplies(c.dims(), s)) continue;
+          if (!Wanted(o.only, ShapeName(s)) || !hisparse::IndexerRegisterShapeApplies(c.dims(), s)) continue;
           IndexerTuning t;
           t.shape = s;
           launches.push_back({ShapeName(s), t});
@@ -498,8 +512,9 @@ int RunDecode(const char* json_path, int iters, const DecodeOptions& o, const ha
             for (int64_t i = 0; i < n; ++i) differ += other[i] != first[i];
             // wgmma's order inside a k-step is its own: its bits may differ, its error may not.
             Check own;
-            if (s == IndexerRegisterShape::k64wg) CheckRows(b, c, std::vector<int32_t>(rows, tokens), {0, rows - 1}, &own);
-            const bool allowed = s == IndexerRegisterShape::k64wg && own.failures == 0;
+            const bool wgmma = s == IndexerRegisterShape::k64wg || s == IndexerRegisterShape::k64wgSwap;
+            if (wgmma) CheckRows(b, c, std::vector<int32_t>(rows, tokens), {0, rows - 1}, &own);
+            const bool allowed = wgmma && own.failures == 0;
             shapes_agree = shapes_agree && allowed;
             std::printf("%s: shape %s writes other bits than the automatic launch at %lld of %lld tokens (b = %lld, "
                         "T = %lld)%s\n",
@@ -552,7 +567,7 @@ int main(int argc, char** argv) {
   constexpr const char* kUsage =
       "usage: %s OUT.json [--quick] [--iters N] [--no-sweep]\n"
       "       %s OUT.json --decode [--quick] [--iters N] [--heads H] [--no-shapes] [--rows B,B..] [--tokens T,T..] "
-      "[--profile]\n";
+      "[--profile] [--shapes NAME,..[,noauto]]\n";
   if (argc < 2) {
     std::fprintf(stderr, kUsage, argv[0], argv[0]);
     return 2;
@@ -589,6 +604,8 @@ int main(int argc, char** argv) {
       decode_options.shapes = false;
     } else if (a == "--profile") {
       decode_options.profile = true;
+    } else if (a == "--shapes" && i + 1 < argc) {
+      decode_options.only = argv[++i];
     } else if ((a == "--rows" || a == "--tokens") && i + 1 < argc) {
       std::vector<int64_t>& dst = a == "--rows" ? decode_options.rows : decode_options.tokens;
       dst = list(argv[++i]);

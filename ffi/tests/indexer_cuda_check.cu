@@ -11,7 +11,9 @@
 //     not depend on the batch it runs in (the grid and the warps' tiles do);
 //   - guard bytes around the scores stay untouched.
 // Usage: indexer_cuda_check [--quick] [--quiet] [--seed N] [--only SUBSTRING]
+//        (INDEXER_CHECK_LAUNCHES=mma or wgmma: see LaunchFilter)
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "harness.h"
@@ -157,20 +159,35 @@ std::vector<float> RunGpu(const Case& c, const Host& h, int64_t row0, int64_t ro
   return out;
 }
 
-// Every launch the operands admit: automatic first.
+// Which launches to check: INDEXER_CHECK_LAUNCHES=mma (all but the wgmma
+// kernel's), =wgmma (the automatic one and the wgmma kernel's), unset: all. A
+// fault in one kernel ends the process, so a first run can keep it apart.
+const char* LaunchFilter() {
+  const char* f = std::getenv("INDEXER_CHECK_LAUNCHES");
+  return f ? f : "";
+}
+
+bool IsWgmma(IndexerRegisterShape s) {
+  return s == IndexerRegisterShape::k64wg || s == IndexerRegisterShape::k64wgSwap;
+}
+
+// Every launch the operands admit (and LaunchFilter keeps): automatic first.
 std::vector<std::pair<std::string, IndexerTuning>> Launches(const Case& c) {
+  const std::string filter = LaunchFilter();
   std::vector<std::pair<std::string, IndexerTuning>> out = {{"auto", IndexerTuning{}}};
   IndexerTuning general;
   general.kernel = IndexerKernel::kGeneral;
-  if (hisparse::IndexerRegisterQueryApplies(c.dims())) out.push_back({"general", general});
+  if (filter != "wgmma" && hisparse::IndexerRegisterQueryApplies(c.dims())) out.push_back({"general", general});
   const std::pair<const char*, IndexerRegisterShape> shapes[] = {{"16x8", IndexerRegisterShape::k16x8},
                                                                  {"32x8", IndexerRegisterShape::k32x8},
                                                                  {"16x16", IndexerRegisterShape::k16x16},
                                                                  {"32x12", IndexerRegisterShape::k32x12},
                                                                  {"64x6", IndexerRegisterShape::k64x6},
-                                                                 {"64wg", IndexerRegisterShape::k64wg}};
+                                                                 {"64wg", IndexerRegisterShape::k64wg},
+                                                                 {"64wgS", IndexerRegisterShape::k64wgSwap}};
   for (const auto& [name, shape] : shapes) {
     if (!hisparse::IndexerRegisterShapeApplies(c.dims(), shape)) continue;
+    if ((filter == "mma" && IsWgmma(shape)) || (filter == "wgmma" && !IsWgmma(shape))) continue;
     IndexerTuning t;
     t.shape = shape;
     out.push_back({name, t});
@@ -268,7 +285,7 @@ void RunCase(const harness::CheckOptions& o, const Case& c, harness::Rng& rng) {
     int64_t other_bits = 0;
     for (size_t i = 0; i < batch.size(); ++i) other_bits += std::memcmp(&batch[i], &base[i], 4) != 0;
     // The mma.sync kernels and shapes follow the same steps (indexer.h); wgmma's bits are its own.
-    const bool own_bits = tuning.shape == IndexerRegisterShape::k64wg;
+    const bool own_bits = IsWgmma(tuning.shape);
     Report(o, label + "==auto", own_bits || other_bits == 0,
            harness::Format("%lld of %zu scores differ from the automatic launch's bits%s", (long long)other_bits,
                            batch.size(), own_bits ? " (allowed: wgmma's own order)" : ""));
