@@ -28,10 +28,11 @@
 //     shape writes the same bits.
 //   - general (float32 q, H up to 128, d up to 256): q fragments are read
 //     from shared memory for every tile of 32 tokens, in head passes of 64.
-// A third, in sm_90a builds only (HISPARSE_SM90A; shape k64wg, never picked
-// automatically): warpgroups score 64-token tiles with wgmma, q in shared
-// memory (indexer_wgmma.cuh); same plan and epilogue, its own bits within the
-// contract's bound.
+// A third, in sm_90a builds only (HISPARSE_SM90A; shape k64wg, the automatic
+// choice there for fp8 keys with 32 < H <= 64): warpgroups score 64-token
+// tiles with wgmma, q in shared memory (indexer_wgmma.cuh); same plan and
+// epilogue. Its bits matched mma.sync's in every case checked, but the
+// contract only holds it to the rounding bound.
 //
 // Batch invariance: which block, warp and tile a token lands in depends on the
 // batch (the grid covers b x T), but a token's score does not: every token
@@ -79,7 +80,7 @@ inline constexpr int kIndexerRegisterStagesFp8 = 10;
 // Other d, and H <= 16, use k16x8. k16x16, k32x12 and k64x6 need H <= 32 (the
 // q fragments of 64 heads take 128 registers a thread).
 enum class IndexerRegisterShape : int32_t {
-  kAuto = 0,    // the launcher's choice for the operands (indexer_kernels.cu, RegisterShapeFor)
+  kAuto = 0,    // the launcher's choice for the operands and size (indexer_kernels.cu, RegisterShapeFor)
   k16x8 = 1,    // 16-token tiles, <= 8 warps (the first version)
   k32x8 = 2,    // 32-token tiles (two m16 tiles' MMAs interleaved), <= 8 warps
   k16x16 = 3,   // 16-token tiles, <= 16 warps (H <= 32)
@@ -87,11 +88,10 @@ enum class IndexerRegisterShape : int32_t {
   k64x6 = 5,    // 64-token tiles (four m16 tiles), <= 6 warps (H <= 32)
   // Not the register-q kernel: warpgroups of 4 warps score 64-token tiles with wgmma, q in
   // shared memory (indexer_wgmma.cuh). fp8 keys, 16 < H <= 64, and only in sm_90a builds
-  // (HISPARSE_SM90A defined); its bits are its own (within the contract's bound).
+  // (HISPARSE_SM90A defined); held to the contract's bound, not to mma.sync's bits.
   k64wg = 6,
-  k64wgSwap = 7,  // k64wg with the descriptor's offsets exchanged (an experiment's control)
 };
-inline constexpr int kIndexerRegisterShapes = 8;
+inline constexpr int kIndexerRegisterShapes = 7;
 // For programs built against either version of this header (the benchmark's A/B).
 #define HISPARSE_INDEXER_HAS_SHAPES 1
 

@@ -528,7 +528,6 @@ constexpr ShapeParams kShapeParams[kIndexerRegisterShapes] = {
     {2, 12, 3, 2},                                                  // k32x12
     {4, 6, 3, 2},                                                   // k64x6
     {4, 16, 5, 0},                                                  // k64wg: 64 tokens a warpgroup, 16 a warp
-    {4, 16, 5, 0},                                                  // k64wgSwap
 };
 constexpr ShapeParams Params(IndexerRegisterShape s) { return kShapeParams[static_cast<int>(s)]; }
 
@@ -537,7 +536,7 @@ bool ShapeBuilt(const IndexerDims& d, IndexerRegisterShape shape) {
   if (shape == IndexerRegisterShape::kAuto || shape == IndexerRegisterShape::k16x8) return true;
   if (static_cast<int>(shape) < 0 || static_cast<int>(shape) >= kIndexerRegisterShapes) return false;
   if (d.dim != kIndexerRegisterMaxDim || d.heads <= 16) return false;
-  if (shape == IndexerRegisterShape::k64wg || shape == IndexerRegisterShape::k64wgSwap) {
+  if (shape == IndexerRegisterShape::k64wg) {
 #ifdef HISPARSE_SM90A
     return d.key_type == IndexKeyType::kFp8E4m3;
 #else
@@ -547,10 +546,27 @@ bool ShapeBuilt(const IndexerDims& d, IndexerRegisterShape shape) {
   return shape == IndexerRegisterShape::k32x8 || d.heads <= 32;
 }
 
-// The automatic shape.
+// The automatic shape, from the decode table of ffi/bench/indexer_bench.cu
+// --decode on an H200 (fp8 keys, d = 128; run 6 of 2026-12-04):
+//   - 16 < H <= 32 (GLM-5): k32x12 at every batch, 0.72 (b 17) to 0.84 (b 41)
+//     of 4.3 TB/s at 128K-256K keys a request, against 0.58-0.65 for k16x8
+//     (b 17 x 128K: 94.5 us, was 117-131); only 1 x 32K is a hair faster in
+//     k32x8 (8.3 against 8.9 us).
+//   - 32 < H <= 64 (DeepSeek-V3.2): the wgmma kernel where it is built (sm_90a;
+//     equal or faster at every batch: b 17 x 128K 134.6 us, k32x8 144.4,
+//     k16x8 155.3), else k32x8 from 2^20 tokens a launch (b 10 x 128K and up)
+//     and k16x8 below (b 1-2 x 128K: 18.7 / 30.2 us against 19.6 / 31.6).
+// The mma.sync shapes write the same bits, so choosing among them by the size
+// of the batch keeps a request's scores batch-invariant. The wgmma kernel's
+// bits are not promised equal to theirs (they were in every case checked), so
+// it is chosen for all batches of its operands or for none.
+// bf16 keys keep k16x8: the other shapes were not measured with them.
 IndexerRegisterShape RegisterShapeFor(const IndexerDims& d) {
-  (void)d;
-  return IndexerRegisterShape::k16x8;
+  using S = IndexerRegisterShape;
+  if (d.key_type != IndexKeyType::kFp8E4m3 || d.dim != kIndexerRegisterMaxDim || d.heads <= 16) return S::k16x8;
+  if (d.heads <= 32) return S::k32x12;
+  if (ShapeBuilt(d, S::k64wg)) return S::k64wg;
+  return d.rows * d.tokens >= (int64_t{1} << 20) ? S::k32x8 : S::k16x8;
 }
 
 bool RegisterQueryApplies(const IndexerDims& d) {
@@ -569,7 +585,7 @@ Plan PlanFor(const IndexerDims& d, bool registers, IndexerRegisterShape shape = 
     plan.shape = shape == IndexerRegisterShape::kAuto ? RegisterShapeFor(d) : shape;
     if (!ShapeBuilt(d, plan.shape)) plan.shape = IndexerRegisterShape::k16x8;
     const ShapeParams sp = Params(plan.shape);
-    plan.wgmma = plan.shape == IndexerRegisterShape::k64wg || plan.shape == IndexerRegisterShape::k64wgSwap;
+    plan.wgmma = plan.shape == IndexerRegisterShape::k64wg;
     plan.tile_tokens = 16 * sp.m_tiles;
     plan.stage_tokens = plan.wgmma ? 16 : plan.tile_tokens;
     plan.stages = fp8 ? sp.stages_fp8 : sp.stages_bf16;
@@ -689,7 +705,7 @@ cudaError_t LaunchPlan(KernelFn kernel, const Plan& plan, const IndexerDims& d, 
   const int64_t fixed = FixedSharedBytes(l, plan), per_warp = WarpSharedBytes(l, plan);
   int warps = static_cast<int>(std::min<int64_t>(plan.max_warps, (limits.max_shared - fixed) / per_warp));
   if (tuning.warps_per_block > 0) warps = std::min(warps, tuning.warps_per_block);
-  if (plan.wgmma) warps -= warps % 4;  // whole warpgroups
+  if (plan.wgmma) warps = std::max(4, warps - warps % 4);  // whole warpgroups (4 always fit)
   if (warps < 1) return cudaErrorInvalidValue;
   const int64_t shared = fixed + warps * per_warp;
   int resident = 0;
@@ -786,10 +802,6 @@ KernelFn KernelFor(const IndexerDims& d, const Plan& plan) {
   const bool fp8 = d.key_type == IndexKeyType::kFp8E4m3;
   if (plan.wgmma) {
     constexpr ShapeParams sp = Params(IndexerRegisterShape::k64wg);
-    if (plan.shape == IndexerRegisterShape::k64wgSwap) {
-      return plan.n_tiles == 4 ? IndexScoresWgmmaKernel<4, sp.stages_fp8, sp.max_warps, true>
-                               : IndexScoresWgmmaKernel<8, sp.stages_fp8, sp.max_warps, true>;
-    }
     return plan.n_tiles == 4 ? IndexScoresWgmmaKernel<4, sp.stages_fp8, sp.max_warps>
                              : IndexScoresWgmmaKernel<8, sp.stages_fp8, sp.max_warps>;
   }

@@ -16,9 +16,13 @@
 // longer held in registers (no 64-128 registers of B fragments) and the MMAs
 // run at wgmma's rate, asynchronously. The products are exact and the sums
 // float32 as in indexer.h; whether the tensor cores' internal order within a
-// k-step equals mma.sync's is not documented, so this kernel's bits are its
-// own (the checker compares it with the double-precision bound, not bit for
-// bit with the other kernels; batch invariance holds as for them).
+// k-step equals mma.sync's is not documented, so this kernel is held to the
+// double-precision bound, not to the other kernels' bits (on an H200 its bits
+// equalled theirs in every case the checker ran; batch invariance holds as for
+// them). Measured (decode table, H200): faster than every mma.sync shape at
+// H = 64 (b 17 x 128K: 134.6 us against 144.4), slower than k32x12 at H = 32
+// (99.9 against 94.5): it halves the tensor-core cost, but the widening and the
+// epilogue on the integer and FMA pipes remain, and at H = 32 they dominate.
 #ifndef HISPARSE_FFI_INDEXER_WGMMA_CUH_
 #define HISPARSE_FFI_INDEXER_WGMMA_CUH_
 
@@ -74,9 +78,7 @@ __device__ __forceinline__ void Wgmma64(float (&acc)[8][4], const uint32_t (&a)[
 #endif  // HISPARSE_INDEXER_WGMMA_DEVICE
 
 // kNTiles n-tiles of 8 heads (4: H <= 32, 8: H <= 64); kMaxWarps a multiple of 4.
-// kSwapOffsets: the descriptor's leading and stride offsets exchanged (an
-// experiment's control for the reading of the PTX layout rules above).
-template <int kNTiles, int kStages, int kMaxWarps, bool kSwapOffsets = false>
+template <int kNTiles, int kStages, int kMaxWarps>
 __global__ void __launch_bounds__(kMaxWarps* kWarp, 1) IndexScoresWgmmaKernel(const IndexerArgs p) {
 #ifdef HISPARSE_INDEXER_WGMMA_DEVICE
   static_assert(kNTiles == 4 || kNTiles == 8, "m64n32k16 or m64n64k16");
@@ -95,8 +97,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp, 1) IndexScoresWgmmaKernel(co
   // q as B: k-step s starts at core matrix (2s, 0); K-adjacent core matrices are `heads_padded / 8`
   // matrices apart, N-adjacent ones one matrix (128 bytes).
   const uint32_t q_groups = static_cast<uint32_t>(p.heads_padded / 8);
-  const uint64_t desc0 = kSwapOffsets ? WgmmaDescriptor(SharedAddress(q_smem), 128, 128 * q_groups)
-                                      : WgmmaDescriptor(SharedAddress(q_smem), 128 * q_groups, 128);
+  const uint64_t desc0 = WgmmaDescriptor(SharedAddress(q_smem), 128 * q_groups, 128);
   const uint64_t desc_step = (2 * 128 * q_groups) >> 4;  // one k-step further, in the start field
 
   // This block's 64-token tiles: a contiguous range; this warpgroup's: begin + group + k * groups.

@@ -376,8 +376,7 @@ constexpr double kNominalHbmGbs = 4300.0;  // the H200's HBM read bandwidth the 
 #ifdef HISPARSE_INDEXER_HAS_SHAPES
 constexpr IndexerRegisterShape kShapes[] = {IndexerRegisterShape::k16x8, IndexerRegisterShape::k32x8,
                                             IndexerRegisterShape::k16x16, IndexerRegisterShape::k32x12,
-                                            IndexerRegisterShape::k64x6, IndexerRegisterShape::k64wg,
-                                            IndexerRegisterShape::k64wgSwap};
+                                            IndexerRegisterShape::k64x6, IndexerRegisterShape::k64wg};
 const char* ShapeName(IndexerRegisterShape s) {
   switch (s) {
     case IndexerRegisterShape::k16x8:
@@ -392,8 +391,6 @@ const char* ShapeName(IndexerRegisterShape s) {
       return "64x6";
     case IndexerRegisterShape::k64wg:
       return "64wg";
-    case IndexerRegisterShape::k64wgSwap:
-      return "64wgS";
     default:
       return "auto";
   }
@@ -512,7 +509,7 @@ int RunDecode(const char* json_path, int iters, const DecodeOptions& o, const ha
             for (int64_t i = 0; i < n; ++i) differ += other[i] != first[i];
             // wgmma's order inside a k-step is its own: its bits may differ, its error may not.
             Check own;
-            const bool wgmma = s == IndexerRegisterShape::k64wg || s == IndexerRegisterShape::k64wgSwap;
+            const bool wgmma = s == IndexerRegisterShape::k64wg;
             if (wgmma) CheckRows(b, c, std::vector<int32_t>(rows, tokens), {0, rows - 1}, &own);
             const bool allowed = wgmma && own.failures == 0;
             shapes_agree = shapes_agree && allowed;

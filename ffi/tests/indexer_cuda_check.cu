@@ -167,9 +167,7 @@ const char* LaunchFilter() {
   return f ? f : "";
 }
 
-bool IsWgmma(IndexerRegisterShape s) {
-  return s == IndexerRegisterShape::k64wg || s == IndexerRegisterShape::k64wgSwap;
-}
+bool IsWgmma(IndexerRegisterShape s) { return s == IndexerRegisterShape::k64wg; }
 
 // Every launch the operands admit (and LaunchFilter keeps): automatic first.
 std::vector<std::pair<std::string, IndexerTuning>> Launches(const Case& c) {
@@ -183,8 +181,7 @@ std::vector<std::pair<std::string, IndexerTuning>> Launches(const Case& c) {
                                                                  {"16x16", IndexerRegisterShape::k16x16},
                                                                  {"32x12", IndexerRegisterShape::k32x12},
                                                                  {"64x6", IndexerRegisterShape::k64x6},
-                                                                 {"64wg", IndexerRegisterShape::k64wg},
-                                                                 {"64wgS", IndexerRegisterShape::k64wgSwap}};
+                                                                 {"64wg", IndexerRegisterShape::k64wg}};
   for (const auto& [name, shape] : shapes) {
     if (!hisparse::IndexerRegisterShapeApplies(c.dims(), shape)) continue;
     if ((filter == "mma" && IsWgmma(shape)) || (filter == "wgmma" && !IsWgmma(shape))) continue;
