@@ -350,11 +350,13 @@ struct Result {
   double gbs = 0;
 };
 
-Result Measure(const Buffers& b, const Config& c, const IndexerTuning& tuning, int iters, cudaStream_t stream) {
+// lengths < 0: every row's length is T.
+Result Measure(const Buffers& b, const Config& c, const IndexerTuning& tuning, int iters, cudaStream_t stream,
+               int64_t lengths = -1) {
   Result r;
   r.config = c;
   r.tuning = tuning;
-  SetLengths(b, std::vector<int32_t>(c.rows, static_cast<int32_t>(c.tokens)));
+  SetLengths(b, std::vector<int32_t>(c.rows, static_cast<int32_t>(lengths < 0 ? c.tokens : std::min(lengths, c.tokens))));
   const int64_t slots = Slots(b, c);
   r.stats = TimeLaunches(stream, iters, [&](int i) {
     CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, i % slots), stream, tuning));
@@ -409,6 +411,7 @@ struct DecodeOptions {
   bool shapes = true;    // check and time every register-q shape, not only the automatic launch
   bool profile = false;  // one launch per configuration and shape, nothing checked or timed (under ncu)
   std::string only;      // --shapes NAME,NAME: only these shapes (and the automatic launch unless "noauto" is named)
+  int64_t lengths = -1;  // --lengths L: time with every row's length min(L, T) (0: the launch's fixed cost); -1: T
   std::vector<int64_t> rows, tokens;  // empty: the decode lists
 };
 
@@ -478,10 +481,12 @@ int RunDecode(const char* json_path, int iters, const DecodeOptions& o, const ha
               kMmaChains, mma_tflops);
   bool all_ok = true;
   std::vector<DecodeResult> results;
-  std::printf("Decode batches, fp8 keys + f32 scale (132 B/token at d = 128), H = %lld, lengths = T; share = key "
+  const std::string timed_lengths = o.lengths < 0 ? "T" : harness::Format("min(%lld, T) (GB/s and share still "
+                                                                             "count all T keys)", (long long)o.lengths);
+  std::printf("Decode batches, fp8 keys + f32 scale (132 B/token at d = 128), H = %lld, lengths = %s; share = key "
               "GB/s / %.0f GB/s (the H200's HBM)\n\n| b | T | key MB | shape | min us | median us | max us | GB/s | "
               "share of 4.3 TB/s | MMA floor us | check |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
-              (long long)g_heads, kNominalHbmGbs);
+              (long long)g_heads, timed_lengths.c_str(), kNominalHbmGbs);
   for (int64_t tokens : tokens_list) {
     for (int64_t rows : rows_list) {
       const Config c{IndexKeyType::kFp8E4m3, rows, tokens};
@@ -528,7 +533,7 @@ int RunDecode(const char* json_path, int iters, const DecodeOptions& o, const ha
       const bool ok = check.failures == 0 && check.deterministic && check.kernels_agree && shapes_agree;
       all_ok = all_ok && ok;
       for (const auto& [name, tuning] : launches) {
-        const Result r = Measure(b, c, tuning, iters, stream);
+        const Result r = Measure(b, c, tuning, iters, stream, o.lengths);
         results.push_back({c, name, r.stats, r.gbs});
         const double mma_floor_us = 2.0 * rows * tokens * g_heads * kDim / (mma_tflops * 1e6);
         std::printf("| %lld | %lld | %.1f | %s | %.1f | %.1f | %.1f | %.0f | %.2f | %.1f | %s |\n", (long long)rows,
@@ -564,7 +569,7 @@ int main(int argc, char** argv) {
   constexpr const char* kUsage =
       "usage: %s OUT.json [--quick] [--iters N] [--no-sweep]\n"
       "       %s OUT.json --decode [--quick] [--iters N] [--heads H] [--no-shapes] [--rows B,B..] [--tokens T,T..] "
-      "[--profile] [--shapes NAME,..[,noauto]]\n";
+      "[--profile] [--shapes NAME,..[,noauto]] [--lengths L]\n";
   if (argc < 2) {
     std::fprintf(stderr, kUsage, argv[0], argv[0]);
     return 2;
@@ -603,6 +608,12 @@ int main(int argc, char** argv) {
       decode_options.profile = true;
     } else if (a == "--shapes" && i + 1 < argc) {
       decode_options.only = argv[++i];
+    } else if (a == "--lengths" && i + 1 < argc) {
+      decode_options.lengths = std::atoll(argv[++i]);
+      if (decode_options.lengths < 0) {
+        std::fprintf(stderr, "--lengths must be >= 0\n");
+        return 2;
+      }
     } else if ((a == "--rows" || a == "--tokens") && i + 1 < argc) {
       std::vector<int64_t>& dst = a == "--rows" ? decode_options.rows : decode_options.tokens;
       dst = list(argv[++i]);
