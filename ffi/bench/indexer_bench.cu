@@ -30,6 +30,17 @@
 // Run (about a minute on an H200; prints Markdown, writes JSON):
 //   build/indexer_bench results/indexer_bench.json
 //   build/indexer_bench results/quick.json --quick     # b = 8, T = 32768 only, small buffers, no sweep
+// The decode table (--decode): GLM-5's H = 32 (--heads), fp8 keys, b in {1, 2,
+// 10, 17, 41} x T in {32K, 128K, 256K}, the automatic launch and every launch
+// shape of indexer_cuda.h (--shapes to pick; --no-shapes: automatic only), each
+// checked first (same bits as the automatic launch, within the bound on rows 0
+// and b - 1), min / median / max us and the share of 4.3 TB/s; an mma.sync
+// ceiling measured in the same run gives each row's tensor-core floor.
+// --profile launches each configuration once (for ncu); --lengths L times
+// shorter rows (0: the launch's fixed cost). Built against main's headers (no
+// IndexerRegisterShape) it times the automatic launch only: the A/B.
+//   build/indexer_bench results/decode.json --decode
+//   build/indexer_bench results/decode_h64.json --decode --heads 64 --tokens 131072
 // Under compute-sanitizer (memcheck, then racecheck: the shared-memory rings):
 //   compute-sanitizer --tool memcheck --error-exitcode 3 build/indexer_bench /tmp/s.json --quick --iters 5
 //   compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 build/indexer_bench /tmp/s.json --quick --iters 5
