@@ -547,11 +547,11 @@ bool ShapeBuilt(const IndexerDims& d, IndexerRegisterShape shape) {
 }
 
 // The automatic shape, from the decode table of ffi/bench/indexer_bench.cu
-// --decode on an H200 (fp8 keys, d = 128; run 6 of 2026-12-04):
-//   - 16 < H <= 32 (GLM-5): k32x12 at every batch, 0.72 (b 17) to 0.84 (b 41)
-//     of 4.3 TB/s at 128K-256K keys a request, against 0.58-0.65 for k16x8
-//     (b 17 x 128K: 94.5 us, was 117-131); only 1 x 32K is a hair faster in
-//     k32x8 (8.3 against 8.9 us).
+// --decode on an H200 (fp8 keys, d = 128; runs 6 and 8 of 2026-12-04):
+//   - 16 < H <= 32 (GLM-5): k32x12, 0.73 (b 17) to 0.85 (b 41) of 4.3 TB/s at
+//     128K-256K keys a request, against 0.58-0.65 for k16x8 (b 17 x 128K:
+//     94 us, main's kernel 131); up to 2^16 tokens a launch (1-2 x 32K) k32x8,
+//     which is 0.4-0.9 us faster there (1 x 32K: 8.4 against 9.1 us).
 //   - 32 < H <= 64 (DeepSeek-V3.2): the wgmma kernel where it is built (sm_90a;
 //     equal or faster at every batch: b 17 x 128K 134.6 us, k32x8 144.4,
 //     k16x8 155.3), else k32x8 from 2^20 tokens a launch (b 10 x 128K and up)
@@ -564,7 +564,7 @@ bool ShapeBuilt(const IndexerDims& d, IndexerRegisterShape shape) {
 IndexerRegisterShape RegisterShapeFor(const IndexerDims& d) {
   using S = IndexerRegisterShape;
   if (d.key_type != IndexKeyType::kFp8E4m3 || d.dim != kIndexerRegisterMaxDim || d.heads <= 16) return S::k16x8;
-  if (d.heads <= 32) return S::k32x12;
+  if (d.heads <= 32) return d.rows * d.tokens <= (int64_t{1} << 16) ? S::k32x8 : S::k32x12;
   if (ShapeBuilt(d, S::k64wg)) return S::k64wg;
   return d.rows * d.tokens >= (int64_t{1} << 20) ? S::k32x8 : S::k16x8;
 }
