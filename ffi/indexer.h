@@ -39,8 +39,14 @@
 //     j (j = 0..3) over the heads h with (h mod 8) / 2 == j in increasing h,
 //     then adds the chains as (c0 + c1) + (c2 + c3).
 // "The CUDA kernel" is either of two (indexer_cuda.h: register-q for bfloat16
-// q with H <= 64 and d <= 128, general otherwise); both follow these orders
-// step for step, so for the same operands they write the same bits.
+// q with H <= 64 and d <= 128, in any of its launch shapes, general
+// otherwise); both follow these orders step for step, so for the same
+// operands they write the same bits. sm_90a builds add a third for fp8 keys
+// with 32 < H <= 64, on wgmma m64nNk16 (one per chunk of 16 along d, in
+// increasing order; the same head chains): held to the bound below, not to
+// the others' bits. Which one runs depends on the operands' dtypes, H, d and
+// the build, never on the batch alone in a way that changes bits: a row's
+// scores are the same bits whatever batch it is in.
 // Bound: |computed - exact| <= (n + H + 4) * 2^-23 * sum_h |w_h| * sum_i
 // |q_hi| |key_i| |key_scale|, with n = d (bfloat16 q) or 3d (float32 q); 2^-23
 // rather than 2^-24 because tensor cores may truncate when they accumulate.

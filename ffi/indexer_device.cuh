@@ -156,15 +156,6 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
 
 // --------------------------------------------------------------------------- q and w staging
 
-template <bool kF32Query>
-__device__ __forceinline__ float LoadQuery(const IndexerArgs& p, int64_t index) {
-  if constexpr (kF32Query) {
-    return static_cast<const float*>(p.query)[index];
-  } else {
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(p.query)[index]);
-  }
-}
-
 // Sixteen consecutive q values (16-element aligned) as floats.
 template <bool kF32Query>
 __device__ __forceinline__ void LoadQuery16(const IndexerArgs& p, int64_t index, float (&x)[16]) {
@@ -194,7 +185,11 @@ __device__ __forceinline__ void LoadQuery16(const IndexerArgs& p, int64_t index,
 // hi + mid + lo) and w into shared memory; heads past H are zero. Returns the
 // factor the row's scores are multiplied by (1 unless fp8 keys). Every thread
 // of the block calls it; the caller brackets it with __syncthreads.
-template <int kQSplit, bool kFp8>
+// kCoreMatrices: q in wgmma's no-swizzle K-major layout instead of one padded
+// row per head: 8 heads x 8 k of 16-bit values per 128 contiguous bytes (a
+// core matrix), core matrix (k-chunk kc, head group hg) at (kc groups + hg)
+// 128 bytes, groups = heads_padded / 8 (indexer_wgmma.cuh).
+template <int kQSplit, bool kFp8, bool kCoreMatrices = false>
 __device__ float StageQuery(const IndexerArgs& p, int64_t row, uint8_t* q_smem, float* w_smem,
                             uint32_t* warp_max) {
   constexpr bool kF32Query = kQSplit == 3;
@@ -202,11 +197,18 @@ __device__ float StageQuery(const IndexerArgs& p, int64_t row, uint8_t* q_smem, 
   const int64_t base = row * p.heads * p.dim;
   float q_mul = 1.0f, factor = 1.0f;
   if constexpr (kFp8) {
-    // Largest finite |q| of the row (as bits: non-negative floats order like integers).
+    // Largest finite |q| of the row (as bits: non-negative floats order like integers), 16
+    // values a thread at a time (H d is a multiple of 16 and each row's q 16-value aligned):
+    // the loads of a block's first row are on the path to its first tile's MMAs.
     uint32_t m = 0;
-    for (int i = tid; i < p.heads * p.dim; i += threads) {
-      const float a = fabsf(LoadQuery<kF32Query>(p, base + i));
-      if (a <= FLT_MAX) m = max(m, __float_as_uint(a));
+    for (int i = 16 * tid; i < p.heads * p.dim; i += 16 * threads) {
+      float x[16];
+      LoadQuery16<kF32Query>(p, base + i, x);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const float a = fabsf(x[k]);
+        if (a <= FLT_MAX) m = max(m, __float_as_uint(a));
+      }
     }
     m = __reduce_max_sync(kFullMask, m);
     if (tid % kWarp == 0) warp_max[tid / kWarp] = m;
@@ -248,9 +250,18 @@ __device__ float StageQuery(const IndexerArgs& p, int64_t row, uint8_t* q_smem, 
           packed[k] = PackBf16(part[2 * k], part[2 * k + 1]);
         }
       }
-      uint4* dst = reinterpret_cast<uint4*>(q_smem + s * p.q_copy_bytes + h * p.q_stride + 32 * c);
-      dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-      dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+      if constexpr (kCoreMatrices) {
+        const int groups = p.heads_padded / 8;
+        uint8_t* base_s = q_smem + s * p.q_copy_bytes + 16 * (h % 8);
+        *reinterpret_cast<uint4*>(base_s + 128 * (2 * c * groups + h / 8)) =
+            make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        *reinterpret_cast<uint4*>(base_s + 128 * ((2 * c + 1) * groups + h / 8)) =
+            make_uint4(packed[4], packed[5], packed[6], packed[7]);
+      } else {
+        uint4* dst = reinterpret_cast<uint4*>(q_smem + s * p.q_copy_bytes + h * p.q_stride + 32 * c);
+        dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+      }
     }
   }
   for (int h = tid; h < p.heads_padded; h += threads)
@@ -299,10 +310,9 @@ __device__ __forceinline__ void IssueTile(const IndexerArgs& p, uint32_t stage, 
     if (u >= p.key_units) u -= p.key_units, ++r;
   }
   if constexpr (kFp8) {
-    if (lane < kTokens) {
-      const bool ok = lane < valid;
-      CopyAsync4(stage + kTokens * p.key_stride + 4 * lane,
-                 p.key_scale + row * p.tokens + t0 + (ok ? lane : 0), ok ? 4 : 0);
+    for (int i = lane; i < kTokens; i += kWarp) {
+      const bool ok = i < valid;
+      CopyAsync4(stage + kTokens * p.key_stride + 4 * i, p.key_scale + row * p.tokens + t0 + (ok ? i : 0), ok ? 4 : 0);
     }
   }
 }
@@ -344,9 +354,10 @@ __device__ __forceinline__ void IssueTileFixed(const IndexerArgs& p, uint32_t st
     }
   }
   if constexpr (kFp8) {
-    if (lane < kTokens) {
-      const bool ok = lane < valid;
-      CopyAsync4(stage + kTokens * kStride + 4 * lane, p.key_scale + token + (ok ? lane : 0), ok ? 4 : 0);
+#pragma unroll
+    for (int i = lane; i < kTokens; i += kWarp) {
+      const bool ok = i < valid;
+      CopyAsync4(stage + kTokens * kStride + 4 * i, p.key_scale + token + (ok ? i : 0), ok ? 4 : 0);
     }
   }
 }

@@ -215,9 +215,7 @@ __global__ void __launch_bounds__(kIndexerMaxWarps* kWarp, 1) IndexScoresKernel(
 
 // =========================================================================== the register-q kernel
 
-constexpr int kRegTile = kIndexerRegisterTileTokens;
 constexpr int kRegMaxKSteps = static_cast<int>(kIndexerRegisterMaxDim / 16);
-static_assert(kRegTile == 16, "one m16 tensor-core tile per warp tile");
 static_assert(kRegMaxKSteps % 2 == 0, "fp8 keys are loaded two k-steps at a time");
 
 // This lane's B fragments of every k-step and n-tile of the staged q: the q
@@ -255,41 +253,65 @@ __device__ __forceinline__ void LoadFp8Pair(uint32_t address, bool both, uint32_
   }
 }
 
-// acc[n] = the dot products of the tile's 16 tokens with the heads of n-tile
-// n (C fragments): k-steps in increasing order, accumulated from zero. a_base
-// is this lane's ldmatrix address of k-step 0 (token lane % 16, 16-byte half
-// lane / 16); k-step k is 32 bytes further per step (bf16), per pair (fp8).
-template <bool kFp8, int kNTiles, int kMaxK>
-__device__ __forceinline__ void TileDots(uint32_t a_base, int ksteps, const uint32_t (&qf)[kMaxK][kNTiles][2],
-                                         float (&acc)[kNTiles][4]) {
+// acc[m][n] = the dot products of m-tile m's 16 tokens with the heads of
+// n-tile n (C fragments): k-steps in increasing order, accumulated from zero.
+// a_base is this lane's ldmatrix address of k-step 0 of m-tile 0 (token
+// lane % 16, 16-byte half lane / 16); m-tile m is 16 key rows further, k-step
+// k 32 bytes further per step (bf16), per pair (fp8). The m-tiles' MMAs are
+// interleaved within each k-step: kMTiles x kNTiles independent accumulator
+// chains keep the tensor pipe busy while one MMA's result is pending.
+template <bool kFp8, int kNTiles, int kMaxK, int kMTiles>
+__device__ __forceinline__ void TileDots(uint32_t a_base, int key_stride, int ksteps,
+                                         const uint32_t (&qf)[kMaxK][kNTiles][2],
+                                         float (&acc)[kMTiles][kNTiles][4]) {
 #pragma unroll
-  for (int n = 0; n < kNTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
   if constexpr (!kFp8) {
-    uint32_t a[2][4];  // k-step k in a[k % 2]; the next one loads while k's MMAs run
-    LoadMatrixX4(a_base, a[0]);
+    uint32_t a[2][kMTiles][4];  // k-step k in a[k % 2]; the next one loads while k's MMAs run
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) LoadMatrixX4(a_base + 16 * m * key_stride, a[0][m]);
 #pragma unroll
     for (int k = 0; k < kMaxK; ++k) {
       if (k >= ksteps) break;
-      if (k + 1 < kMaxK && k + 1 < ksteps) LoadMatrixX4(a_base + 32 * (k + 1), a[(k + 1) % 2]);
+      if (k + 1 < kMaxK && k + 1 < ksteps) {
 #pragma unroll
-      for (int n = 0; n < kNTiles; ++n) Mma(acc[n], a[k % 2], qf[k][n][0], qf[k][n][1]);
+        for (int m = 0; m < kMTiles; ++m)
+          LoadMatrixX4(a_base + 16 * m * key_stride + 32 * (k + 1), a[(k + 1) % 2][m]);
+      }
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) Mma(acc[m][n], a[k % 2][m], qf[k][n][0], qf[k][n][1]);
     }
   } else {
-    uint32_t words[2][4];  // pair j in words[j % 2]; the next pair loads while j's MMAs run
-    LoadFp8Pair(a_base, ksteps > 1, words[0]);
+    uint32_t words[2][kMTiles][4];  // pair j in words[j % 2]; the next pair loads while j's MMAs run
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) LoadFp8Pair(a_base + 16 * m * key_stride, ksteps > 1, words[0][m]);
 #pragma unroll
     for (int j = 0; 2 * j < kMaxK; ++j) {
       if (2 * j >= ksteps) break;
-      if (2 * j + 2 < kMaxK && 2 * j + 2 < ksteps)
-        LoadFp8Pair(a_base + 32 * (j + 1), 2 * j + 3 < ksteps, words[(j + 1) % 2]);
-      uint32_t a[4];
-      Fp8Fragment(words[j % 2][0], words[j % 2][1], a);
+      if (2 * j + 2 < kMaxK && 2 * j + 2 < ksteps) {
 #pragma unroll
-      for (int n = 0; n < kNTiles; ++n) Mma(acc[n], a, qf[2 * j][n][0], qf[2 * j][n][1]);
+        for (int m = 0; m < kMTiles; ++m)
+          LoadFp8Pair(a_base + 16 * m * key_stride + 32 * (j + 1), 2 * j + 3 < ksteps, words[(j + 1) % 2][m]);
+      }
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        uint32_t a[4];
+        Fp8Fragment(words[j % 2][m][0], words[j % 2][m][1], a);
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) Mma(acc[m][n], a, qf[2 * j][n][0], qf[2 * j][n][1]);
+      }
       if (2 * j + 1 < ksteps) {
-        Fp8Fragment(words[j % 2][2], words[j % 2][3], a);
 #pragma unroll
-        for (int n = 0; n < kNTiles; ++n) Mma(acc[n], a, qf[2 * j + 1][n][0], qf[2 * j + 1][n][1]);
+        for (int m = 0; m < kMTiles; ++m) {
+          uint32_t a[4];
+          Fp8Fragment(words[j % 2][m][2], words[j % 2][m][3], a);
+#pragma unroll
+          for (int n = 0; n < kNTiles; ++n) Mma(acc[m][n], a, qf[2 * j + 1][n][0], qf[2 * j + 1][n][1]);
+        }
       }
     }
   }
@@ -320,43 +342,47 @@ __device__ __forceinline__ void TileChains(const float (&acc)[kNTiles][4], const
   }
 }
 
-// Scores tile rows [0, valid) of a landed 16-token stage and writes the
-// tile's tokens (-inf from `valid` on).
-template <bool kFp8, int kNTiles, int kMaxK>
+// Scores tile rows [0, valid) of a landed stage of kMTiles m16 tiles and
+// writes the tile's tokens (-inf from `valid` on). Each token goes through
+// the same steps whatever kMTiles is, so every shape writes the same bits.
+template <bool kFp8, int kNTiles, int kMaxK, int kMTiles>
 __device__ __forceinline__ void ScoreRegisterTile(const IndexerArgs& p, const uint32_t (&qf)[kMaxK][kNTiles][2],
                                                   const float (&w)[kNTiles][2], bool all_heads, const uint8_t* stage,
                                                   int key_stride, int64_t row, int64_t t0, int valid, int ksteps,
                                                   float factor, int lane) {
+  constexpr int kTokens = 16 * kMTiles;
+  float* out = p.scores + row * p.tokens + t0;
   if (valid <= 0) {  // past lengths[row]: no key was copied
-    if (lane < kRegTile && t0 + lane < p.tokens) p.scores[row * p.tokens + t0 + lane] = -INFINITY;
+    for (int i = lane; i < kTokens; i += kWarp)
+      if (t0 + i < p.tokens) out[i] = -INFINITY;
     return;
   }
   const int g = lane / 4, c4 = lane % 4;
-  float acc[kNTiles][4];
-  TileDots<kFp8, kNTiles, kMaxK>(SharedAddress(stage) + (lane % 16) * key_stride + 16 * (lane / 16), ksteps, qf,
-                                 acc);
-  float scale_top = 1.0f, scale_bottom = 1.0f;
-  if constexpr (kFp8) {
-    const float* scale = reinterpret_cast<const float*>(stage + kRegTile * key_stride);
-    scale_top = scale[g];
-    scale_bottom = scale[g + 8];
-  }
-  float top, bottom;
-  if (all_heads) {
-    TileChains<kFp8, kNTiles, false>(acc, w, scale_top, scale_bottom, p.heads, c4, top, bottom);
-  } else {
-    TileChains<kFp8, kNTiles, true>(acc, w, scale_top, scale_bottom, p.heads, c4, top, bottom);
-  }
-  // (chain 0 + chain 1) + (chain 2 + chain 3); every lane of the quad ends with the same bits.
-  top += __shfl_xor_sync(kFullMask, top, 1);
-  top += __shfl_xor_sync(kFullMask, top, 2);
-  bottom += __shfl_xor_sync(kFullMask, bottom, 1);
-  bottom += __shfl_xor_sync(kFullMask, bottom, 2);
-  // Lanes c4 = 0 and 1 of quad g write tokens g and g + 8.
-  if (c4 < 2) {
-    const int r = g + 8 * c4;
-    const float sum = c4 == 0 ? top : bottom;
-    if (t0 + r < p.tokens) p.scores[row * p.tokens + t0 + r] = r < valid ? (kFp8 ? sum * factor : sum) : -INFINITY;
+  float acc[kMTiles][kNTiles][4];
+  TileDots<kFp8, kNTiles, kMaxK, kMTiles>(SharedAddress(stage) + (lane % 16) * key_stride + 16 * (lane / 16),
+                                          key_stride, ksteps, qf, acc);
+  const float* scale = reinterpret_cast<const float*>(stage + kTokens * key_stride);
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) {
+    const float scale_top = kFp8 ? scale[16 * m + g] : 1.0f;
+    const float scale_bottom = kFp8 ? scale[16 * m + g + 8] : 1.0f;
+    float top, bottom;
+    if (all_heads) {
+      TileChains<kFp8, kNTiles, false>(acc[m], w, scale_top, scale_bottom, p.heads, c4, top, bottom);
+    } else {
+      TileChains<kFp8, kNTiles, true>(acc[m], w, scale_top, scale_bottom, p.heads, c4, top, bottom);
+    }
+    // (chain 0 + chain 1) + (chain 2 + chain 3); every lane of the quad ends with the same bits.
+    top += __shfl_xor_sync(kFullMask, top, 1);
+    top += __shfl_xor_sync(kFullMask, top, 2);
+    bottom += __shfl_xor_sync(kFullMask, bottom, 1);
+    bottom += __shfl_xor_sync(kFullMask, bottom, 2);
+    // Lanes c4 = 0 and 1 of quad g write tokens g and g + 8 of the m-tile.
+    if (c4 < 2) {
+      const int r = 16 * m + g + 8 * c4;
+      const float sum = c4 == 0 ? top : bottom;
+      if (t0 + r < p.tokens) out[r] = r < valid ? (kFp8 ? sum * factor : sum) : -INFINITY;
+    }
   }
 }
 
@@ -369,12 +395,15 @@ struct IssueCursor {
 
 // kKSteps: d / 16 fixed at compile time (d = 128: the key row widths, strides
 // and copies are constants), or 0 for any d <= 128 counted at run time.
-template <bool kFp8, int kNTiles, int kKSteps, int kStages>
-__global__ void __launch_bounds__(kIndexerMaxWarps* kWarp, 1) IndexScoresRegisterKernel(const IndexerArgs p) {
+// kMTiles: m16 tiles per warp tile (16 kMTiles tokens); kMaxWarps: the block's
+// warps at most (their registers: 64K / (32 kMaxWarps) per thread).
+template <bool kFp8, int kNTiles, int kKSteps, int kStages, int kMTiles, int kMaxWarps>
+__global__ void __launch_bounds__(kMaxWarps* kWarp, 1) IndexScoresRegisterKernel(const IndexerArgs p) {
   constexpr int kMaxK = kKSteps > 0 ? kKSteps : kRegMaxKSteps;
+  constexpr int kRegTile = 16 * kMTiles;
   constexpr int kUnits = kKSteps > 0 ? (kFp8 ? kKSteps : 2 * kKSteps) : 0;  // 16-byte units per key row
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ uint32_t warp_max[kIndexerMaxWarps];
+  __shared__ uint32_t warp_max[kMaxWarps];
   uint8_t* q_smem = smem;
   float* w_smem = reinterpret_cast<float*>(smem + p.q_copy_bytes);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, warps = blockDim.x / kWarp;
@@ -448,8 +477,9 @@ __global__ void __launch_bounds__(kIndexerMaxWarps* kWarp, 1) IndexScoresRegiste
       issue_next(stage == 0 ? kStages - 1 : stage - 1);  // tile k + kStages - 1, in tile k - 1's stage
       WaitAsync<kStages - 1>();                          // tile k's group has landed (this lane's copies)
       __syncwarp();                                      // ... and every lane's
-      ScoreRegisterTile<kFp8, kNTiles, kMaxK>(p, qf, w, all_heads, ring + stage * p.stage_bytes, key_stride, row, t0,
-                                              TileValid<kRegTile>(limit, t0), ksteps, factor, lane);
+      ScoreRegisterTile<kFp8, kNTiles, kMaxK, kMTiles>(p, qf, w, all_heads, ring + stage * p.stage_bytes,
+                                                       key_stride, row, t0, TileValid<kRegTile>(limit, t0), ksteps,
+                                                       factor, lane);
       __syncwarp();  // the stage is read before a later issue overwrites it
       stage = stage + 1 == kStages ? 0 : stage + 1;
     }
@@ -457,6 +487,8 @@ __global__ void __launch_bounds__(kIndexerMaxWarps* kWarp, 1) IndexScoresRegiste
   }
   WaitAsync<0>();
 }
+
+#include "indexer_wgmma.cuh"
 
 // =========================================================================== launch
 
@@ -472,29 +504,98 @@ int NTilesFor(int64_t heads) { return heads <= 16 ? 2 : heads <= 32 ? 4 : 8; }
 // Which kernel runs and the shape its launch needs.
 struct Plan {
   bool registers;   // the register-q kernel (else the general one)
+  bool wgmma;       // the wgmma kernel (shape k64wg)
+  int stage_tokens;  // key rows of one ring stage (tile_tokens, or the warp's 16 of a warpgroup tile)
+  IndexerRegisterShape shape;  // of the register-q kernel
   int tile_tokens;  // per warp tile
   int n_tiles;      // n-tiles of 8 heads per pass
   int stages;       // per warp ring
+  int max_warps;    // per block
   int q_split;      // bf16 copies of q (3 for float32 q)
 };
+
+// The register-q shapes' compile-time parameters (IndexerRegisterShape).
+// Stages: fp8 / bf16 per warp ring, so that the block's rings hold ~150-190
+// KB (k16x8's 10 / 6 are the first version's).
+struct ShapeParams {
+  int m_tiles, max_warps, stages_fp8, stages_bf16;
+};
+constexpr ShapeParams kShapeParams[kIndexerRegisterShapes] = {
+    {1, 8, kIndexerRegisterStagesFp8, kIndexerRegisterStagesBf16},  // kAuto: unused
+    {1, 8, kIndexerRegisterStagesFp8, kIndexerRegisterStagesBf16},  // k16x8
+    {2, 8, 5, 3},                                                   // k32x8
+    {1, 16, 5, 3},                                                  // k16x16
+    {2, 12, 3, 2},                                                  // k32x12
+    {4, 6, 3, 2},                                                   // k64x6
+    {4, 16, 5, 0},                                                  // k64wg: 64 tokens a warpgroup, 16 a warp
+};
+constexpr ShapeParams Params(IndexerRegisterShape s) { return kShapeParams[static_cast<int>(s)]; }
+
+// Whether the register-q kernel was built with `shape` for these operands.
+bool ShapeBuilt(const IndexerDims& d, IndexerRegisterShape shape) {
+  if (shape == IndexerRegisterShape::kAuto || shape == IndexerRegisterShape::k16x8) return true;
+  if (static_cast<int>(shape) < 0 || static_cast<int>(shape) >= kIndexerRegisterShapes) return false;
+  if (d.dim != kIndexerRegisterMaxDim || d.heads <= 16) return false;
+  if (shape == IndexerRegisterShape::k64wg) {
+#ifdef HISPARSE_SM90A
+    return d.key_type == IndexKeyType::kFp8E4m3;
+#else
+    return false;
+#endif
+  }
+  return shape == IndexerRegisterShape::k32x8 || d.heads <= 32;
+}
+
+// The automatic shape, from the decode table of ffi/bench/indexer_bench.cu
+// --decode on an H200 (fp8 keys, d = 128; runs 6 and 8 of 2026-12-04):
+//   - 16 < H <= 32 (GLM-5): k32x12, 0.73 (b 17) to 0.85 (b 41) of 4.3 TB/s at
+//     128K-256K keys a request, against 0.58-0.65 for k16x8 (b 17 x 128K:
+//     94 us, main's kernel 131); up to 2^16 tokens a launch (1-2 x 32K) k32x8,
+//     which is 0.4-0.9 us faster there (1 x 32K: 8.4 against 9.1 us).
+//   - 32 < H <= 64 (DeepSeek-V3.2): the wgmma kernel where it is built (sm_90a;
+//     equal or faster at every batch: b 17 x 128K 134.6 us, k32x8 144.4,
+//     k16x8 155.3), else k32x8 from 2^20 tokens a launch (b 10 x 128K and up)
+//     and k16x8 below (b 1-2 x 128K: 18.7 / 30.2 us against 19.6 / 31.6).
+// The mma.sync shapes write the same bits, so choosing among them by the size
+// of the batch keeps a request's scores batch-invariant. The wgmma kernel's
+// bits are not promised equal to theirs (they were in every case checked), so
+// it is chosen for all batches of its operands or for none.
+// bf16 keys keep k16x8: the other shapes were not measured with them.
+IndexerRegisterShape RegisterShapeFor(const IndexerDims& d) {
+  using S = IndexerRegisterShape;
+  if (d.key_type != IndexKeyType::kFp8E4m3 || d.dim != kIndexerRegisterMaxDim || d.heads <= 16) return S::k16x8;
+  if (d.heads <= 32) return d.rows * d.tokens <= (int64_t{1} << 16) ? S::k32x8 : S::k32x12;
+  if (ShapeBuilt(d, S::k64wg)) return S::k64wg;
+  return d.rows * d.tokens >= (int64_t{1} << 20) ? S::k32x8 : S::k16x8;
+}
 
 bool RegisterQueryApplies(const IndexerDims& d) {
   return d.query_type == IndexQueryType::kBf16 && d.heads <= kIndexerRegisterMaxHeads &&
          d.dim <= kIndexerRegisterMaxDim;
 }
 
-Plan PlanFor(const IndexerDims& d, bool registers) {
+Plan PlanFor(const IndexerDims& d, bool registers, IndexerRegisterShape shape = IndexerRegisterShape::kAuto) {
   const bool fp8 = d.key_type == IndexKeyType::kFp8E4m3;
   Plan plan;
   plan.registers = registers;
   plan.n_tiles = NTilesFor(d.heads);
+  plan.shape = IndexerRegisterShape::k16x8;
+  plan.wgmma = false;
   if (registers) {
-    plan.tile_tokens = kIndexerRegisterTileTokens;
-    plan.stages = fp8 ? kIndexerRegisterStagesFp8 : kIndexerRegisterStagesBf16;
+    plan.shape = shape == IndexerRegisterShape::kAuto ? RegisterShapeFor(d) : shape;
+    if (!ShapeBuilt(d, plan.shape)) plan.shape = IndexerRegisterShape::k16x8;
+    const ShapeParams sp = Params(plan.shape);
+    plan.wgmma = plan.shape == IndexerRegisterShape::k64wg;
+    plan.tile_tokens = 16 * sp.m_tiles;
+    plan.stage_tokens = plan.wgmma ? 16 : plan.tile_tokens;
+    plan.stages = fp8 ? sp.stages_fp8 : sp.stages_bf16;
+    plan.max_warps = sp.max_warps;
     plan.q_split = 1;
   } else {
     plan.tile_tokens = kIndexerTileTokens;
+    plan.stage_tokens = plan.tile_tokens;
     plan.stages = fp8 ? kIndexerStagesFp8 : kIndexerStagesBf16;
+    plan.max_warps = kIndexerMaxWarps;
     plan.q_split = d.query_type == IndexQueryType::kF32 ? 3 : 1;
   }
   return plan;
@@ -506,12 +607,13 @@ Layout LayoutFor(const IndexerDims& d, const Plan& plan) {
   l.passes = static_cast<int32_t>((d.heads + 8 * plan.n_tiles - 1) / (8 * plan.n_tiles));
   l.heads_padded = l.passes * 8 * plan.n_tiles;
   l.q_stride = PaddedStride(2 * d.dim);
-  l.q_copy_bytes = l.heads_padded * l.q_stride;
+  // wgmma reads q as contiguous core matrices (no padding: its reads are not ldmatrix rows).
+  l.q_copy_bytes = plan.wgmma ? static_cast<int32_t>(l.heads_padded * 2 * d.dim) : l.heads_padded * l.q_stride;
   l.w_bytes = (4 * l.heads_padded + 15) / 16 * 16;
   const int64_t key_row_bytes = fp8 ? d.dim : 2 * d.dim;
   l.key_units = static_cast<int32_t>(key_row_bytes / 16);
   l.key_stride = PaddedStride(key_row_bytes);
-  l.stage_bytes = plan.tile_tokens * l.key_stride + (fp8 ? plan.tile_tokens * 4 : 0);
+  l.stage_bytes = plan.stage_tokens * l.key_stride + (fp8 ? plan.stage_tokens * 4 : 0);
   return l;
 }
 
@@ -544,7 +646,7 @@ cudaError_t Limits(DeviceLimits* out) {
     if (cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
         err != cudaSuccess)
       return err;
-    l.max_shared = optin - static_cast<int>(sizeof(uint32_t) * kIndexerMaxWarps);  // minus the static part
+    l.max_shared = optin - static_cast<int>(sizeof(uint32_t) * kIndexerRegisterMaxWarps);  // minus the static part
   }
   *out = l;
   return cudaSuccess;
@@ -601,8 +703,9 @@ cudaError_t LaunchPlan(KernelFn kernel, const Plan& plan, const IndexerDims& d, 
   if (cudaError_t err = Limits(&limits); err != cudaSuccess) return err;
   const Layout l = LayoutFor(d, plan);
   const int64_t fixed = FixedSharedBytes(l, plan), per_warp = WarpSharedBytes(l, plan);
-  int warps = static_cast<int>(std::min<int64_t>(kIndexerMaxWarps, (limits.max_shared - fixed) / per_warp));
+  int warps = static_cast<int>(std::min<int64_t>(plan.max_warps, (limits.max_shared - fixed) / per_warp));
   if (tuning.warps_per_block > 0) warps = std::min(warps, tuning.warps_per_block);
+  if (plan.wgmma) warps = std::max(4, warps - warps % 4);  // whole warpgroups (4 always fit)
   if (warps < 1) return cudaErrorInvalidValue;
   const int64_t shared = fixed + warps * per_warp;
   int resident = 0;
@@ -631,9 +734,10 @@ cudaError_t LaunchPlan(KernelFn kernel, const Plan& plan, const IndexerDims& d, 
   p.key_units = l.key_units;
   p.key_stride = l.key_stride;
   p.stage_bytes = l.stage_bytes;
-  // Enough blocks to fill the GPU once; fewer when there are fewer tiles than warps in them.
+  // Enough blocks to fill the GPU once; fewer when there are fewer tiles than warps (warpgroups) in them.
+  const int takers = plan.wgmma ? warps / 4 : warps;
   const int64_t blocks = std::max<int64_t>(
-      1, std::min<int64_t>(static_cast<int64_t>(limits.sms) * resident, (p.total_tiles + warps - 1) / warps));
+      1, std::min<int64_t>(static_cast<int64_t>(limits.sms) * resident, (p.total_tiles + takers - 1) / takers));
   kernel<<<static_cast<unsigned>(blocks), warps * kWarp, static_cast<size_t>(shared), stream>>>(p);
   return cudaGetLastError();
 }
@@ -651,23 +755,60 @@ KernelFn GeneralKernel(int n_tiles) {
   }
 }
 
+template <bool kFp8, int kNTiles, int kKSteps, IndexerRegisterShape kShape>
+KernelFn RegisterShapeKernel() {
+  constexpr ShapeParams sp = Params(kShape);
+  return IndexScoresRegisterKernel<kFp8, kNTiles, kKSteps, kFp8 ? sp.stages_fp8 : sp.stages_bf16, sp.m_tiles,
+                                   sp.max_warps>;
+}
+
 template <bool kFp8, int kKSteps>
 KernelFn RegisterKernel(int n_tiles) {
-  constexpr int kStages = kFp8 ? kIndexerRegisterStagesFp8 : kIndexerRegisterStagesBf16;
+  constexpr IndexerRegisterShape k16x8 = IndexerRegisterShape::k16x8;
   switch (n_tiles) {
     case 2:
-      return IndexScoresRegisterKernel<kFp8, 2, kKSteps, kStages>;
+      return RegisterShapeKernel<kFp8, 2, kKSteps, k16x8>();
     case 4:
-      return IndexScoresRegisterKernel<kFp8, 4, kKSteps, kStages>;
+      return RegisterShapeKernel<kFp8, 4, kKSteps, k16x8>();
     default:
-      return IndexScoresRegisterKernel<kFp8, 8, kKSteps, kStages>;
+      return RegisterShapeKernel<kFp8, 8, kKSteps, k16x8>();
   }
+}
+
+// d = 128, H > 16: every shape ShapeBuilt admits.
+template <bool kFp8>
+KernelFn RegisterKernel128(int n_tiles, IndexerRegisterShape shape) {
+  constexpr int kK = kRegMaxKSteps;
+  using S = IndexerRegisterShape;
+  if (n_tiles == 4) {
+    switch (shape) {
+      case S::k32x8:
+        return RegisterShapeKernel<kFp8, 4, kK, S::k32x8>();
+      case S::k16x16:
+        return RegisterShapeKernel<kFp8, 4, kK, S::k16x16>();
+      case S::k32x12:
+        return RegisterShapeKernel<kFp8, 4, kK, S::k32x12>();
+      case S::k64x6:
+        return RegisterShapeKernel<kFp8, 4, kK, S::k64x6>();
+      default:
+        return RegisterShapeKernel<kFp8, 4, kK, S::k16x8>();
+    }
+  }
+  return shape == S::k32x8 ? RegisterShapeKernel<kFp8, 8, kK, S::k32x8>()
+                           : RegisterShapeKernel<kFp8, 8, kK, S::k16x8>();
 }
 
 KernelFn KernelFor(const IndexerDims& d, const Plan& plan) {
   const bool fp8 = d.key_type == IndexKeyType::kFp8E4m3;
+  if (plan.wgmma) {
+    constexpr ShapeParams sp = Params(IndexerRegisterShape::k64wg);
+    return plan.n_tiles == 4 ? IndexScoresWgmmaKernel<4, sp.stages_fp8, sp.max_warps>
+                             : IndexScoresWgmmaKernel<8, sp.stages_fp8, sp.max_warps>;
+  }
   if (plan.registers) {
     // d = 128 (the DSA shape) with the k-steps fixed at compile time; any other d <= 128 counted at run time.
+    if (d.dim == kIndexerRegisterMaxDim && plan.shape != IndexerRegisterShape::k16x8)
+      return fp8 ? RegisterKernel128<true>(plan.n_tiles, plan.shape) : RegisterKernel128<false>(plan.n_tiles, plan.shape);
     if (d.dim == kIndexerRegisterMaxDim) {
       return fp8 ? RegisterKernel<true, kRegMaxKSteps>(plan.n_tiles)
                  : RegisterKernel<false, kRegMaxKSteps>(plan.n_tiles);
@@ -682,6 +823,10 @@ KernelFn KernelFor(const IndexerDims& d, const Plan& plan) {
 
 bool IndexerRegisterQueryApplies(const IndexerDims& dims) {
   return IndexerSizeError(dims)[0] == '\0' && RegisterQueryApplies(dims);
+}
+
+bool IndexerRegisterShapeApplies(const IndexerDims& dims, IndexerRegisterShape shape) {
+  return IndexerRegisterQueryApplies(dims) && ShapeBuilt(dims, shape);
 }
 
 int64_t IndexerSharedBytes(const IndexerDims& dims, int warps, IndexerKernel kernel) {
@@ -699,11 +844,14 @@ cudaError_t LaunchIndexScores(const IndexerDims& dims, const IndexerBuffers& io,
   if (fp8 != (io.key_scale != nullptr)) return cudaErrorInvalidValue;
   const bool applies = RegisterQueryApplies(dims);
   if (tuning.kernel == IndexerKernel::kRegisterQuery && !applies) return cudaErrorInvalidValue;
+  if (tuning.shape != IndexerRegisterShape::kAuto && tuning.kernel != IndexerKernel::kGeneral &&
+      !(applies && ShapeBuilt(dims, tuning.shape)))
+    return cudaErrorInvalidValue;
   if (dims.rows == 0 || dims.tokens == 0) return cudaSuccess;
   if (!Aligned(io.query, 16) || !Aligned(io.keys, 16) || !Aligned(io.weights, 4) ||
       !Aligned(io.lengths, 4) || !Aligned(io.scores, 4) || (fp8 && !Aligned(io.key_scale, 4)))
     return cudaErrorInvalidValue;
-  const Plan plan = PlanFor(dims, applies && tuning.kernel != IndexerKernel::kGeneral);
+  const Plan plan = PlanFor(dims, applies && tuning.kernel != IndexerKernel::kGeneral, tuning.shape);
   return LaunchPlan(KernelFor(dims, plan), plan, dims, io, stream, tuning);
 }
 

@@ -4,6 +4,8 @@
 # set FFI to the ffi/ directory first. A kernel file added to an op goes here.
 NVCC ?= nvcc
 ARCH ?= sm_90
+# An sm_90a build (ARCH=sm_90a) adds the indexer's wgmma kernel (ffi/indexer_wgmma.cuh).
+ARCH_FLAGS = $(if $(filter sm_90a,$(ARCH)),-DHISPARSE_SM90A)
 # Repository root, where build/ lives (git-ignored).
 ROOT := $(FFI)/..
 

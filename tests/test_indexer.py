@@ -262,6 +262,25 @@ def test_cuda_kernel_is_deterministic(key_dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("key_dtype", [BF16, FP8], ids=["bf16", "fp8"])
+def test_cuda_kernel_is_batch_invariant_at_a_decode_batch(key_dtype):
+    """GLM-5's index heads (H = 32, d = 128) in a decode batch of 17: a row alone gets the bits it
+    gets inside the batch. The launch's grid and the warps' tiles depend on the batch (and the
+    launch shape on the operands); a request's scores, so its top-k ids, must not depend on which
+    requests share its step (ffi/tests/indexer_cuda_check.cu checks every launch shape)."""
+    rng = np.random.default_rng(31)
+    b, T = 17, 3000
+    lengths = [T, T - 1, 17, 0, T // 2, 1, 33, 64, 65] + [T] * (b - 9)
+    q, w, keys, lengths, scale = make_inputs(rng, b, 32, T, 128, key_dtype=key_dtype, lengths=lengths)
+    batch = np.asarray(scores_of("ffi", q, w, keys, lengths, scale)).view(np.uint32)
+    pick = lambda x, rows: None if x is None else x[rows]
+    for row in (0, 2, 8, b - 1):
+        alone = scores_of("ffi", *(pick(x, slice(row, row + 1)) for x in (q, w, keys, lengths, scale)))
+        np.testing.assert_array_equal(np.asarray(alone).view(np.uint32)[0], batch[row], err_msg=f"row {row}")
+    assert_scores(batch.view(np.float32), q, w, keys, lengths, scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key_dtype", [BF16, FP8], ids=["bf16", "fp8"])
 def test_cuda_kernel_at_the_realistic_shape(key_dtype):
     """H = 64, d = 128 with a long row, lengths inside tiles and at T."""
     rng = np.random.default_rng(19)

@@ -30,6 +30,17 @@
 // Run (about a minute on an H200; prints Markdown, writes JSON):
 //   build/indexer_bench results/indexer_bench.json
 //   build/indexer_bench results/quick.json --quick     # b = 8, T = 32768 only, small buffers, no sweep
+// The decode table (--decode): GLM-5's H = 32 (--heads), fp8 keys, b in {1, 2,
+// 10, 17, 41} x T in {32K, 128K, 256K}, the automatic launch and every launch
+// shape of indexer_cuda.h (--shapes to pick; --no-shapes: automatic only), each
+// checked first (same bits as the automatic launch, within the bound on rows 0
+// and b - 1), min / median / max us and the share of 4.3 TB/s; an mma.sync
+// ceiling measured in the same run gives each row's tensor-core floor.
+// --profile launches each configuration once (for ncu); --lengths L times
+// shorter rows (0: the launch's fixed cost). Built against main's headers (no
+// IndexerRegisterShape) it times the automatic launch only: the A/B.
+//   build/indexer_bench results/decode.json --decode
+//   build/indexer_bench results/decode_h64.json --decode --heads 64 --tokens 131072
 // Under compute-sanitizer (memcheck, then racecheck: the shared-memory rings):
 //   compute-sanitizer --tool memcheck --error-exitcode 3 build/indexer_bench /tmp/s.json --quick --iters 5
 //   compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 build/indexer_bench /tmp/s.json --quick --iters 5
@@ -61,11 +72,14 @@ using harness::Uniform;
 using hisparse::IndexerBuffers;
 using hisparse::IndexerDims;
 using hisparse::IndexerKernel;
+#ifdef HISPARSE_INDEXER_HAS_SHAPES
+using hisparse::IndexerRegisterShape;
+#endif
 using hisparse::IndexerTuning;
 using hisparse::IndexKeyType;
 using hisparse::IndexQueryType;
 
-constexpr int64_t kHeads = 64;
+int64_t g_heads = 64;  // H (--heads; the decode table defaults to 32, GLM-5's index heads)
 constexpr int64_t kDim = 128;
 constexpr int64_t kLengthsRows = 11;  // the -inf check's shape
 constexpr int64_t kLengthsTokens = 32768;
@@ -102,6 +116,54 @@ __global__ void QuantizeTokens(uint8_t* codes, float* scale, int64_t tokens, uin
   for (int i = 0; i < kDim / 32; ++i)
     codes[token * kDim + lane + 32 * i] = __nv_cvt_float_to_fp8(s > 0 ? x[i] / s : 0.0f, __NV_SATFINITE, __NV_E4M3);
   if (lane == 0) scale[token] = s;
+}
+
+// The tensor cores' mma.sync ceiling: each warp runs kMmaChains independent
+// accumulator chains of m16n8k16 bf16 -> f32 (operands in registers, nothing
+// read from memory); the sum is written so nothing is optimized away.
+constexpr int kMmaChains = 8;
+constexpr int kMmaIters = 2048;
+
+__global__ void MmaCeiling(float* out) {
+  uint32_t a[4], b0 = 0x3f803f80u ^ threadIdx.x, b1 = 0x3f003f00u ^ threadIdx.x;
+  for (int i = 0; i < 4; ++i) a[i] = 0x3c003c00u + 17u * (threadIdx.x + i);
+  float acc[kMmaChains][4] = {};
+  for (int it = 0; it < kMmaIters; ++it) {
+#pragma unroll
+    for (int c = 0; c < kMmaChains; ++c) {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+          "{%0, %1, %2, %3};\n"
+          : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+  }
+  float sum = 0;
+  for (int c = 0; c < kMmaChains; ++c) sum += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = sum;
+}
+
+// TFLOP/s of MmaCeiling over `sms` x 2 blocks of 8 warps (median of 5 runs after a warm-up).
+double MeasureMmaCeiling(cudaStream_t stream, int sms) {
+  const int blocks = 2 * sms, threads = 256;
+  float* out = nullptr;
+  CUDA_OK(cudaMalloc(&out, blocks * threads * sizeof(float)));
+  cudaEvent_t start, stop;
+  CUDA_OK(cudaEventCreate(&start));
+  CUDA_OK(cudaEventCreate(&stop));
+  std::vector<double> us;
+  for (int rep = 0; rep < 6; ++rep) {
+    CUDA_OK(cudaEventRecord(start, stream));
+    MmaCeiling<<<blocks, threads, 0, stream>>>(out);
+    CUDA_OK(cudaEventRecord(stop, stream));
+    CUDA_OK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
+    if (rep > 0) us.push_back(ms * 1e3);
+  }
+  CUDA_OK(cudaFree(out));
+  const double flop = 2.0 * 16 * 8 * 16 * kMmaChains * kMmaIters * (blocks * threads / 32.0);
+  return flop / (harness::Summarize(us).median_us * 1e-6) / 1e12;
 }
 
 // ---------------------------------------------------------------------------
@@ -145,7 +207,7 @@ struct Config {
     IndexerDims d;
     d.rows = rows;
     d.tokens = tokens;
-    d.heads = kHeads;
+    d.heads = g_heads;
     d.dim = kDim;
     d.query_type = IndexQueryType::kBf16;
     d.key_type = key_type;
@@ -210,9 +272,9 @@ void CheckRows(const Buffers& b, const Config& c, const std::vector<int32_t>& le
       CUDA_OK(cudaMemcpy(keys16.data(), b.keys_bf16 + row * c.tokens * kDim, keys16.size() * 2,
                          cudaMemcpyDeviceToHost));
     }
-    std::vector<double> q(kHeads * kDim), w(kHeads);
-    for (int64_t i = 0; i < kHeads * kDim; ++i) q[i] = Bf16ToDouble(b.host_query[row * kHeads * kDim + i]);
-    for (int64_t h = 0; h < kHeads; ++h) w[h] = b.host_weights[row * kHeads + h];
+    std::vector<double> q(g_heads * kDim), w(g_heads);
+    for (int64_t i = 0; i < g_heads * kDim; ++i) q[i] = Bf16ToDouble(b.host_query[row * g_heads * kDim + i]);
+    for (int64_t h = 0; h < g_heads; ++h) w[h] = b.host_weights[row * g_heads + h];
     for (int64_t j = 0; j < kCheckTokens; ++j) {
       // The first and last 1024 tokens, and 2048 spread over the row.
       const int64_t spread = static_cast<int64_t>(Mix(row * 7919 + j) % static_cast<uint64_t>(c.tokens));
@@ -227,7 +289,7 @@ void CheckRows(const Buffers& b, const Config& c, const std::vector<int32_t>& le
       for (int64_t i = 0; i < kDim; ++i)
         k[i] = fp8 ? Fp8ToDouble(keys8[t * kDim + i]) : Bf16ToDouble(keys16[t * kDim + i]);
       double exact = 0, magnitude = 0;
-      for (int64_t h = 0; h < kHeads; ++h) {
+      for (int64_t h = 0; h < g_heads; ++h) {
         double dot = 0, mag = 0;
         for (int64_t i = 0; i < kDim; ++i) {
           dot += q[h * kDim + i] * k[i];
@@ -236,7 +298,7 @@ void CheckRows(const Buffers& b, const Config& c, const std::vector<int32_t>& le
         exact += w[h] * std::max(dot * s, 0.0);
         magnitude += std::fabs(w[h]) * mag * std::fabs(s);
       }
-      const double bound = (kDim + kHeads + 4) * 0x1p-23 * magnitude;
+      const double bound = (kDim + g_heads + 4) * 0x1p-23 * magnitude;
       const double err = std::fabs(static_cast<double>(scores[t]) - exact);
       if (!(err <= bound)) ++out->failures;
       if (bound > 0) out->worst = std::max(out->worst, err / bound);
@@ -299,11 +361,13 @@ struct Result {
   double gbs = 0;
 };
 
-Result Measure(const Buffers& b, const Config& c, const IndexerTuning& tuning, int iters, cudaStream_t stream) {
+// lengths < 0: every row's length is T.
+Result Measure(const Buffers& b, const Config& c, const IndexerTuning& tuning, int iters, cudaStream_t stream,
+               int64_t lengths = -1) {
   Result r;
   r.config = c;
   r.tuning = tuning;
-  SetLengths(b, std::vector<int32_t>(c.rows, static_cast<int32_t>(c.tokens)));
+  SetLengths(b, std::vector<int32_t>(c.rows, static_cast<int32_t>(lengths < 0 ? c.tokens : std::min(lengths, c.tokens))));
   const int64_t slots = Slots(b, c);
   r.stats = TimeLaunches(stream, iters, [&](int i) {
     CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, i % slots), stream, tuning));
@@ -312,17 +376,232 @@ Result Measure(const Buffers& b, const Config& c, const IndexerTuning& tuning, i
   return r;
 }
 
+// ---------------------------------------------------------------------------
+// The decode table (--decode): the batches of the decode slices (1, 2, 10, 17,
+// 41 requests) x 32K-256K keys each, fp8 keys, H = --heads (32: GLM-5's index
+// heads). Each configuration is checked first (two runs give the same bits,
+// every register-q shape gives the automatic launch's bits, rows 0 and b - 1
+// are within the bound of a double-precision evaluation), then the automatic
+// launch and every shape that the operands admit are timed.
+
+constexpr double kNominalHbmGbs = 4300.0;  // the H200's HBM read bandwidth the issue measures against
+
+#ifdef HISPARSE_INDEXER_HAS_SHAPES
+constexpr IndexerRegisterShape kShapes[] = {IndexerRegisterShape::k16x8, IndexerRegisterShape::k32x8,
+                                            IndexerRegisterShape::k16x16, IndexerRegisterShape::k32x12,
+                                            IndexerRegisterShape::k64x6, IndexerRegisterShape::k64wg};
+const char* ShapeName(IndexerRegisterShape s) {
+  switch (s) {
+    case IndexerRegisterShape::k16x8:
+      return "16x8";
+    case IndexerRegisterShape::k32x8:
+      return "32x8";
+    case IndexerRegisterShape::k16x16:
+      return "16x16";
+    case IndexerRegisterShape::k32x12:
+      return "32x12";
+    case IndexerRegisterShape::k64x6:
+      return "64x6";
+    case IndexerRegisterShape::k64wg:
+      return "64wg";
+    default:
+      return "auto";
+  }
+}
+#endif
+
+struct DecodeResult {
+  Config config{IndexKeyType::kFp8E4m3, 0, 0};
+  std::string shape;
+  Stats stats;
+  double gbs = 0;
+};
+
+struct DecodeOptions {
+  bool quick = false;    // b in {2, 17}, T = 4096
+  bool shapes = true;    // check and time every register-q shape, not only the automatic launch
+  bool profile = false;  // one launch per configuration and shape, nothing checked or timed (under ncu)
+  std::string only;      // --shapes NAME,NAME: only these shapes (and the automatic launch unless "noauto" is named)
+  int64_t lengths = -1;  // --lengths L: time with every row's length min(L, T) (0: the launch's fixed cost); -1: T
+  std::vector<int64_t> rows, tokens;  // empty: the decode lists
+};
+
+// Whether `name` is in the comma-separated `list` (an empty list wants every name).
+bool Wanted(const std::string& list, const std::string& name) {
+  if (list.empty()) return true;
+  return ("," + list + ",").find("," + name + ",") != std::string::npos;
+}
+
+bool AutoWanted(const DecodeOptions& o) { return o.only.empty() || !Wanted(o.only, "noauto"); }
+
+int RunDecode(const char* json_path, int iters, const DecodeOptions& o, const harness::DeviceInfo& info,
+              cudaStream_t stream) {
+  const bool quick = o.quick, shapes = o.shapes;
+  std::vector<int64_t> rows_list = quick ? std::vector<int64_t>{2, 17} : std::vector<int64_t>{1, 2, 10, 17, 41};
+  std::vector<int64_t> tokens_list = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{32768, 131072, 262144};
+  if (!o.rows.empty()) rows_list = o.rows;
+  if (!o.tokens.empty()) tokens_list = o.tokens;
+  Buffers b;
+  b.max_rows = std::max(kLengthsRows, *std::max_element(rows_list.begin(), rows_list.end()));
+  b.max_tokens = std::max(kLengthsTokens, *std::max_element(tokens_list.begin(), tokens_list.end()));
+  b.bf16_tokens = 0;
+  // Every configuration's keys, and >= kRotateBytes of them for the small ones (rotating copies).
+  b.fp8_tokens = std::max<int64_t>(b.max_rows * b.max_tokens, quick ? 0 : kRotateBytes / (kDim + 4) + b.max_tokens);
+  CUDA_OK(cudaMalloc(&b.query, b.max_rows * g_heads * kDim * 2));
+  CUDA_OK(cudaMalloc(&b.weights, b.max_rows * g_heads * 4));
+  CUDA_OK(cudaMalloc(&b.keys_fp8, b.fp8_tokens * kDim));
+  CUDA_OK(cudaMalloc(&b.scales, b.fp8_tokens * 4));
+  CUDA_OK(cudaMalloc(&b.lengths, b.max_rows * 4));
+  CUDA_OK(cudaMalloc(&b.scores, b.max_rows * b.max_tokens * 4));
+  const int grid = 8 * info.prop.multiProcessorCount;
+  FillBf16<<<grid, 256, 0, stream>>>(b.query, b.max_rows * g_heads * kDim, 11, 2.0f);
+  FillF32<<<grid, 256, 0, stream>>>(b.weights, b.max_rows * g_heads, 12, 1.0f / std::sqrt(float(g_heads * kDim)));
+  QuantizeTokens<<<(b.fp8_tokens * 32 + 255) / 256, 256, 0, stream>>>(b.keys_fp8, b.scales, b.fp8_tokens, 14);
+  CUDA_OK(cudaGetLastError());
+  b.host_query.resize(b.max_rows * g_heads * kDim);
+  b.host_weights.resize(b.max_rows * g_heads);
+  CUDA_OK(cudaMemcpyAsync(b.host_query.data(), b.query, b.host_query.size() * 2, cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(cudaMemcpyAsync(b.host_weights.data(), b.weights, b.host_weights.size() * 4, cudaMemcpyDeviceToHost,
+                          stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+
+  if (o.profile) {
+    for (int64_t tokens : tokens_list) {
+      for (int64_t rows : rows_list) {
+        const Config c{IndexKeyType::kFp8E4m3, rows, tokens};
+        SetLengths(b, std::vector<int32_t>(rows, static_cast<int32_t>(tokens)));
+        if (AutoWanted(o)) CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream));
+#ifdef HISPARSE_INDEXER_HAS_SHAPES
+        for (IndexerRegisterShape s : kShapes) {
+          if (!shapes || !Wanted(o.only, ShapeName(s)) || !hisparse::IndexerRegisterShapeApplies(c.dims(), s))
+            continue;
+          IndexerTuning t;
+          t.shape = s;
+          CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream, t));
+        }
+#endif
+        CUDA_OK(cudaStreamSynchronize(stream));
+        std::printf("profiled launches: b = %lld, T = %lld\n", (long long)rows, (long long)tokens);
+      }
+    }
+    return 0;
+  }
+  const double mma_tflops = MeasureMmaCeiling(stream, info.prop.multiProcessorCount);
+  std::printf("mma.sync m16n8k16 bf16 -> f32 ceiling (16 warps per SM, %d independent chains each): %.0f TFLOP/s; "
+              "'MMA floor' below = b T H d 2 flop at that rate\n\n",
+              kMmaChains, mma_tflops);
+  bool all_ok = true;
+  std::vector<DecodeResult> results;
+  const std::string timed_lengths = o.lengths < 0 ? "T" : harness::Format("min(%lld, T) (GB/s and share still "
+                                                                             "count all T keys)", (long long)o.lengths);
+  std::printf("Decode batches, fp8 keys + f32 scale (132 B/token at d = 128), H = %lld, lengths = %s; share = key "
+              "GB/s / %.0f GB/s (the H200's HBM)\n\n| b | T | key MB | shape | min us | median us | max us | GB/s | "
+              "share of 4.3 TB/s | MMA floor us | check |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+              (long long)g_heads, timed_lengths.c_str(), kNominalHbmGbs);
+  for (int64_t tokens : tokens_list) {
+    for (int64_t rows : rows_list) {
+      const Config c{IndexKeyType::kFp8E4m3, rows, tokens};
+      Check check = CheckConfig(b, c, stream);
+      bool shapes_agree = true;
+      std::vector<std::pair<std::string, IndexerTuning>> launches;
+      if (AutoWanted(o)) launches.push_back({"auto", IndexerTuning{}});
+#ifdef HISPARSE_INDEXER_HAS_SHAPES
+      if (shapes) {
+        const int64_t n = c.rows * c.tokens;
+        std::vector<uint32_t> first(n), other(n);
+        CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream));
+        CUDA_OK(cudaMemcpyAsync(first.data(), b.scores, n * 4, cudaMemcpyDeviceToHost, stream));
+        for (IndexerRegisterShape s : kShapes) {
+          if (!Wanted(o.only, ShapeName(s)) || !hisparse::IndexerRegisterShapeApplies(c.dims(), s)) continue;
+          IndexerTuning t;
+          t.shape = s;
+          launches.push_back({ShapeName(s), t});
+          CUDA_OK(cudaMemsetAsync(b.scores, 0xff, n * 4, stream));
+          CUDA_OK(hisparse::LaunchIndexScores(c.dims(), Io(b, c, 0), stream, t));
+          CUDA_OK(cudaMemcpyAsync(other.data(), b.scores, n * 4, cudaMemcpyDeviceToHost, stream));
+          CUDA_OK(cudaStreamSynchronize(stream));
+          if (other != first) {
+            int64_t differ = 0;
+            for (int64_t i = 0; i < n; ++i) differ += other[i] != first[i];
+            // wgmma's order inside a k-step is its own: its bits may differ, its error may not.
+            Check own;
+            const bool wgmma = s == IndexerRegisterShape::k64wg;
+            if (wgmma) CheckRows(b, c, std::vector<int32_t>(rows, tokens), {0, rows - 1}, &own);
+            const bool allowed = wgmma && own.failures == 0;
+            shapes_agree = shapes_agree && allowed;
+            std::printf("%s: shape %s writes other bits than the automatic launch at %lld of %lld tokens (b = %lld, "
+                        "T = %lld)%s\n",
+                        allowed ? "note" : "FAIL", ShapeName(s), (long long)differ, (long long)n, (long long)rows,
+                        (long long)tokens,
+                        allowed ? harness::Format("; within the bound on rows 0 and b - 1 (worst %.3f)", own.worst).c_str()
+                                : "");
+          }
+        }
+      }
+#else
+      (void)shapes;
+#endif
+      const bool ok = check.failures == 0 && check.deterministic && check.kernels_agree && shapes_agree;
+      all_ok = all_ok && ok;
+      for (const auto& [name, tuning] : launches) {
+        const Result r = Measure(b, c, tuning, iters, stream, o.lengths);
+        results.push_back({c, name, r.stats, r.gbs});
+        const double mma_floor_us = 2.0 * rows * tokens * g_heads * kDim / (mma_tflops * 1e6);
+        std::printf("| %lld | %lld | %.1f | %s | %.1f | %.1f | %.1f | %.0f | %.2f | %.1f | %s |\n", (long long)rows,
+                    (long long)tokens, c.key_bytes() / 1e6, name.c_str(), r.stats.min_us, r.stats.median_us,
+                    r.stats.max_us, r.gbs, r.gbs / kNominalHbmGbs, mma_floor_us, ok ? "ok" : "FAIL");
+        std::fflush(stdout);
+      }
+    }
+  }
+  FILE* f = harness::OpenJson(json_path);
+  std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"heads\": %lld, \"dim\": %lld, \"iters\": %d, "
+               "\"nominal_hbm_gbs\": %.0f, \"mma_sync_tflops\": %.1f,\n  \"decode\": [\n",
+               info.prop.name, info.prop.multiProcessorCount, (long long)g_heads, (long long)kDim, iters,
+               kNominalHbmGbs, mma_tflops);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const DecodeResult& r = results[i];
+    std::fprintf(f,
+                 "    {\"b\": %lld, \"T\": %lld, \"key_bytes\": %lld, \"shape\": \"%s\", \"us_min\": %.2f, "
+                 "\"us_median\": %.2f, \"us_max\": %.2f, \"gbs\": %.1f, \"share_of_4300\": %.4f}%s\n",
+                 (long long)r.config.rows, (long long)r.config.tokens, (long long)r.config.key_bytes(),
+                 r.shape.c_str(), r.stats.min_us, r.stats.median_us, r.stats.max_us, r.gbs, r.gbs / kNominalHbmGbs,
+                 i + 1 < results.size() ? "," : "");
+  }
+  std::fprintf(f, "  ],\n  \"all_checks_passed\": %s\n}\n", all_ok ? "true" : "false");
+  std::fclose(f);
+  std::printf("\nJSON: %s; checks %s\n", json_path, all_ok ? "passed" : "FAILED");
+  return all_ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  constexpr const char* kUsage = "usage: %s OUT.json [--quick] [--iters N] [--no-sweep]\n";
+  constexpr const char* kUsage =
+      "usage: %s OUT.json [--quick] [--iters N] [--no-sweep]\n"
+      "       %s OUT.json --decode [--quick] [--iters N] [--heads H] [--no-shapes] [--rows B,B..] [--tokens T,T..] "
+      "[--profile] [--shapes NAME,..[,noauto]] [--lengths L]\n";
   if (argc < 2) {
-    std::fprintf(stderr, kUsage, argv[0]);
+    std::fprintf(stderr, kUsage, argv[0], argv[0]);
     return 2;
   }
   const char* json_path = argv[1];
-  bool quick = false, sweep = true;
+  bool quick = false, sweep = true, decode = false;
+  DecodeOptions decode_options;
+  auto list = [](const char* text) {
+    std::vector<int64_t> out;
+    for (const char* p = text; *p;) {
+      char* end = nullptr;
+      const long long v = std::strtoll(p, &end, 10);
+      if (end == p || v < 1) return std::vector<int64_t>{};
+      out.push_back(v);
+      p = *end == ',' ? end + 1 : end;
+      if (*end != ',' && *end != '\0') return std::vector<int64_t>{};
+    }
+    return out;
+  };
   int iters = 50;
+  int64_t heads = 0;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
@@ -332,14 +611,51 @@ int main(int argc, char** argv) {
       sweep = false;
     } else if (a == "--iters" && i + 1 < argc) {
       iters = std::max(5, std::atoi(argv[++i]));
+    } else if (a == "--decode") {
+      decode = true;
+    } else if (a == "--no-shapes") {
+      decode_options.shapes = false;
+    } else if (a == "--profile") {
+      decode_options.profile = true;
+    } else if (a == "--shapes" && i + 1 < argc) {
+      decode_options.only = argv[++i];
+    } else if (a == "--lengths" && i + 1 < argc) {
+      decode_options.lengths = std::atoll(argv[++i]);
+      if (decode_options.lengths < 0) {
+        std::fprintf(stderr, "--lengths must be >= 0\n");
+        return 2;
+      }
+    } else if ((a == "--rows" || a == "--tokens") && i + 1 < argc) {
+      std::vector<int64_t>& dst = a == "--rows" ? decode_options.rows : decode_options.tokens;
+      dst = list(argv[++i]);
+      if (dst.empty()) {
+        std::fprintf(stderr, "%s takes positive integers separated by commas, e.g. 2,17\n", a.c_str());
+        return 2;
+      }
+    } else if (a == "--heads" && i + 1 < argc) {
+      heads = std::atoll(argv[++i]);
+      if (heads < 1 || heads > 128) {
+        std::fprintf(stderr, "--heads must be in [1, 128] (the kernel's H)\n");
+        return 2;
+      }
     } else {
-      std::fprintf(stderr, kUsage, argv[0]);
+      std::fprintf(stderr, kUsage, argv[0], argv[0]);
       return 2;
     }
   }
+  g_heads = heads > 0 ? heads : decode ? 32 : 64;
   const harness::DeviceInfo info = harness::QueryDevice();
+  if (decode) {
+    std::printf("# Lightning indexer benchmark, decode batches\n\ndevice: %s; H = %lld, d = %lld, q bf16; %d "
+                "iterations (min / median / max)\n\n",
+                harness::DeviceLine(info).c_str(), (long long)g_heads, (long long)kDim, iters);
+    cudaStream_t decode_stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&decode_stream, cudaStreamNonBlocking));
+    decode_options.quick = quick;
+    return RunDecode(json_path, iters, decode_options, info, decode_stream);
+  }
   std::printf("# Lightning indexer benchmark\n\ndevice: %s; H = %lld, d = %lld, q bf16, lengths = T; %d iterations "
-              "(min / median / max)\n\n", harness::DeviceLine(info).c_str(), (long long)kHeads, (long long)kDim, iters);
+              "(min / median / max)\n\n", harness::DeviceLine(info).c_str(), (long long)g_heads, (long long)kDim, iters);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
@@ -364,21 +680,21 @@ int main(int argc, char** argv) {
   b.bf16_tokens = b.max_rows * b.max_tokens;  // 2.7 GB at b = 80, T = 131072
   b.fp8_tokens = b.max_rows * b.max_tokens;   // 1.3 GB + 42 MB of scales
   const int64_t kMaxRows = b.max_rows, kMaxTokens = b.max_tokens;
-  CUDA_OK(cudaMalloc(&b.query, kMaxRows * kHeads * kDim * 2));
-  CUDA_OK(cudaMalloc(&b.weights, kMaxRows * kHeads * 4));
+  CUDA_OK(cudaMalloc(&b.query, kMaxRows * g_heads * kDim * 2));
+  CUDA_OK(cudaMalloc(&b.weights, kMaxRows * g_heads * 4));
   CUDA_OK(cudaMalloc(&b.keys_bf16, b.bf16_tokens * kDim * 2));
   CUDA_OK(cudaMalloc(&b.keys_fp8, b.fp8_tokens * kDim));
   CUDA_OK(cudaMalloc(&b.scales, b.fp8_tokens * 4));
   CUDA_OK(cudaMalloc(&b.lengths, kMaxRows * 4));
   CUDA_OK(cudaMalloc(&b.scores, kMaxRows * kMaxTokens * 4));
   const int grid = 8 * info.prop.multiProcessorCount;
-  FillBf16<<<grid, 256, 0, stream>>>(b.query, kMaxRows * kHeads * kDim, 11, 2.0f);
-  FillF32<<<grid, 256, 0, stream>>>(b.weights, kMaxRows * kHeads, 12, 1.0f / std::sqrt(float(kHeads * kDim)));
+  FillBf16<<<grid, 256, 0, stream>>>(b.query, kMaxRows * g_heads * kDim, 11, 2.0f);
+  FillF32<<<grid, 256, 0, stream>>>(b.weights, kMaxRows * g_heads, 12, 1.0f / std::sqrt(float(g_heads * kDim)));
   FillBf16<<<grid, 256, 0, stream>>>(b.keys_bf16, b.bf16_tokens * kDim, 13, 1.0f);
   QuantizeTokens<<<(b.fp8_tokens * 32 + 255) / 256, 256, 0, stream>>>(b.keys_fp8, b.scales, b.fp8_tokens, 14);
   CUDA_OK(cudaGetLastError());
-  b.host_query.resize(kMaxRows * kHeads * kDim);
-  b.host_weights.resize(kMaxRows * kHeads);
+  b.host_query.resize(kMaxRows * g_heads * kDim);
+  b.host_weights.resize(kMaxRows * g_heads);
   CUDA_OK(cudaMemcpyAsync(b.host_query.data(), b.query, b.host_query.size() * 2, cudaMemcpyDeviceToHost, stream));
   CUDA_OK(cudaMemcpyAsync(b.host_weights.data(), b.weights, b.host_weights.size() * 4, cudaMemcpyDeviceToHost,
                           stream));
@@ -451,7 +767,7 @@ int main(int argc, char** argv) {
   FILE* f = harness::OpenJson(json_path);
   std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"cuda_runtime\": %d, \"driver\": %d,\n",
                info.prop.name, info.prop.multiProcessorCount, info.runtime, info.driver);
-  std::fprintf(f, "  \"heads\": %lld, \"dim\": %lld, \"iters\": %d,\n", (long long)kHeads, (long long)kDim, iters);
+  std::fprintf(f, "  \"heads\": %lld, \"dim\": %lld, \"iters\": %d,\n", (long long)g_heads, (long long)kDim, iters);
   std::fprintf(f, "  \"hbm\": {\"memcpy_d2d_gbs\": %.1f, \"read_kernel_gbs\": %.1f, \"bytes\": %lld},\n", copy_gbs,
                read_gbs, (long long)ceiling_bytes);
   auto write = [&](const char* name, const std::vector<Result>& list, bool last) {
