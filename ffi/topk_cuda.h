@@ -3,7 +3,7 @@
 // the contract of topk.h allows.
 //
 // Two kernels, one launch either way, no host synchronization:
-//  - resident: a cluster of C blocks per row (C in {1, 2, 4, 8, 16}; 16 is
+//  - resident: a cluster of C blocks per row (C in {1, 2, ..., 8, 16}; 16 is
 //    the non-portable cluster size, used where the device schedules it),
 //    one 1024-thread block per SM. Each block copies its slice of the row
 //    (at most kTopkResidentMaxSlice ids) into shared memory once; every later
@@ -63,7 +63,7 @@ enum class TopkKernelKind { kAuto, kStreaming, kResident };
 struct TopkLaunchOptions {
   TopkKernelKind kernel = TopkKernelKind::kAuto;
   // Blocks per row: 0 = the kernel's automatic choice; else streaming 1, 2,
-  // 4, 8, resident 1, 2, 4, 8, 16. Must be 0 when kernel is kAuto.
+  // 4, 8, resident 1 to 8 or 16. Must be 0 when kernel is kAuto.
   int cluster = 0;
   // Candidate capacity per block: -1 = the kernel's default (kTopkCandidates,
   // kTopkResidentCandidates), else 0 up to that default (resident: a

@@ -11,8 +11,8 @@ namespace {
 
 constexpr int kResidentWarps = kTopkResidentThreads / kWarp;
 static_assert(kResidentWarps == kWarp, "a warp reads every warp's count in one load");
-static_assert(kTopkResidentMaxCluster <= kWarp && kResidentWarps % kTopkResidentMaxCluster == 0,
-              "a warp reads every block's counts in one load; warps split evenly over the blocks");
+static_assert(kTopkResidentMaxCluster <= kWarp && kTopkResidentMaxCluster <= kResidentWarps,
+              "a warp reads every block's counts in one load; every block's candidates get a warp");
 constexpr int kResidentBinsPerThread = kTopkBins / kTopkResidentThreads;
 static_assert(kResidentBinsPerThread == 2, "a thread reads its 2 bins of a histogram as one uint2");
 // Ids a warp visits per step: 4 consecutive ids per lane, one 16-byte load.
@@ -58,6 +58,8 @@ struct ResidentShared {
   unsigned long long warp_out[kResidentWarps];        // per warp: ids above T (high), equal (low)
   uint32_t warp_counts[kResidentWarps][kBoundaries];  // per warp: ids at or above each boundary
   uint32_t counts[kBoundaries];                       // their sums over the block
+  uint32_t probe;     // the sample's largest key in T's estimated bucket (0: none sampled)
+  uint32_t probe_count;                               // ids of the block whose key is `probe`
   uint32_t share_total[kTopkDigits];                  // per digit: this block's share of the merged histogram
   unsigned long long totals;                          // ids above T (high), equal (low), no exchange
   int32_t estimate[2];  // top-digit buckets where the sample's estimate reaches k, kSafetyFactor x k
@@ -66,6 +68,8 @@ struct ResidentShared {
   uint32_t above;              // ids with top digit >= range_hi
   int32_t gather;              // boundary at range_lo (candidates: top digit >= range_lo), -1: none
   bool exchange;               // every block's candidates fit and are merged in every block
+  bool single;                 // T's bucket holds one key, `probe`: T is known, no digit passes
+  unsigned long long single_before;  // when single: ids above T (high), equal (low) in lower blocks
   uint32_t merged_size;
   uint32_t rank_count[kTopkResidentMaxCluster];   // candidates of each block
   uint32_t rank_offset[kTopkResidentMaxCluster];  // their place in the merged list
@@ -229,19 +233,26 @@ __device__ void EstimateBuckets(const uint32_t* hist, int n, uint32_t unsealed, 
 
 // After the barrier that completed every block's counts: warp 0 sums them
 // (lane r reads block r's) into the bracket of T's bucket and the
-// candidates' places, the same in every block. Warp-collective (warp 0).
+// candidates' places, the same in every block. When the bracket is the
+// estimated bucket alone (bound[1] = e) and every id in it has the key
+// `probe` (ties: quantized scores, a run of zeros), T is that key: sh.single,
+// with the counts the output needs (the ids above the bucket and in it, in
+// the lower-ranked blocks) taken from the same sums. Warp-collective (warp 0).
 template <int kCluster>
 __device__ void DecideBracket(ResidentShared& sh, const int (&bound)[kBoundaries], uint32_t unsealed,
-                              int k, int capacity, int lane) {
+                              int k, int capacity, uint32_t probe, unsigned rank, int lane) {
   uint32_t mine[kBoundaries];
 #pragma unroll
   for (int b = 0; b < kBoundaries; ++b)
     mine[b] = lane < kCluster ? *Cluster<kCluster>::Map(&sh.counts[b], static_cast<unsigned>(lane)) : 0u;
+  const uint32_t mine_probe =
+      lane < kCluster ? *Cluster<kCluster>::Map(&sh.probe_count, static_cast<unsigned>(lane)) : 0u;
   int range_lo = 0, range_hi = kTopkBins, gather = -1;
-  uint32_t above = 0, count = 0;
+  uint32_t above = 0, count = 0, at_or_above_e = 0;
 #pragma unroll
   for (int b = 0; b < kBoundaries; ++b) {
     const uint32_t at_or_above = WarpSum(mine[b]) + (kUnsealedBin >= bound[b] ? unsealed : 0u);
+    if (b == 1) at_or_above_e = at_or_above;
     if (gather < 0) {
       if (at_or_above >= static_cast<uint32_t>(k)) {
         gather = b;
@@ -253,9 +264,17 @@ __device__ void DecideBracket(ResidentShared& sh, const int (&bound)[kBoundaries
       }
     }
   }
+  // Ids with key `probe` (all in bucket bound[1] when TopBin(probe) is that
+  // bucket), against the ids in that bucket.
+  const uint32_t probe_ids = WarpSum(mine_probe) + (probe == kTopkUnsealedKey ? unsealed : 0u);
+  const bool single =
+      gather == 1 && TopBin(probe) == bound[1] && probe_ids == at_or_above_e - above;
   uint32_t total;
   const uint32_t offset = WarpExclusiveSum(count, lane, &total);
   const bool fits = __all_sync(kFullMask, count <= static_cast<uint32_t>(capacity));
+  // This block's lower-ranked peers: sealed ids above the bucket, and in it.
+  const uint32_t g_lower = WarpSum(lane < static_cast<int>(rank) ? mine[0] : 0u);
+  const uint32_t e_lower = WarpSum(lane < static_cast<int>(rank) ? mine[1] - mine[0] : 0u);
   if (lane < kCluster) {
     sh.rank_count[lane] = count;
     sh.rank_offset[lane] = offset;
@@ -266,7 +285,9 @@ __device__ void DecideBracket(ResidentShared& sh, const int (&bound)[kBoundaries
     sh.above = above;
     sh.gather = gather;
     sh.merged_size = total;
-    sh.exchange = gather >= 0 && fits && total <= kMergedCapacity;
+    sh.single = single;
+    sh.single_before = (static_cast<unsigned long long>(g_lower) << 32) | e_lower;
+    sh.exchange = !single && gather >= 0 && fits && total <= kMergedCapacity;
   }
 }
 
@@ -275,9 +296,11 @@ __device__ void DecideBracket(ResidentShared& sh, const int (&bound)[kBoundaries
 template <int kCluster>
 __device__ void MergeCandidates(uint32_t* merged, uint32_t* cand_key, const ResidentShared& sh, int warp,
                                 int lane) {
+  // Cluster sizes that do not divide the warps leave the last few idle.
   constexpr int kWarpsPerRank = kResidentWarps / kCluster;
   constexpr int kStride = kWarpsPerRank * kWarp;
   const unsigned r = static_cast<unsigned>(warp / kWarpsPerRank);
+  if (r >= static_cast<unsigned>(kCluster)) return;
   const int count = static_cast<int>(sh.rank_count[r]);
   uint32_t* const to = merged + sh.rank_offset[r];
   const uint32_t* const from = Cluster<kCluster>::Map(cand_key, r);
@@ -328,15 +351,21 @@ template <int kCluster>
 __device__ uint2 ClusterChooseBucket(const uint32_t* hist, int level, int extra_bin, uint32_t extra,
                                      uint32_t remaining, uint32_t* share_bins, ResidentShared& sh,
                                      unsigned rank, int tid, int warp, int lane) {
-  constexpr int kShare = kTopkBins / kCluster;
+  // Shares round up (cluster sizes that do not divide the bins): the last
+  // share's bins past kTopkBins hold 0.
+  constexpr int kShare = (kTopkBins + kCluster - 1) / kCluster;
+  static_assert(kShare <= kTopkResidentThreads || kShare % kTopkResidentThreads == 0,
+                "a thread holds a whole number of a share's bins");
   constexpr int kPerThread = kShare > kTopkResidentThreads ? kShare / kTopkResidentThreads : 1;
   const int first = static_cast<int>(rank) * kShare;
   uint32_t local = 0;
   for (int i = tid; i < kShare; i += kTopkResidentThreads) {
     uint32_t sum = first + i == extra_bin ? extra : 0u;
+    if (first + i < kTopkBins) {
 #pragma unroll 4
-    for (int r = 0; r < kCluster; ++r)
-      sum += Cluster<kCluster>::Map(hist, static_cast<unsigned>(r))[first + i];
+      for (int r = 0; r < kCluster; ++r)
+        sum += Cluster<kCluster>::Map(hist, static_cast<unsigned>(r))[first + i];
+    }
     share_bins[i] = sum;
     local += sum;
   }
@@ -433,6 +462,8 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     // Without samples (nothing sealed) the unsealed ids' bucket is the guess.
     sh.estimate[0] = kUnsealedBin;
     sh.estimate[1] = 0;
+    sh.probe = 0;
+    sh.probe_count = 0;
   }
   __syncthreads();
 #pragma unroll
@@ -446,20 +477,34 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
 #pragma unroll
   for (int b = 0; b < kNearBoundaries; ++b) bound[b] = estimate + 1 - b;
   bound[kBoundaries - 1] = min(estimate - kNearBoundaries + 1, sh.estimate[1]);
+  {
+    // The probe: the largest sampled key in the estimated bucket, the same in
+    // every block (the same sample). If every id of that bucket has this key
+    // and T lies there, T is known after the counts (DecideBracket).
+    uint32_t probe = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (sample_first + j < n && TopBin(sample.key[j]) == estimate) probe = max(probe, sample.key[j]);
+    probe = __reduce_max_sync(kFullMask, probe);
+    if (lane == 0 && probe != 0) atomicMax(&sh.probe, probe);
+  }
   for (int i = tid; i < kTopkBins; i += kTopkResidentThreads) hist2[i] = 0;  // for digit 2
   CopiesWait();
   __syncthreads();
+  const uint32_t probe = sh.probe;
 
   // 2. Exact counts at the boundaries; the cluster's sums bracket T's bucket.
   const Source slice{bits, cand_key, cand_pos, sealed_in_slice, false};
   {
     uint32_t count[kBoundaries] = {};
+    uint32_t probe_count = 0;
     ForEachStep(slice, warp, lane, [&](const Entries& e) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int bin = TopBin(e.key[j]);
 #pragma unroll
         for (int b = 0; b < kBoundaries; ++b) count[b] += (Valid(e, j) && bin >= bound[b]) ? 1u : 0u;
+        probe_count += (Valid(e, j) && e.key[j] == probe) ? 1u : 0u;
       }
     });
 #pragma unroll
@@ -470,19 +515,24 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
         atomicAdd(&sh.counts[b], count[b]);
       }
     }
+    probe_count = WarpSum(probe_count);
+    if (lane == 0 && probe_count > 0) atomicAdd(&sh.probe_count, probe_count);
   }
   Cluster<kCluster>::Sync();
-  if (warp == 0) DecideBracket<kCluster>(sh, bound, unsealed, k, a.capacity, lane);
+  if (warp == 0) DecideBracket<kCluster>(sh, bound, unsealed, k, a.capacity, probe, rank, lane);
   __syncthreads();
   const int range_lo = sh.range_lo, range_hi = sh.range_hi, gather = sh.gather;
   const bool exchange = sh.exchange;
+  // T's bucket holds one key: no candidates, no digits, and the output's
+  // counts are the boundary counts already taken.
+  const bool single = sh.single;
   uint32_t remaining = static_cast<uint32_t>(k) - sh.above;
   uint32_t prefix = static_cast<uint32_t>(range_lo) << TopkDigitShift(0);
 
   // 3. Candidates: the ids with top digit >= range_lo (every id the selection
   // can take), in id order, when this block's fit.
   const uint32_t gathered = gather >= 0 ? sh.rank_count[rank] : 0u;
-  const bool use_candidates = gather >= 0 && gathered <= static_cast<uint32_t>(a.capacity);
+  const bool use_candidates = !single && gather >= 0 && gathered <= static_cast<uint32_t>(a.capacity);
   if (use_candidates) {
     const uint32_t per_warp = sh.warp_counts[lane][gather];  // lane w: warp w's count
     uint32_t at = WarpSum(lane < warp ? per_warp : 0u);
@@ -512,7 +562,12 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   // 4. The digits.
   uint32_t threshold, ties;
   unsigned long long before = 0;  // ids above T (high) and equal (low) in lower-ranked blocks
-  if (exchange) {
+  if (single) {
+    threshold = probe;
+    ties = remaining;
+    before = sh.single_before;
+    Cluster<kCluster>::Arrive();  // DecideBracket's were the last reads of a peer
+  } else if (exchange) {
     // Typical rows: the row's candidates fit in one block. Every block merges
     // them and finishes alone.
     Cluster<kCluster>::Sync();  // every block's candidates are in place
@@ -581,21 +636,28 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   // 5. Output: every id above T, and the first `ties` equal to T, at its
   // place in ascending id order.
   uint32_t g_warp = 0, e_warp = 0;
-  ForEachStep(src, warp, lane, [&](const Entries& e) {
+  if (single) {
+    // The boundary counts of step 2 over the same source (the slice): above
+    // T's bucket, and in it (every id of which has the key T).
+    g_warp = sh.warp_counts[warp][0];
+    e_warp = sh.warp_counts[warp][1] - g_warp;
+  } else {
+    ForEachStep(src, warp, lane, [&](const Entries& e) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      g_warp += (Valid(e, j) && e.key[j] > threshold) ? 1u : 0u;
-      e_warp += (Valid(e, j) && e.key[j] == threshold) ? 1u : 0u;
-    }
-  });
-  g_warp = WarpSum(g_warp);
-  e_warp = WarpSum(e_warp);
+      for (int j = 0; j < 4; ++j) {
+        g_warp += (Valid(e, j) && e.key[j] > threshold) ? 1u : 0u;
+        e_warp += (Valid(e, j) && e.key[j] == threshold) ? 1u : 0u;
+      }
+    });
+    g_warp = WarpSum(g_warp);
+    e_warp = WarpSum(e_warp);
+  }
   if (lane == 0) sh.warp_out[warp] = (static_cast<unsigned long long>(g_warp) << 32) | e_warp;
   __syncthreads();
   const unsigned long long per_warp = sh.warp_out[lane];  // lane w: warp w's counts
   const unsigned long long warps_before = WarpSum(lane < warp ? per_warp : 0ull);
   const unsigned long long block_total = WarpSum(per_warp);
-  if (!exchange) {
+  if (!exchange && !single) {
     if (tid == 0) sh.totals = block_total;
     Cluster<kCluster>::Sync();  // every block's totals are in place
     if (warp == 0) {
@@ -612,10 +674,12 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   }
   const uint32_t g_before = static_cast<uint32_t>(before >> 32), e_before = static_cast<uint32_t>(before);
   int32_t* const out = a.selected + row * k;
-  if (g_warp + e_warp > 0) {
-    // Selected ids before an id: every id above T, the first `ties` equal to T.
-    uint32_t g_seen = g_before + static_cast<uint32_t>(warps_before >> 32);
-    uint32_t e_seen = e_before + static_cast<uint32_t>(warps_before);
+  // Selected ids before an id: every id above T, the first `ties` equal to T.
+  uint32_t g_seen = g_before + static_cast<uint32_t>(warps_before >> 32);
+  uint32_t e_seen = e_before + static_cast<uint32_t>(warps_before);
+  // A warp writes when it holds an id above T, or one of the first `ties`
+  // equal to T (many ties: most warps hold only ties past the first `ties`).
+  if (g_warp > 0 || (e_warp > 0 && e_seen < ties)) {
     ForEachStep(src, warp, lane, [&](const Entries& e) {
       unsigned greater = 0, equal = 0;
 #pragma unroll
