@@ -47,7 +47,8 @@ inline constexpr int64_t kTopkMinSliceRecords = 8192;
 // Resident kernel: threads of one block (one block per SM), the most ids one
 // block holds in shared memory, the fewest ids a block of a multi-block row
 // keeps under the automatic plan, the candidates (ids at or above the bucket
-// of the k-th largest key) one block may gather, and the largest cluster.
+// of the k-th largest key) one block may gather with the largest slice (a
+// smaller slice leaves room for up to twice as many), and the largest cluster.
 inline constexpr int kTopkResidentThreads = 1024;
 inline constexpr int64_t kTopkResidentMaxSlice = 32768;
 inline constexpr int64_t kTopkResidentMinSlice = 4096;
@@ -65,8 +66,9 @@ struct TopkLaunchOptions {
   // Blocks per row: 0 = the kernel's automatic choice; else streaming 1, 2,
   // 4, 8, resident 1 to 8 or 16. Must be 0 when kernel is kAuto.
   int cluster = 0;
-  // Candidate capacity per block: -1 = the kernel's default (kTopkCandidates,
-  // kTopkResidentCandidates), else 0 up to that default (resident: a
+  // Candidate capacity per block: -1 = the kernel's default (kTopkCandidates;
+  // resident: kTopkResidentCandidates, more where the slice leaves room),
+  // else 0 up to kTopkCandidates (resident: kTopkResidentCandidates, a
   // multiple of 4). 0 disables the candidate lists: every pass then reads
   // all ids (the streaming kernel re-reads global memory).
   int candidates = -1;

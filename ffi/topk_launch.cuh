@@ -260,7 +260,8 @@ cudaError_t LaunchTopk(const TopkDims& d, const TopkBuffers& io, uint32_t* works
     a.records = static_cast<int32_t>(d.records);
     a.top_k = static_cast<int32_t>(d.top_k);
     a.slice = static_cast<int32_t>(ResidentSlice(d.records, plan.cluster));
-    a.capacity = options.candidates < 0 ? kTopkResidentCandidates : options.candidates;
+    a.region = ResidentRegion(a.slice);
+    a.capacity = options.candidates < 0 ? a.region : options.candidates;
     a.vec4 = vec4;
     return Fail(LaunchClusters(kResidentKernels[index], a, d.rows, plan.cluster, kTopkResidentThreads,
                                static_cast<size_t>(kResidentSharedBytes), stream),

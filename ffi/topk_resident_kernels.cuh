@@ -31,15 +31,32 @@ constexpr int64_t kSafetyFactor = 4;
 // Candidate keys of a whole row one block holds after the exchange.
 constexpr int kMergedCapacity = 8192;
 static_assert(kMergedCapacity >= kTopkBins, "the merged list's space also holds a share of a histogram");
-// Dynamic shared memory, at fixed offsets (one block per SM): histograms of
-// digits 0 (over a bracket of buckets), 1 and 2 (the sample's goes in the
-// third first), the slice's score bits, the candidates' keys and positions,
-// and the merged candidate keys of the row (or, in rows that do not
-// exchange candidates, this block's share of a merged histogram).
+// Dynamic shared memory (one block per SM): histograms of digits 0 (over a
+// bracket of buckets), 1 and 2 (the sample's goes in the third first), the
+// slice's score bits [slice], the candidates' keys and positions
+// [region] each, and the merged candidate keys of the row (or, in rows that
+// do not exchange candidates, this block's share of a merged histogram).
+// A slice below kTopkResidentMaxSlice leaves its room to the candidates: up
+// to kResidentMaxRegion each (many ties in T's bucket, e.g. one exponent,
+// then still pass over a list rather than the slice).
+constexpr int kResidentMaxRegion = 8192;
 constexpr int64_t kResidentSharedBytes =
     sizeof(uint32_t) * (3 * kTopkBins + kTopkResidentMaxSlice + 2 * int64_t{kTopkResidentCandidates} +
                         kMergedCapacity);
 static_assert(kResidentSharedBytes + 4096 <= 227 * 1024, "fits the opt-in shared memory of sm_90");
+static_assert(kResidentMaxRegion % kStepIds == 0 && kResidentMaxRegion >= kTopkResidentCandidates,
+              "a step never reads past the candidate list");
+
+// Entries of each candidate array for a slice of `slice` ids: what the slice
+// leaves of kTopkResidentMaxSlice + 2 x kTopkResidentCandidates, halved, in
+// whole steps, at most kResidentMaxRegion (kTopkResidentCandidates at the
+// largest slice).
+__host__ __device__ constexpr int ResidentRegion(int64_t slice) {
+  const int64_t free_words = kTopkResidentMaxSlice + 2 * int64_t{kTopkResidentCandidates} - slice;
+  const int64_t region = free_words / 2 / kStepIds * kStepIds;
+  return static_cast<int>(region < kResidentMaxRegion ? region : kResidentMaxRegion);
+}
+static_assert(ResidentRegion(kTopkResidentMaxSlice) == kTopkResidentCandidates, "the largest slice");
 
 struct ResidentArgs {
   const float* scores;    // [S, R]
@@ -48,7 +65,8 @@ struct ResidentArgs {
   int32_t records;        // R <= kTopkMaxRecords
   int32_t top_k;          // k, 1 <= k <= R
   int32_t slice;          // ids per block: a multiple of kStepIds, <= kTopkResidentMaxSlice
-  int32_t capacity;       // candidates a block may gather: a multiple of 4, <= kTopkResidentCandidates
+  int32_t region;         // entries of each candidate array: ResidentRegion(slice)
+  int32_t capacity;       // candidates a block may gather: a multiple of 4, <= region
   bool vec4;              // every row of scores starts 16-byte aligned (16-byte copies)
 };
 
@@ -134,8 +152,8 @@ __device__ __forceinline__ unsigned long long ResidentBlockSum(unsigned long lon
 // made from the score bits) or the candidates.
 struct Source {
   const uint32_t* bits;      // [slice] score bits, when !candidates
-  const uint32_t* cand_key;  // [kTopkResidentCandidates] keys, when candidates
-  const uint32_t* cand_pos;  // [kTopkResidentCandidates] positions in the slice (id - first id)
+  const uint32_t* cand_key;  // [region] keys, when candidates
+  const uint32_t* cand_pos;  // [region] positions in the slice (id - first id)
   int size;                  // entries
   bool candidates;
 };
@@ -423,10 +441,10 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   uint32_t* const hist0 = topk_dynamic_shared;                    // [kTopkBins] each
   uint32_t* const hist1 = hist0 + kTopkBins;
   uint32_t* const hist2 = hist1 + kTopkBins;
-  uint32_t* const bits = hist2 + kTopkBins;                       // [kTopkResidentMaxSlice]
-  uint32_t* const cand_key = bits + kTopkResidentMaxSlice;        // [kTopkResidentCandidates]
-  uint32_t* const cand_pos = cand_key + kTopkResidentCandidates;  // [kTopkResidentCandidates]
-  uint32_t* const merged = cand_pos + kTopkResidentCandidates;    // [kMergedCapacity]
+  uint32_t* const bits = hist2 + kTopkBins;         // [slice]
+  uint32_t* const cand_key = bits + a.slice;        // [region]
+  uint32_t* const cand_pos = cand_key + a.region;   // [region]
+  uint32_t* const merged = cand_pos + a.region;     // [kMergedCapacity]
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid / kWarp, lane = tid % kWarp;
   const unsigned rank = Cluster<kCluster>::Rank();
