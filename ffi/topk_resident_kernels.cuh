@@ -455,21 +455,36 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   const int hi = min(lo + a.slice, R);
   const float* const scores = a.scores + row * R;
 
-  // 1. The slice's scores into shared memory (all of [lo, hi): the copies need
-  // not wait for `sealed`), and the sample: quad q of the row's R / 4 quads
-  // spread evenly over the threads, the same in every block.
+  // 1. The sample: quad q of the row's R / 4 quads spread evenly over the
+  // threads, the same in every block; its loads go first, so that the
+  // estimate below overlaps the copy. Then the slice's scores into shared
+  // memory (all of [lo, hi): the copies need not wait for `sealed`).
+  const int quads = (R + 3) / 4;
+  const int sample_first =
+      4 * (quads <= kTopkResidentThreads ? tid
+                                         : static_cast<int>(int64_t{tid} * quads / kTopkResidentThreads));
+  // Raw loads only: their first use comes after the copies are issued.
+  float4 sample_raw = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (a.vec4 && sample_first + 3 < R) {
+    sample_raw = __ldg(reinterpret_cast<const float4*>(scores + sample_first));
+  } else {
+    if (sample_first < R) sample_raw.x = __ldg(scores + sample_first);
+    if (sample_first + 1 < R) sample_raw.y = __ldg(scores + sample_first + 1);
+    if (sample_first + 2 < R) sample_raw.z = __ldg(scores + sample_first + 2);
+    if (sample_first + 3 < R) sample_raw.w = __ldg(scores + sample_first + 3);
+  }
+  const int sealed_raw = a.sealed[row];
   if (a.vec4) {
     for (int i = 4 * tid; i < hi - lo; i += 4 * kTopkResidentThreads)
       CopyToShared16(bits + i, scores + lo + i);
   } else {
     for (int i = tid; i < hi - lo; i += kTopkResidentThreads) CopyToShared4(bits + i, scores + lo + i);
   }
-  const int quads = (R + 3) / 4;
-  const int sample_first =
-      4 * (quads <= kTopkResidentThreads ? tid
-                                         : static_cast<int>(int64_t{tid} * quads / kTopkResidentThreads));
-  const Quad sample = LoadQuad(scores, sample_first, R, a.vec4);
-  const int n = min(max(a.sealed[row], 0), R);
+  // Ids past R are never sampled (their keys are never read: `sample_first +
+  // j < n` below).
+  const uint32_t sample_key[4] = {KeyOf(sample_raw.x), KeyOf(sample_raw.y), KeyOf(sample_raw.z),
+                                  KeyOf(sample_raw.w)};
+  const int n = min(max(sealed_raw, 0), R);
   const uint32_t unsealed = static_cast<uint32_t>(R - n);
   const int sealed_in_slice = max(0, min(hi, n) - lo);  // bits[0, sealed_in_slice)
 
@@ -486,7 +501,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   __syncthreads();
 #pragma unroll
   for (int j = 0; j < 4; ++j)
-    HistogramAdd(hist2, TopkDigit(sample.key[j], 0), sample_first + j < n, lane);
+    HistogramAdd(hist2, TopkDigit(sample_key[j], 0), sample_first + j < n, lane);
   __syncthreads();
   EstimateBuckets(hist2, n, unsealed, k, sh, tid, warp, lane);
   __syncthreads();
@@ -502,7 +517,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     uint32_t probe = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      if (sample_first + j < n && TopBin(sample.key[j]) == estimate) probe = max(probe, sample.key[j]);
+      if (sample_first + j < n && TopBin(sample_key[j]) == estimate) probe = max(probe, sample_key[j]);
     probe = __reduce_max_sync(kFullMask, probe);
     if (lane == 0 && probe != 0) atomicMax(&sh.probe, probe);
   }
