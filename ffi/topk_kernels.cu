@@ -11,7 +11,9 @@
 // 1024-thread block per SM, a cluster of C blocks per row, block r owning the
 // ids [r x slice, (r + 1) x slice) with slice <= kTopkResidentMaxSlice.
 //   1. Every block starts an asynchronous copy of its slice's scores into
-//      shared memory (the only read of the scores), and meanwhile loads the
+//      shared memory (the only read of the scores; each lane copies the ids
+//      it visits in every later pass, so it waits for its own copies and no
+//      barrier waits for the slowest), and meanwhile loads the
 //      same sample of the row (4 ids per thread, spread evenly), histograms
 //      its top digit and finds the bucket e where the sample's estimate of
 //      the ids at or above a bucket reaches k (and the one where it reaches

@@ -154,7 +154,8 @@ struct Source {
   const uint32_t* bits;      // [slice] score bits, when !candidates
   const uint32_t* cand_key;  // [region] keys, when candidates
   const uint32_t* cand_pos;  // [region] positions in the slice (id - first id)
-  int size;                  // entries
+  int size;                  // entries: they set each warp's range
+  int limit;                 // entries at or past it are not visited (the slice: its sealed ids)
   bool candidates;
 };
 
@@ -165,16 +166,23 @@ struct Entries {
   unsigned valid;  // bit j: entry j exists
 };
 
-// Visits the entries [0, src.size): warp w owns the w-th of 32 contiguous
-// ranges of whole steps (so a warp's entries follow those of lower warps)
-// and visits them step by step, lane l holding entries base + 4l .. + 3.
-// visit(entries) is called by whole warps; every pass over the same source
-// gives a warp the same range.
+// Warp w's range of entries [0, size) (its w-th of 32 contiguous ranges of
+// whole steps, so a warp's entries follow those of lower warps).
+__device__ __forceinline__ int2 WarpRange(int size, int warp) {
+  const int per_warp = (size + kResidentWarps * kStepIds - 1) / (kResidentWarps * kStepIds) * kStepIds;
+  const int begin = min(warp * per_warp, size);
+  return make_int2(begin, min(begin + per_warp, size));
+}
+
+// Visits the entries [0, src.limit) of warp w's range of [0, src.size) step
+// by step, lane l holding entries base + 4l .. + 3. visit(entries) is called
+// by whole warps; every pass over the same source gives a warp the same
+// range, and a lane the entries it copied into shared memory (the slice).
 template <typename Visit>
 __device__ __forceinline__ void ForEachStep(const Source& src, int warp, int lane, Visit&& visit) {
-  const int per_warp = (src.size + kResidentWarps * kStepIds - 1) / (kResidentWarps * kStepIds) * kStepIds;
-  const int begin = min(warp * per_warp, src.size);
-  const int end = min(begin + per_warp, src.size);
+  const int2 range = WarpRange(src.size, warp);
+  const int begin = range.x;
+  const int end = min(range.y, src.limit);
   for (int base = begin; base < end; base += kStepIds) {
     const int first = base + 4 * lane;
     Entries e;
@@ -474,11 +482,17 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     if (sample_first + 3 < R) sample_raw.w = __ldg(scores + sample_first + 3);
   }
   const int sealed_raw = a.sealed[row];
-  if (a.vec4) {
-    for (int i = 4 * tid; i < hi - lo; i += 4 * kTopkResidentThreads)
-      CopyToShared16(bits + i, scores + lo + i);
-  } else {
-    for (int i = tid; i < hi - lo; i += kTopkResidentThreads) CopyToShared4(bits + i, scores + lo + i);
+  {
+    // Each lane copies exactly the ids it visits in every pass over the slice
+    // (ForEachStep's mapping): it waits for its own copies only, no barrier.
+    const int2 range = WarpRange(hi - lo, warp);
+    for (int first = range.x + 4 * lane; first < range.y; first += kStepIds) {
+      if (a.vec4) {  // hi - lo is a multiple of 4
+        CopyToShared16(bits + first, scores + lo + first);
+      } else {
+        for (int j = 0; j < 4 && first + j < range.y; ++j) CopyToShared4(bits + first + j, scores + lo + first + j);
+      }
+    }
   }
   // Ids past R are never sampled (their keys are never read: `sample_first +
   // j < n` below).
@@ -522,12 +536,12 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     if (lane == 0 && probe != 0) atomicMax(&sh.probe, probe);
   }
   for (int i = tid; i < kTopkBins; i += kTopkResidentThreads) hist2[i] = 0;  // for digit 2
-  CopiesWait();
   __syncthreads();
   const uint32_t probe = sh.probe;
+  CopiesWait();  // this lane's ids of the slice (no other lane reads them)
 
   // 2. Exact counts at the boundaries; the cluster's sums bracket T's bucket.
-  const Source slice{bits, cand_key, cand_pos, sealed_in_slice, false};
+  const Source slice{bits, cand_key, cand_pos, hi - lo, sealed_in_slice, false};
   {
     uint32_t count[kBoundaries] = {};
     uint32_t probe_count = 0;
@@ -588,8 +602,9 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
       });
     }
   }
-  const Source src = use_candidates ? Source{bits, cand_key, cand_pos, static_cast<int>(gathered), true}
-                                    : slice;
+  const Source src =
+      use_candidates ? Source{bits, cand_key, cand_pos, static_cast<int>(gathered), static_cast<int>(gathered), true}
+                     : slice;
   if (use_candidates && !exchange) __syncthreads();  // passes read other warps' candidates
 
   // 4. The digits.
