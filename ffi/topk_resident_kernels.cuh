@@ -149,14 +149,16 @@ __device__ __forceinline__ unsigned long long ResidentBlockSum(unsigned long lon
 }
 
 // The ids a pass visits, in ascending id order: the slice's sealed ids (keys
-// made from the score bits) or the candidates.
+// made from the score bits, or the keys themselves once step 2 has stored
+// them in place) or the candidates.
 struct Source {
-  const uint32_t* bits;      // [slice] score bits, when !candidates
+  const uint32_t* bits;      // [slice] score bits (keys when `keys`), when !candidates
   const uint32_t* cand_key;  // [region] keys, when candidates
   const uint32_t* cand_pos;  // [region] positions in the slice (id - first id)
   int size;                  // entries: they set each warp's range
   int limit;                 // entries at or past it are not visited (the slice: its sealed ids)
   bool candidates;
+  bool keys;                 // `bits` holds keys already
 };
 
 // A lane's 4 consecutive entries of a step.
@@ -199,10 +201,10 @@ __device__ __forceinline__ void ForEachStep(const Source& src, int warp, int lan
       e.pos[3] = static_cast<int>(pos.w);
     } else {
       const uint4 bits = *reinterpret_cast<const uint4*>(src.bits + first);
-      e.key[0] = TopkOrderedKey(bits.x);
-      e.key[1] = TopkOrderedKey(bits.y);
-      e.key[2] = TopkOrderedKey(bits.z);
-      e.key[3] = TopkOrderedKey(bits.w);
+      e.key[0] = src.keys ? bits.x : TopkOrderedKey(bits.x);
+      e.key[1] = src.keys ? bits.y : TopkOrderedKey(bits.y);
+      e.key[2] = src.keys ? bits.z : TopkOrderedKey(bits.z);
+      e.key[3] = src.keys ? bits.w : TopkOrderedKey(bits.w);
 #pragma unroll
       for (int j = 0; j < 4; ++j) e.pos[j] = first + j;
     }
@@ -541,11 +543,14 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   CopiesWait();  // this lane's ids of the slice (no other lane reads them)
 
   // 2. Exact counts at the boundaries; the cluster's sums bracket T's bucket.
-  const Source slice{bits, cand_key, cand_pos, hi - lo, sealed_in_slice, false};
+  // The slice's keys replace its score bits as this pass goes (each lane its
+  // own ids, a whole step in bounds): later passes read keys.
+  const Source slice{bits, cand_key, cand_pos, hi - lo, sealed_in_slice, false, true};
   {
     uint32_t count[kBoundaries] = {};
     uint32_t probe_count = 0;
-    ForEachStep(slice, warp, lane, [&](const Entries& e) {
+    const Source slice_bits{bits, cand_key, cand_pos, hi - lo, sealed_in_slice, false, false};
+    ForEachStep(slice_bits, warp, lane, [&](const Entries& e) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int bin = TopBin(e.key[j]);
@@ -553,6 +558,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
         for (int b = 0; b < kBoundaries; ++b) count[b] += (Valid(e, j) && bin >= bound[b]) ? 1u : 0u;
         probe_count += (Valid(e, j) && e.key[j] == probe) ? 1u : 0u;
       }
+      *reinterpret_cast<uint4*>(bits + e.pos[0]) = make_uint4(e.key[0], e.key[1], e.key[2], e.key[3]);
     });
 #pragma unroll
     for (int b = 0; b < kBoundaries; ++b) {
@@ -603,8 +609,9 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     }
   }
   const Source src =
-      use_candidates ? Source{bits, cand_key, cand_pos, static_cast<int>(gathered), static_cast<int>(gathered), true}
-                     : slice;
+      use_candidates
+          ? Source{bits, cand_key, cand_pos, static_cast<int>(gathered), static_cast<int>(gathered), true, true}
+          : slice;
   if (use_candidates && !exchange) __syncthreads();  // passes read other warps' candidates
 
   // 4. The digits.
