@@ -3,7 +3,7 @@
 // the contract of topk.h allows.
 //
 // Two kernels, one launch either way, no host synchronization:
-//  - resident: a cluster of C blocks per row (C in {1, 2, 4, 8, 16}; 16 is
+//  - resident: a cluster of C blocks per row (C in {1, 2, ..., 8, 16}; 16 is
 //    the non-portable cluster size, used where the device schedules it),
 //    one 1024-thread block per SM. Each block copies its slice of the row
 //    (at most kTopkResidentMaxSlice ids) into shared memory once; every later
@@ -47,7 +47,8 @@ inline constexpr int64_t kTopkMinSliceRecords = 8192;
 // Resident kernel: threads of one block (one block per SM), the most ids one
 // block holds in shared memory, the fewest ids a block of a multi-block row
 // keeps under the automatic plan, the candidates (ids at or above the bucket
-// of the k-th largest key) one block may gather, and the largest cluster.
+// of the k-th largest key) one block may gather with the largest slice (a
+// smaller slice leaves room for up to twice as many), and the largest cluster.
 inline constexpr int kTopkResidentThreads = 1024;
 inline constexpr int64_t kTopkResidentMaxSlice = 32768;
 inline constexpr int64_t kTopkResidentMinSlice = 4096;
@@ -63,10 +64,11 @@ enum class TopkKernelKind { kAuto, kStreaming, kResident };
 struct TopkLaunchOptions {
   TopkKernelKind kernel = TopkKernelKind::kAuto;
   // Blocks per row: 0 = the kernel's automatic choice; else streaming 1, 2,
-  // 4, 8, resident 1, 2, 4, 8, 16. Must be 0 when kernel is kAuto.
+  // 4, 8, resident 1 to 8 or 16. Must be 0 when kernel is kAuto.
   int cluster = 0;
-  // Candidate capacity per block: -1 = the kernel's default (kTopkCandidates,
-  // kTopkResidentCandidates), else 0 up to that default (resident: a
+  // Candidate capacity per block: -1 = the kernel's default (kTopkCandidates;
+  // resident: kTopkResidentCandidates, more where the slice leaves room),
+  // else 0 up to kTopkCandidates (resident: kTopkResidentCandidates, a
   // multiple of 4). 0 disables the candidate lists: every pass then reads
   // all ids (the streaming kernel re-reads global memory).
   int candidates = -1;

@@ -11,16 +11,21 @@
 // 1024-thread block per SM, a cluster of C blocks per row, block r owning the
 // ids [r x slice, (r + 1) x slice) with slice <= kTopkResidentMaxSlice.
 //   1. Every block starts an asynchronous copy of its slice's scores into
-//      shared memory (the only read of the scores), and meanwhile loads the
+//      shared memory (the only read of the scores; each lane copies the ids
+//      it visits in every later pass, so it waits for its own copies and no
+//      barrier waits for the slowest), and meanwhile loads the
 //      same sample of the row (4 ids per thread, spread evenly), histograms
 //      its top digit and finds the bucket e where the sample's estimate of
 //      the ids at or above a bucket reaches k (and the one where it reaches
 //      4k): the same e in every block, with no exchange.
 //   2. One pass over the slice counts the ids at or above five boundaries of
-//      the top digit: e + 1, e, e - 1, e - 2 and the 4k estimate. A cluster
+//      the top digit: e + 1, e, e - 1, e - 2 and the 4k estimate, and the ids
+//      equal to the probe (the sample's largest key in bucket e). A cluster
 //      barrier sums the counts: the first boundary with >= k ids at or above
 //      it brackets T's top-digit bucket; adjacent boundaries (the usual case)
-//      fix it without any histogram.
+//      fix it without any histogram. When that bucket is e and all its ids
+//      equal the probe (ties: quantized scores, a run of zeros), T is the
+//      probe and the counts already taken place every output: straight to 5.
 //   3. Each block gathers its ids at or above that boundary (every id the
 //      selection can take: the candidates) into a list in id order, when
 //      they fit; otherwise its later passes visit the whole slice, filtered.
@@ -38,7 +43,7 @@
 //      them at G-before + min(ties, E-before) in ascending id order (ties in
 //      id order, the lowest ids first). The last block writes the -1 padding.
 // A typical row thus reads its scores once and meets at 2 cluster barriers
-// and a split one at the exit.
+// and a split one at the exit (a row whose T bucket is one tied key: 1).
 //
 // The streaming kernel (rows too long for the resident one), described in
 // its own section below, reads the scores from global memory at every pass.

@@ -28,11 +28,17 @@ static_assert(kTopkMaxRecords + int64_t{kTopkMaxCluster} * kTileIds < INT32_MAX,
               "ids, slices and bitmap bits stay in int32");
 
 using ResidentKernelFn = void (*)(ResidentArgs);
-constexpr int kResidentClusters[] = {1, 2, 4, 8, 16};
-constexpr int kResidentSizes = 5;
-constexpr ResidentKernelFn kResidentKernels[] = {TopkResidentKernel<1>, TopkResidentKernel<2>,
-                                                 TopkResidentKernel<4>, TopkResidentKernel<8>,
-                                                 TopkResidentKernel<16>};
+// Every size up to 8 (not only powers of two: 17 rows of 131K run 6 blocks
+// per row in one wave where 8 would take two), and 16.
+constexpr int kResidentClusters[] = {1, 2, 3, 4, 5, 6, 7, 8, 16};
+constexpr int kResidentSizes = 9;
+constexpr ResidentKernelFn kResidentKernels[] = {
+    TopkResidentKernel<1>, TopkResidentKernel<2>, TopkResidentKernel<3>,
+    TopkResidentKernel<4>, TopkResidentKernel<5>, TopkResidentKernel<6>,
+    TopkResidentKernel<7>, TopkResidentKernel<8>, TopkResidentKernel<16>};
+static_assert(sizeof(kResidentClusters) / sizeof(int) == kResidentSizes &&
+                  sizeof(kResidentKernels) / sizeof(ResidentKernelFn) == kResidentSizes,
+              "one kernel per resident cluster size");
 static_assert(kTopkResidentMaxCluster == 16, "kResidentKernels instantiates clusters up to 16 blocks");
 static_assert(kTopkMaxRecords + kTopkResidentMaxSlice < INT32_MAX, "ids stay in int32");
 
@@ -254,7 +260,8 @@ cudaError_t LaunchTopk(const TopkDims& d, const TopkBuffers& io, uint32_t* works
     a.records = static_cast<int32_t>(d.records);
     a.top_k = static_cast<int32_t>(d.top_k);
     a.slice = static_cast<int32_t>(ResidentSlice(d.records, plan.cluster));
-    a.capacity = options.candidates < 0 ? kTopkResidentCandidates : options.candidates;
+    a.region = ResidentRegion(a.slice);
+    a.capacity = options.candidates < 0 ? a.region : options.candidates;
     a.vec4 = vec4;
     return Fail(LaunchClusters(kResidentKernels[index], a, d.rows, plan.cluster, kTopkResidentThreads,
                                static_cast<size_t>(kResidentSharedBytes), stream),

@@ -11,8 +11,8 @@ namespace {
 
 constexpr int kResidentWarps = kTopkResidentThreads / kWarp;
 static_assert(kResidentWarps == kWarp, "a warp reads every warp's count in one load");
-static_assert(kTopkResidentMaxCluster <= kWarp && kResidentWarps % kTopkResidentMaxCluster == 0,
-              "a warp reads every block's counts in one load; warps split evenly over the blocks");
+static_assert(kTopkResidentMaxCluster <= kWarp && kTopkResidentMaxCluster <= kResidentWarps,
+              "a warp reads every block's counts in one load; every block's candidates get a warp");
 constexpr int kResidentBinsPerThread = kTopkBins / kTopkResidentThreads;
 static_assert(kResidentBinsPerThread == 2, "a thread reads its 2 bins of a histogram as one uint2");
 // Ids a warp visits per step: 4 consecutive ids per lane, one 16-byte load.
@@ -31,15 +31,32 @@ constexpr int64_t kSafetyFactor = 4;
 // Candidate keys of a whole row one block holds after the exchange.
 constexpr int kMergedCapacity = 8192;
 static_assert(kMergedCapacity >= kTopkBins, "the merged list's space also holds a share of a histogram");
-// Dynamic shared memory, at fixed offsets (one block per SM): histograms of
-// digits 0 (over a bracket of buckets), 1 and 2 (the sample's goes in the
-// third first), the slice's score bits, the candidates' keys and positions,
-// and the merged candidate keys of the row (or, in rows that do not
-// exchange candidates, this block's share of a merged histogram).
+// Dynamic shared memory (one block per SM): histograms of digits 0 (over a
+// bracket of buckets), 1 and 2 (the sample's goes in the third first), the
+// slice's score bits [slice], the candidates' keys and positions
+// [region] each, and the merged candidate keys of the row (or, in rows that
+// do not exchange candidates, this block's share of a merged histogram).
+// A slice below kTopkResidentMaxSlice leaves its room to the candidates: up
+// to kResidentMaxRegion each (many ties in T's bucket, e.g. one exponent,
+// then still pass over a list rather than the slice).
+constexpr int kResidentMaxRegion = 8192;
 constexpr int64_t kResidentSharedBytes =
     sizeof(uint32_t) * (3 * kTopkBins + kTopkResidentMaxSlice + 2 * int64_t{kTopkResidentCandidates} +
                         kMergedCapacity);
 static_assert(kResidentSharedBytes + 4096 <= 227 * 1024, "fits the opt-in shared memory of sm_90");
+static_assert(kResidentMaxRegion % kStepIds == 0 && kResidentMaxRegion >= kTopkResidentCandidates,
+              "a step never reads past the candidate list");
+
+// Entries of each candidate array for a slice of `slice` ids: what the slice
+// leaves of kTopkResidentMaxSlice + 2 x kTopkResidentCandidates, halved, in
+// whole steps, at most kResidentMaxRegion (kTopkResidentCandidates at the
+// largest slice).
+__host__ __device__ constexpr int ResidentRegion(int64_t slice) {
+  const int64_t free_words = kTopkResidentMaxSlice + 2 * int64_t{kTopkResidentCandidates} - slice;
+  const int64_t region = free_words / 2 / kStepIds * kStepIds;
+  return static_cast<int>(region < kResidentMaxRegion ? region : kResidentMaxRegion);
+}
+static_assert(ResidentRegion(kTopkResidentMaxSlice) == kTopkResidentCandidates, "the largest slice");
 
 struct ResidentArgs {
   const float* scores;    // [S, R]
@@ -48,7 +65,8 @@ struct ResidentArgs {
   int32_t records;        // R <= kTopkMaxRecords
   int32_t top_k;          // k, 1 <= k <= R
   int32_t slice;          // ids per block: a multiple of kStepIds, <= kTopkResidentMaxSlice
-  int32_t capacity;       // candidates a block may gather: a multiple of 4, <= kTopkResidentCandidates
+  int32_t region;         // entries of each candidate array: ResidentRegion(slice)
+  int32_t capacity;       // candidates a block may gather: a multiple of 4, <= region
   bool vec4;              // every row of scores starts 16-byte aligned (16-byte copies)
 };
 
@@ -58,6 +76,8 @@ struct ResidentShared {
   unsigned long long warp_out[kResidentWarps];        // per warp: ids above T (high), equal (low)
   uint32_t warp_counts[kResidentWarps][kBoundaries];  // per warp: ids at or above each boundary
   uint32_t counts[kBoundaries];                       // their sums over the block
+  uint32_t probe;     // the sample's largest key in T's estimated bucket (0: none sampled)
+  uint32_t probe_count;                               // ids of the block whose key is `probe`
   uint32_t share_total[kTopkDigits];                  // per digit: this block's share of the merged histogram
   unsigned long long totals;                          // ids above T (high), equal (low), no exchange
   int32_t estimate[2];  // top-digit buckets where the sample's estimate reaches k, kSafetyFactor x k
@@ -66,6 +86,8 @@ struct ResidentShared {
   uint32_t above;              // ids with top digit >= range_hi
   int32_t gather;              // boundary at range_lo (candidates: top digit >= range_lo), -1: none
   bool exchange;               // every block's candidates fit and are merged in every block
+  bool single;                 // T's bucket holds one key, `probe`: T is known, no digit passes
+  unsigned long long single_before;  // when single: ids above T (high), equal (low) in lower blocks
   uint32_t merged_size;
   uint32_t rank_count[kTopkResidentMaxCluster];   // candidates of each block
   uint32_t rank_offset[kTopkResidentMaxCluster];  // their place in the merged list
@@ -127,13 +149,16 @@ __device__ __forceinline__ unsigned long long ResidentBlockSum(unsigned long lon
 }
 
 // The ids a pass visits, in ascending id order: the slice's sealed ids (keys
-// made from the score bits) or the candidates.
+// made from the score bits, or the keys themselves once step 2 has stored
+// them in place) or the candidates.
 struct Source {
-  const uint32_t* bits;      // [slice] score bits, when !candidates
-  const uint32_t* cand_key;  // [kTopkResidentCandidates] keys, when candidates
-  const uint32_t* cand_pos;  // [kTopkResidentCandidates] positions in the slice (id - first id)
-  int size;                  // entries
+  const uint32_t* bits;      // [slice] score bits (keys when `keys`), when !candidates
+  const uint32_t* cand_key;  // [region] keys, when candidates
+  const uint32_t* cand_pos;  // [region] positions in the slice (id - first id)
+  int size;                  // entries: they set each warp's range
+  int limit;                 // entries at or past it are not visited (the slice: its sealed ids)
   bool candidates;
+  bool keys;                 // `bits` holds keys already
 };
 
 // A lane's 4 consecutive entries of a step.
@@ -143,16 +168,23 @@ struct Entries {
   unsigned valid;  // bit j: entry j exists
 };
 
-// Visits the entries [0, src.size): warp w owns the w-th of 32 contiguous
-// ranges of whole steps (so a warp's entries follow those of lower warps)
-// and visits them step by step, lane l holding entries base + 4l .. + 3.
-// visit(entries) is called by whole warps; every pass over the same source
-// gives a warp the same range.
+// Warp w's range of entries [0, size) (its w-th of 32 contiguous ranges of
+// whole steps, so a warp's entries follow those of lower warps).
+__device__ __forceinline__ int2 WarpRange(int size, int warp) {
+  const int per_warp = (size + kResidentWarps * kStepIds - 1) / (kResidentWarps * kStepIds) * kStepIds;
+  const int begin = min(warp * per_warp, size);
+  return make_int2(begin, min(begin + per_warp, size));
+}
+
+// Visits the entries [0, src.limit) of warp w's range of [0, src.size) step
+// by step, lane l holding entries base + 4l .. + 3. visit(entries) is called
+// by whole warps; every pass over the same source gives a warp the same
+// range, and a lane the entries it copied into shared memory (the slice).
 template <typename Visit>
 __device__ __forceinline__ void ForEachStep(const Source& src, int warp, int lane, Visit&& visit) {
-  const int per_warp = (src.size + kResidentWarps * kStepIds - 1) / (kResidentWarps * kStepIds) * kStepIds;
-  const int begin = min(warp * per_warp, src.size);
-  const int end = min(begin + per_warp, src.size);
+  const int2 range = WarpRange(src.size, warp);
+  const int begin = range.x;
+  const int end = min(range.y, src.limit);
   for (int base = begin; base < end; base += kStepIds) {
     const int first = base + 4 * lane;
     Entries e;
@@ -169,10 +201,10 @@ __device__ __forceinline__ void ForEachStep(const Source& src, int warp, int lan
       e.pos[3] = static_cast<int>(pos.w);
     } else {
       const uint4 bits = *reinterpret_cast<const uint4*>(src.bits + first);
-      e.key[0] = TopkOrderedKey(bits.x);
-      e.key[1] = TopkOrderedKey(bits.y);
-      e.key[2] = TopkOrderedKey(bits.z);
-      e.key[3] = TopkOrderedKey(bits.w);
+      e.key[0] = src.keys ? bits.x : TopkOrderedKey(bits.x);
+      e.key[1] = src.keys ? bits.y : TopkOrderedKey(bits.y);
+      e.key[2] = src.keys ? bits.z : TopkOrderedKey(bits.z);
+      e.key[3] = src.keys ? bits.w : TopkOrderedKey(bits.w);
 #pragma unroll
       for (int j = 0; j < 4; ++j) e.pos[j] = first + j;
     }
@@ -229,19 +261,26 @@ __device__ void EstimateBuckets(const uint32_t* hist, int n, uint32_t unsealed, 
 
 // After the barrier that completed every block's counts: warp 0 sums them
 // (lane r reads block r's) into the bracket of T's bucket and the
-// candidates' places, the same in every block. Warp-collective (warp 0).
+// candidates' places, the same in every block. When the bracket is the
+// estimated bucket alone (bound[1] = e) and every id in it has the key
+// `probe` (ties: quantized scores, a run of zeros), T is that key: sh.single,
+// with the counts the output needs (the ids above the bucket and in it, in
+// the lower-ranked blocks) taken from the same sums. Warp-collective (warp 0).
 template <int kCluster>
 __device__ void DecideBracket(ResidentShared& sh, const int (&bound)[kBoundaries], uint32_t unsealed,
-                              int k, int capacity, int lane) {
+                              int k, int capacity, uint32_t probe, unsigned rank, int lane) {
   uint32_t mine[kBoundaries];
 #pragma unroll
   for (int b = 0; b < kBoundaries; ++b)
     mine[b] = lane < kCluster ? *Cluster<kCluster>::Map(&sh.counts[b], static_cast<unsigned>(lane)) : 0u;
+  const uint32_t mine_probe =
+      lane < kCluster ? *Cluster<kCluster>::Map(&sh.probe_count, static_cast<unsigned>(lane)) : 0u;
   int range_lo = 0, range_hi = kTopkBins, gather = -1;
-  uint32_t above = 0, count = 0;
+  uint32_t above = 0, count = 0, at_or_above_e = 0;
 #pragma unroll
   for (int b = 0; b < kBoundaries; ++b) {
     const uint32_t at_or_above = WarpSum(mine[b]) + (kUnsealedBin >= bound[b] ? unsealed : 0u);
+    if (b == 1) at_or_above_e = at_or_above;
     if (gather < 0) {
       if (at_or_above >= static_cast<uint32_t>(k)) {
         gather = b;
@@ -253,9 +292,17 @@ __device__ void DecideBracket(ResidentShared& sh, const int (&bound)[kBoundaries
       }
     }
   }
+  // Ids with key `probe` (all in bucket bound[1] when TopBin(probe) is that
+  // bucket), against the ids in that bucket.
+  const uint32_t probe_ids = WarpSum(mine_probe) + (probe == kTopkUnsealedKey ? unsealed : 0u);
+  const bool single =
+      gather == 1 && TopBin(probe) == bound[1] && probe_ids == at_or_above_e - above;
   uint32_t total;
   const uint32_t offset = WarpExclusiveSum(count, lane, &total);
   const bool fits = __all_sync(kFullMask, count <= static_cast<uint32_t>(capacity));
+  // This block's lower-ranked peers: sealed ids above the bucket, and in it.
+  const uint32_t g_lower = WarpSum(lane < static_cast<int>(rank) ? mine[0] : 0u);
+  const uint32_t e_lower = WarpSum(lane < static_cast<int>(rank) ? mine[1] - mine[0] : 0u);
   if (lane < kCluster) {
     sh.rank_count[lane] = count;
     sh.rank_offset[lane] = offset;
@@ -266,7 +313,9 @@ __device__ void DecideBracket(ResidentShared& sh, const int (&bound)[kBoundaries
     sh.above = above;
     sh.gather = gather;
     sh.merged_size = total;
-    sh.exchange = gather >= 0 && fits && total <= kMergedCapacity;
+    sh.single = single;
+    sh.single_before = (static_cast<unsigned long long>(g_lower) << 32) | e_lower;
+    sh.exchange = !single && gather >= 0 && fits && total <= kMergedCapacity;
   }
 }
 
@@ -275,9 +324,11 @@ __device__ void DecideBracket(ResidentShared& sh, const int (&bound)[kBoundaries
 template <int kCluster>
 __device__ void MergeCandidates(uint32_t* merged, uint32_t* cand_key, const ResidentShared& sh, int warp,
                                 int lane) {
+  // Cluster sizes that do not divide the warps leave the last few idle.
   constexpr int kWarpsPerRank = kResidentWarps / kCluster;
   constexpr int kStride = kWarpsPerRank * kWarp;
   const unsigned r = static_cast<unsigned>(warp / kWarpsPerRank);
+  if (r >= static_cast<unsigned>(kCluster)) return;
   const int count = static_cast<int>(sh.rank_count[r]);
   uint32_t* const to = merged + sh.rank_offset[r];
   const uint32_t* const from = Cluster<kCluster>::Map(cand_key, r);
@@ -328,15 +379,21 @@ template <int kCluster>
 __device__ uint2 ClusterChooseBucket(const uint32_t* hist, int level, int extra_bin, uint32_t extra,
                                      uint32_t remaining, uint32_t* share_bins, ResidentShared& sh,
                                      unsigned rank, int tid, int warp, int lane) {
-  constexpr int kShare = kTopkBins / kCluster;
+  // Shares round up (cluster sizes that do not divide the bins): the last
+  // share's bins past kTopkBins hold 0.
+  constexpr int kShare = (kTopkBins + kCluster - 1) / kCluster;
+  static_assert(kShare <= kTopkResidentThreads || kShare % kTopkResidentThreads == 0,
+                "a thread holds a whole number of a share's bins");
   constexpr int kPerThread = kShare > kTopkResidentThreads ? kShare / kTopkResidentThreads : 1;
   const int first = static_cast<int>(rank) * kShare;
   uint32_t local = 0;
   for (int i = tid; i < kShare; i += kTopkResidentThreads) {
     uint32_t sum = first + i == extra_bin ? extra : 0u;
+    if (first + i < kTopkBins) {
 #pragma unroll 4
-    for (int r = 0; r < kCluster; ++r)
-      sum += Cluster<kCluster>::Map(hist, static_cast<unsigned>(r))[first + i];
+      for (int r = 0; r < kCluster; ++r)
+        sum += Cluster<kCluster>::Map(hist, static_cast<unsigned>(r))[first + i];
+    }
     share_bins[i] = sum;
     local += sum;
   }
@@ -394,10 +451,10 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   uint32_t* const hist0 = topk_dynamic_shared;                    // [kTopkBins] each
   uint32_t* const hist1 = hist0 + kTopkBins;
   uint32_t* const hist2 = hist1 + kTopkBins;
-  uint32_t* const bits = hist2 + kTopkBins;                       // [kTopkResidentMaxSlice]
-  uint32_t* const cand_key = bits + kTopkResidentMaxSlice;        // [kTopkResidentCandidates]
-  uint32_t* const cand_pos = cand_key + kTopkResidentCandidates;  // [kTopkResidentCandidates]
-  uint32_t* const merged = cand_pos + kTopkResidentCandidates;    // [kMergedCapacity]
+  uint32_t* const bits = hist2 + kTopkBins;         // [slice]
+  uint32_t* const cand_key = bits + a.slice;        // [region]
+  uint32_t* const cand_pos = cand_key + a.region;   // [region]
+  uint32_t* const merged = cand_pos + a.region;     // [kMergedCapacity]
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid / kWarp, lane = tid % kWarp;
   const unsigned rank = Cluster<kCluster>::Rank();
@@ -408,21 +465,42 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   const int hi = min(lo + a.slice, R);
   const float* const scores = a.scores + row * R;
 
-  // 1. The slice's scores into shared memory (all of [lo, hi): the copies need
-  // not wait for `sealed`), and the sample: quad q of the row's R / 4 quads
-  // spread evenly over the threads, the same in every block.
-  if (a.vec4) {
-    for (int i = 4 * tid; i < hi - lo; i += 4 * kTopkResidentThreads)
-      CopyToShared16(bits + i, scores + lo + i);
-  } else {
-    for (int i = tid; i < hi - lo; i += kTopkResidentThreads) CopyToShared4(bits + i, scores + lo + i);
-  }
+  // 1. The sample: quad q of the row's R / 4 quads spread evenly over the
+  // threads, the same in every block; its loads go first, so that the
+  // estimate below overlaps the copy. Then the slice's scores into shared
+  // memory (all of [lo, hi): the copies need not wait for `sealed`).
   const int quads = (R + 3) / 4;
   const int sample_first =
       4 * (quads <= kTopkResidentThreads ? tid
                                          : static_cast<int>(int64_t{tid} * quads / kTopkResidentThreads));
-  const Quad sample = LoadQuad(scores, sample_first, R, a.vec4);
-  const int n = min(max(a.sealed[row], 0), R);
+  // Raw loads only: their first use comes after the copies are issued.
+  float4 sample_raw = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (a.vec4 && sample_first + 3 < R) {
+    sample_raw = __ldg(reinterpret_cast<const float4*>(scores + sample_first));
+  } else {
+    if (sample_first < R) sample_raw.x = __ldg(scores + sample_first);
+    if (sample_first + 1 < R) sample_raw.y = __ldg(scores + sample_first + 1);
+    if (sample_first + 2 < R) sample_raw.z = __ldg(scores + sample_first + 2);
+    if (sample_first + 3 < R) sample_raw.w = __ldg(scores + sample_first + 3);
+  }
+  const int sealed_raw = a.sealed[row];
+  {
+    // Each lane copies exactly the ids it visits in every pass over the slice
+    // (ForEachStep's mapping): it waits for its own copies only, no barrier.
+    const int2 range = WarpRange(hi - lo, warp);
+    for (int first = range.x + 4 * lane; first < range.y; first += kStepIds) {
+      if (a.vec4) {  // hi - lo is a multiple of 4
+        CopyToShared16(bits + first, scores + lo + first);
+      } else {
+        for (int j = 0; j < 4 && first + j < range.y; ++j) CopyToShared4(bits + first + j, scores + lo + first + j);
+      }
+    }
+  }
+  // Ids past R are never sampled (their keys are never read: `sample_first +
+  // j < n` below).
+  const uint32_t sample_key[4] = {KeyOf(sample_raw.x), KeyOf(sample_raw.y), KeyOf(sample_raw.z),
+                                  KeyOf(sample_raw.w)};
+  const int n = min(max(sealed_raw, 0), R);
   const uint32_t unsealed = static_cast<uint32_t>(R - n);
   const int sealed_in_slice = max(0, min(hi, n) - lo);  // bits[0, sealed_in_slice)
 
@@ -433,11 +511,13 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     // Without samples (nothing sealed) the unsealed ids' bucket is the guess.
     sh.estimate[0] = kUnsealedBin;
     sh.estimate[1] = 0;
+    sh.probe = 0;
+    sh.probe_count = 0;
   }
   __syncthreads();
 #pragma unroll
   for (int j = 0; j < 4; ++j)
-    HistogramAdd(hist2, TopkDigit(sample.key[j], 0), sample_first + j < n, lane);
+    HistogramAdd(hist2, TopkDigit(sample_key[j], 0), sample_first + j < n, lane);
   __syncthreads();
   EstimateBuckets(hist2, n, unsealed, k, sh, tid, warp, lane);
   __syncthreads();
@@ -446,21 +526,39 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
 #pragma unroll
   for (int b = 0; b < kNearBoundaries; ++b) bound[b] = estimate + 1 - b;
   bound[kBoundaries - 1] = min(estimate - kNearBoundaries + 1, sh.estimate[1]);
+  {
+    // The probe: the largest sampled key in the estimated bucket, the same in
+    // every block (the same sample). If every id of that bucket has this key
+    // and T lies there, T is known after the counts (DecideBracket).
+    uint32_t probe = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (sample_first + j < n && TopBin(sample_key[j]) == estimate) probe = max(probe, sample_key[j]);
+    probe = __reduce_max_sync(kFullMask, probe);
+    if (lane == 0 && probe != 0) atomicMax(&sh.probe, probe);
+  }
   for (int i = tid; i < kTopkBins; i += kTopkResidentThreads) hist2[i] = 0;  // for digit 2
-  CopiesWait();
   __syncthreads();
+  const uint32_t probe = sh.probe;
+  CopiesWait();  // this lane's ids of the slice (no other lane reads them)
 
   // 2. Exact counts at the boundaries; the cluster's sums bracket T's bucket.
-  const Source slice{bits, cand_key, cand_pos, sealed_in_slice, false};
+  // The slice's keys replace its score bits as this pass goes (each lane its
+  // own ids, a whole step in bounds): later passes read keys.
+  const Source slice{bits, cand_key, cand_pos, hi - lo, sealed_in_slice, false, true};
   {
     uint32_t count[kBoundaries] = {};
-    ForEachStep(slice, warp, lane, [&](const Entries& e) {
+    uint32_t probe_count = 0;
+    const Source slice_bits{bits, cand_key, cand_pos, hi - lo, sealed_in_slice, false, false};
+    ForEachStep(slice_bits, warp, lane, [&](const Entries& e) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int bin = TopBin(e.key[j]);
 #pragma unroll
         for (int b = 0; b < kBoundaries; ++b) count[b] += (Valid(e, j) && bin >= bound[b]) ? 1u : 0u;
+        probe_count += (Valid(e, j) && e.key[j] == probe) ? 1u : 0u;
       }
+      *reinterpret_cast<uint4*>(bits + e.pos[0]) = make_uint4(e.key[0], e.key[1], e.key[2], e.key[3]);
     });
 #pragma unroll
     for (int b = 0; b < kBoundaries; ++b) {
@@ -470,19 +568,24 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
         atomicAdd(&sh.counts[b], count[b]);
       }
     }
+    probe_count = WarpSum(probe_count);
+    if (lane == 0 && probe_count > 0) atomicAdd(&sh.probe_count, probe_count);
   }
   Cluster<kCluster>::Sync();
-  if (warp == 0) DecideBracket<kCluster>(sh, bound, unsealed, k, a.capacity, lane);
+  if (warp == 0) DecideBracket<kCluster>(sh, bound, unsealed, k, a.capacity, probe, rank, lane);
   __syncthreads();
   const int range_lo = sh.range_lo, range_hi = sh.range_hi, gather = sh.gather;
   const bool exchange = sh.exchange;
+  // T's bucket holds one key: no candidates, no digits, and the output's
+  // counts are the boundary counts already taken.
+  const bool single = sh.single;
   uint32_t remaining = static_cast<uint32_t>(k) - sh.above;
   uint32_t prefix = static_cast<uint32_t>(range_lo) << TopkDigitShift(0);
 
   // 3. Candidates: the ids with top digit >= range_lo (every id the selection
   // can take), in id order, when this block's fit.
   const uint32_t gathered = gather >= 0 ? sh.rank_count[rank] : 0u;
-  const bool use_candidates = gather >= 0 && gathered <= static_cast<uint32_t>(a.capacity);
+  const bool use_candidates = !single && gather >= 0 && gathered <= static_cast<uint32_t>(a.capacity);
   if (use_candidates) {
     const uint32_t per_warp = sh.warp_counts[lane][gather];  // lane w: warp w's count
     uint32_t at = WarpSum(lane < warp ? per_warp : 0u);
@@ -505,14 +608,21 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
       });
     }
   }
-  const Source src = use_candidates ? Source{bits, cand_key, cand_pos, static_cast<int>(gathered), true}
-                                    : slice;
+  const Source src =
+      use_candidates
+          ? Source{bits, cand_key, cand_pos, static_cast<int>(gathered), static_cast<int>(gathered), true, true}
+          : slice;
   if (use_candidates && !exchange) __syncthreads();  // passes read other warps' candidates
 
   // 4. The digits.
   uint32_t threshold, ties;
   unsigned long long before = 0;  // ids above T (high) and equal (low) in lower-ranked blocks
-  if (exchange) {
+  if (single) {
+    threshold = probe;
+    ties = remaining;
+    before = sh.single_before;
+    Cluster<kCluster>::Arrive();  // DecideBracket's were the last reads of a peer
+  } else if (exchange) {
     // Typical rows: the row's candidates fit in one block. Every block merges
     // them and finishes alone.
     Cluster<kCluster>::Sync();  // every block's candidates are in place
@@ -581,21 +691,28 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   // 5. Output: every id above T, and the first `ties` equal to T, at its
   // place in ascending id order.
   uint32_t g_warp = 0, e_warp = 0;
-  ForEachStep(src, warp, lane, [&](const Entries& e) {
+  if (single) {
+    // The boundary counts of step 2 over the same source (the slice): above
+    // T's bucket, and in it (every id of which has the key T).
+    g_warp = sh.warp_counts[warp][0];
+    e_warp = sh.warp_counts[warp][1] - g_warp;
+  } else {
+    ForEachStep(src, warp, lane, [&](const Entries& e) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      g_warp += (Valid(e, j) && e.key[j] > threshold) ? 1u : 0u;
-      e_warp += (Valid(e, j) && e.key[j] == threshold) ? 1u : 0u;
-    }
-  });
-  g_warp = WarpSum(g_warp);
-  e_warp = WarpSum(e_warp);
+      for (int j = 0; j < 4; ++j) {
+        g_warp += (Valid(e, j) && e.key[j] > threshold) ? 1u : 0u;
+        e_warp += (Valid(e, j) && e.key[j] == threshold) ? 1u : 0u;
+      }
+    });
+    g_warp = WarpSum(g_warp);
+    e_warp = WarpSum(e_warp);
+  }
   if (lane == 0) sh.warp_out[warp] = (static_cast<unsigned long long>(g_warp) << 32) | e_warp;
   __syncthreads();
   const unsigned long long per_warp = sh.warp_out[lane];  // lane w: warp w's counts
   const unsigned long long warps_before = WarpSum(lane < warp ? per_warp : 0ull);
   const unsigned long long block_total = WarpSum(per_warp);
-  if (!exchange) {
+  if (!exchange && !single) {
     if (tid == 0) sh.totals = block_total;
     Cluster<kCluster>::Sync();  // every block's totals are in place
     if (warp == 0) {
@@ -612,10 +729,12 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   }
   const uint32_t g_before = static_cast<uint32_t>(before >> 32), e_before = static_cast<uint32_t>(before);
   int32_t* const out = a.selected + row * k;
-  if (g_warp + e_warp > 0) {
-    // Selected ids before an id: every id above T, the first `ties` equal to T.
-    uint32_t g_seen = g_before + static_cast<uint32_t>(warps_before >> 32);
-    uint32_t e_seen = e_before + static_cast<uint32_t>(warps_before);
+  // Selected ids before an id: every id above T, the first `ties` equal to T.
+  uint32_t g_seen = g_before + static_cast<uint32_t>(warps_before >> 32);
+  uint32_t e_seen = e_before + static_cast<uint32_t>(warps_before);
+  // A warp writes when it holds an id above T, or one of the first `ties`
+  // equal to T (many ties: most warps hold only ties past the first `ties`).
+  if (g_warp > 0 || (e_warp > 0 && e_seen < ties)) {
     ForEachStep(src, warp, lane, [&](const Entries& e) {
       unsigned greater = 0, equal = 0;
 #pragma unroll

@@ -5,7 +5,7 @@
 // blocks per row forced, each with the default candidate capacity, with none
 // (every level reads the scores again, then the final pass marks the
 // bitmaps) and with a small one (the early exit at a later level, or not at
-// all); the resident kernel with clusters of 1, 2, 4, 8 and 16 forced, each
+// all); the resident kernel with clusters of 1 to 8 and 16 forced, each
 // with the default capacity, with none (every pass visits the whole slice)
 // and with a small one (blocks of one row mixing both). Resident variants
 // whose slice exceeds kTopkResidentMaxSlice, or whose cluster size the
@@ -27,6 +27,7 @@
 //   compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/topk_cuda_check --quick --quiet
 //   compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 build/tests/topk_cuda_check --quick --quiet
 // Last line: "N passed, M failed, K skipped"; the exit status is non-zero on failure.
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -82,6 +83,8 @@ enum class Kind {
   kPeriodicLow,      // normals, but ids 0..3 of every R / 1024 far below (far above): where R is
   kPeriodicHigh,     // a multiple of 4096 exactly the ids the resident kernel samples, so its
                      // estimate of the k-th key's bucket is far too low (high)
+  kIndexer,          // relu(k0 k1 + k2) of fp8-rounded normals: half zeros, T positive, ties
+  kZeros,            // relu(k0 + k1 - 3.25) of fp8-rounded normals: ~99% zeros, T = +0.0
 };
 
 const char* KindName(Kind kind) {
@@ -96,6 +99,8 @@ const char* KindName(Kind kind) {
     case Kind::kMostlyMinusInf: return "mostly_minus_inf";
     case Kind::kPeriodicLow: return "periodic_low";
     case Kind::kPeriodicHigh: return "periodic_high";
+    case Kind::kIndexer: return "indexer";
+    case Kind::kZeros: return "zeros";
   }
   return "?";
 }
@@ -106,6 +111,9 @@ const float kSpecials[] = {
     FromBits(0x7f800001u), FromBits(0xff800001u), FromBits(0x00000001u), FromBits(0x80000001u),
     std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(), 1.0f, -1.0f,
 };
+
+// A float rounded to float8_e4m3fn (an fp8 key's value) and back.
+float E4m3(float x) { return static_cast<float>(__nv_fp8_e4m3(x)); }
 
 void FillScores(Kind kind, Rng& rng, std::vector<float>& scores, int64_t R) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -133,6 +141,16 @@ void FillScores(Kind kind, Rng& rng, std::vector<float>& scores, int64_t R) {
         const int64_t period = std::max<int64_t>(4, R / 1024);
         const float away = kind == Kind::kPeriodicLow ? -100.0f : 100.0f;
         x = static_cast<int64_t>(i % R) % period < 4 ? away + normal(rng) : normal(rng);
+        break;
+      }
+      case Kind::kIndexer: {
+        const float k0 = E4m3(normal(rng)), k1 = E4m3(normal(rng)), k2 = E4m3(normal(rng));
+        x = std::max(k0 * k1 + k2, 0.0f);
+        break;
+      }
+      case Kind::kZeros: {
+        const float k0 = E4m3(normal(rng)), k1 = E4m3(normal(rng));
+        x = 0.5f * std::max(k0 + k1 - 3.25f, 0.0f);
         break;
       }
     }
@@ -175,12 +193,13 @@ std::vector<Case> TopkCases(bool quick) {
   };
   const Kind all_kinds[] = {Kind::kNormal,  Kind::kUniform12, Kind::kQuantized,      Kind::kEqual,
                             Kind::kSpecial, Kind::kRawBits,   Kind::kAscending,      Kind::kMostlyMinusInf,
-                            Kind::kPeriodicLow};
+                            Kind::kPeriodicLow, Kind::kIndexer, Kind::kZeros};
   if (quick) {
     // Small enough for racecheck (every variant of every case within ~60 s):
     // R = 6000 still gives every block of a 16-block row a slice, and k = 600
     // overflows the capacity-64 variants' candidate lists.
     for (Kind kind : all_kinds) add(3, 1001, 40, kind, Sealed::kRagged);
+    add(2, 6000, 600, Kind::kZeros, Sealed::kAll);
     add(2, 5, 5, Kind::kSpecial, Sealed::kRagged);
     add(2, 6000, 600, Kind::kNormal, Sealed::kRagged);
     add(2, 6000, 600, Kind::kQuantized, Sealed::kAll, 4);
@@ -205,6 +224,14 @@ std::vector<Case> TopkCases(bool quick) {
       add(80, R, 2048, kind, Sealed::kRagged);
     }
   }
+  // The decode step's batch (17 rows of 131K: 6 blocks per row) and 41 rows of
+  // 32K, on every kind of scores; the tie-heavy ones fully sealed too.
+  for (Kind kind : all_kinds) {
+    add(17, 131072, 2048, kind, Sealed::kRagged);
+    add(41, 32768, 2048, kind, Sealed::kRagged);
+  }
+  for (Kind kind : {Kind::kQuantized, Kind::kZeros, Kind::kIndexer, Kind::kUniform12})
+    add(17, 131072, 2048, kind, Sealed::kAll);
   // The sampled ids far above the rest: fewer than k of them (the sample's
   // estimate of the k-th key's bucket far too high), then more.
   add(2, 65536, 8192, Kind::kPeriodicHigh, Sealed::kAll);
@@ -232,7 +259,7 @@ std::vector<Variant> Variants() {
     variants.push_back(
         {Format("streaming%d_capacity64", cluster), {TopkKernelKind::kStreaming, cluster, 64}});
   }
-  for (int cluster : {1, 2, 4, 8, 16}) {
+  for (int cluster : {1, 2, 3, 4, 5, 6, 7, 8, 16}) {
     variants.push_back({Format("resident%d", cluster), {TopkKernelKind::kResident, cluster, -1}});
     variants.push_back(
         {Format("resident%d_no_candidates", cluster), {TopkKernelKind::kResident, cluster, 0}});
@@ -361,7 +388,7 @@ int main(int argc, char** argv) {
   // The automatic plans of the benchmark's shapes (k = 2048), for the record.
   for (int64_t R : {32768, 131072, 262144}) {
     std::printf("auto plan, R = %lld:", (long long)R);
-    for (int64_t rows : {1, 2, 8, 10, 80, 160}) {
+    for (int64_t rows : {1, 2, 8, 10, 17, 41, 64, 80, 160}) {
       const TopkLaunchPlan plan = hisparse::TopkPlan(TopkDims{rows, R, 2048});
       std::printf(" %lld rows %s x%d;", (long long)rows, KernelName(plan.kernel), plan.cluster);
     }
