@@ -2,8 +2,9 @@
 
   weights/FFN   matmuls that read weights (projections, MLP, read-out, unembedding, the
                 indexer's projections)
-  attention     the attention over the selected records and the open page (the `attend` scope),
-                and the rest of the attention scopes (gathers, softmax)
+  attention     the attention over the selected records and the open page (the `attend` scope,
+                or the sparse attention custom call's kernels), and the rest of the attention
+                scopes (gathers, softmax)
   indexer       the indexer's scoring (DSA's lightning indexer, Quest's page bounds)
   top-k         the selection of the top-k records
   resolve, IO   RESOLVE's resolve kernel and its record copy (the split plan's fetch kernel;
@@ -79,6 +80,10 @@ def classify(kernel: str, instruction: Instruction | None) -> str:
         return "top-k"
     if "hisparse_index_scores" in text or "indexscores" in name:
         return "indexer"
+    # the sparse attention custom call's kernels (ffi/sparse_attention_kernels.cu): a custom
+    # call's kernels carry their CUDA names, not the instruction's
+    if "hisparse_sparse_attention" in text or re.search(r"hisparse::.*\b(chunkkernel|combinekernel)\b", name):
+        return "attention"
     if inst.opcode in _COPY_OPS or "memcpy" in name or "dynamic_slice" in name or (
         inst.opcode == "fusion" and inst.fused_ops
         and set(inst.fused_ops) <= {*_COPY_OPS, "parameter", "bitcast", "constant", "tuple"}

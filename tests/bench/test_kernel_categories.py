@@ -35,6 +35,12 @@ def test_instructions_carry_their_model_scope():
         ("void hisparse::TopkKernel", kernel_categories.Instruction("custom-call", "x/indexer", "hisparse_topk", ()), "top-k"),
         ("loop_fusion_3", kernel_categories.Instruction("fusion", "jit(f)/decode_step/indexer/max", "", ("reduce",)), "indexer"),
         ("void hisparse::IndexScoresKernel<1>", None, "indexer"),
+        # the sparse attention custom call's kernels, named as the H200 profile names them
+        ("void hisparse::(anonymous namespace)::ChunkKernel<4>(hisparse::(anonymous namespace)::ChunkArgs)", None,
+         "attention"),
+        ("hisparse::(anonymous namespace)::CombineKernel(unsigned short const*, unsigned short const*)", None,
+         "attention"),
+        ("ChunkKernel", None, "other"),  # another library's kernel of that name
         ("gemm_fusion_dot_3", kernel_categories.Instruction("fusion", "jit(f)/decode_step/indexer/dot_general", "", ("dot",)),
          "weights/FFN"),
         ("gemm_fusion_dot_4", kernel_categories.Instruction("fusion", "jit(f)/decode_step/attention/attend/dot_general", "",
