@@ -10,7 +10,7 @@ ARCH_FLAGS = $(if $(filter sm_90a,$(ARCH)),-DHISPARSE_SM90A)
 ROOT := $(FFI)/..
 
 FFI_HEADERS := $(wildcard $(FFI)/*.h $(FFI)/*.cuh)
-HARNESS := $(FFI)/tests/harness.h
+HARNESS := $(FFI)/tests/harness.h $(FFI)/tests/number_formats.h
 
 # RESOLVE's kernels hold the pool write's too (it shares their record copy).
 RESOLVE_SRCS := $(FFI)/resolve_kernels.cu

@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "indexer.h"
+#include "tests/number_formats.h"
 #include "indexer_cuda.h"
 #include "tests/harness.h"
 
@@ -169,19 +170,8 @@ double MeasureMmaCeiling(cudaStream_t stream, int sms) {
 // ---------------------------------------------------------------------------
 // Host side.
 
-double Bf16ToDouble(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-double Fp8ToDouble(uint8_t code) {
-  const int sign = code >> 7, exponent = (code >> 3) & 15, mantissa = code & 7;
-  double v = exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(8 + mantissa, exponent - 10);
-  if (exponent == 15 && mantissa == 7) v = NAN;
-  return sign ? -v : v;
-}
+using number_formats::Bf16ToFloat;
+using number_formats::Fp8ToDouble;
 
 struct Buffers {
   int64_t max_rows = 0, max_tokens = 0;
@@ -273,7 +263,7 @@ void CheckRows(const Buffers& b, const Config& c, const std::vector<int32_t>& le
                          cudaMemcpyDeviceToHost));
     }
     std::vector<double> q(g_heads * kDim), w(g_heads);
-    for (int64_t i = 0; i < g_heads * kDim; ++i) q[i] = Bf16ToDouble(b.host_query[row * g_heads * kDim + i]);
+    for (int64_t i = 0; i < g_heads * kDim; ++i) q[i] = Bf16ToFloat(b.host_query[row * g_heads * kDim + i]);
     for (int64_t h = 0; h < g_heads; ++h) w[h] = b.host_weights[row * g_heads + h];
     for (int64_t j = 0; j < kCheckTokens; ++j) {
       // The first and last 1024 tokens, and 2048 spread over the row.
@@ -287,7 +277,7 @@ void CheckRows(const Buffers& b, const Config& c, const std::vector<int32_t>& le
       }
       double k[kDim], s = fp8 ? scale[t] : 1.0;
       for (int64_t i = 0; i < kDim; ++i)
-        k[i] = fp8 ? Fp8ToDouble(keys8[t * kDim + i]) : Bf16ToDouble(keys16[t * kDim + i]);
+        k[i] = fp8 ? Fp8ToDouble(keys8[t * kDim + i]) : Bf16ToFloat(keys16[t * kDim + i]);
       double exact = 0, magnitude = 0;
       for (int64_t h = 0; h < g_heads; ++h) {
         double dot = 0, mag = 0;

@@ -11,31 +11,13 @@
 #include <cstring>
 #include <vector>
 
+#include "number_formats.h"
+
 namespace grouped_matmul_oracle {
 
-inline float Bf16ToFloat(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &wide, sizeof(f));
-  return f;
-}
-
-// Round to nearest even (finite inputs).
-inline uint16_t FloatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-// The value of an e4m3fn code (the NaN codes 0x7f / 0xff give NaN).
-inline double Fp8ToDouble(uint8_t code) {
-  const int sign = code >> 7, exponent = (code >> 3) & 0xf, mantissa = code & 7;
-  if (exponent == 0xf && mantissa == 7) return std::nan("");
-  const double magnitude =
-      exponent == 0 ? std::ldexp(mantissa / 8.0, -6) : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
-  return sign ? -magnitude : magnitude;
-}
+using number_formats::Bf16ToFloat;
+using number_formats::FloatToBf16;
+using number_formats::Fp8ToDouble;
 
 // [offset_e, offset_e + rows_e) of each group after the contract's clamping;
 // the last entry is where the rows of no group begin.

@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "harness.h"
+#include "number_formats.h"
 #include "indexer.h"
 #include "indexer_cuda.h"
 
@@ -55,24 +56,9 @@ struct Case {
   bool f32_query() const { return query_type == IndexQueryType::kF32; }
 };
 
-uint16_t ToBf16(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-double Bf16ToDouble(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-double Fp8ToDouble(uint8_t code) {
-  const int sign = code >> 7, exponent = (code >> 3) & 15, mantissa = code & 7;
-  const double v = exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(8 + mantissa, exponent - 10);
-  return sign ? -v : v;
-}
+using number_formats::Bf16ToFloat;
+using number_formats::FloatToBf16;
+using number_formats::Fp8ToDouble;
 
 // Host operands of a case. Keys: bf16 values in [-1, 1), or every fp8 code but
 // NaN (0x7f, 0xff; subnormals included) with scales in [2^-10, 1).
@@ -93,7 +79,7 @@ Host Make(const Case& c, harness::Rng& rng) {
     for (auto& v : h.q32) v = 2.f * u(rng);
   } else {
     h.q16.resize(nq);
-    for (auto& v : h.q16) v = ToBf16(2.f * u(rng));
+    for (auto& v : h.q16) v = FloatToBf16(2.f * u(rng));
   }
   h.w.resize(c.rows * c.heads);
   for (auto& v : h.w) v = u(rng) / std::sqrt(float(c.heads * c.dim));
@@ -107,7 +93,7 @@ Host Make(const Case& c, harness::Rng& rng) {
     for (auto& v : h.scale) v = std::ldexp(1.0f + 0.5f * (u(rng) + 1.f), -static_cast<int>(harness::Uniform(rng, 1, 10)));
   } else {
     h.k16.resize(nk);
-    for (auto& v : h.k16) v = ToBf16(u(rng));
+    for (auto& v : h.k16) v = FloatToBf16(u(rng));
   }
   const int32_t T = static_cast<int32_t>(c.tokens);
   const int32_t pattern[] = {T, 0, 1, 15, 16, 17, 31, 32, 33, T / 2 + 7, T - 1, -5, T + 100, 47, 64, 65};
@@ -209,14 +195,14 @@ Reference Exact(const Case& c, const Host& h) {
     const int64_t limit = std::min<int64_t>(std::max<int64_t>(h.lengths[r], 0), c.tokens);
     for (int64_t t = 0; t < limit; ++t) {
       const int64_t key = (r * c.tokens + t) * c.dim;
-      for (int64_t i = 0; i < c.dim; ++i) k[i] = c.fp8() ? Fp8ToDouble(h.k8[key + i]) : Bf16ToDouble(h.k16[key + i]);
+      for (int64_t i = 0; i < c.dim; ++i) k[i] = c.fp8() ? Fp8ToDouble(h.k8[key + i]) : Bf16ToFloat(h.k16[key + i]);
       const double s = c.fp8() ? h.scale[r * c.tokens + t] : 1.0;
       double exact = 0, magnitude = 0;
       for (int64_t hh = 0; hh < c.heads; ++hh) {
         double dot = 0, mag = 0;
         for (int64_t i = 0; i < c.dim; ++i) {
           const int64_t qi = (r * c.heads + hh) * c.dim + i;
-          const double qv = c.f32_query() ? h.q32[qi] : Bf16ToDouble(h.q16[qi]);
+          const double qv = c.f32_query() ? h.q32[qi] : Bf16ToFloat(h.q16[qi]);
           dot += qv * k[i];
           mag += std::fabs(qv * k[i]);
         }
