@@ -23,11 +23,13 @@ from hisparse_jax.models import get_family
 
 STEPS = 8
 # Per family: tiny-preset overrides (k < B: LRU evicts every step; the fewest layers that run every
-# kind of layer) and ragged prompt lengths with several sealed records each.
+# kind of layer) and ragged prompt lengths with several sealed records each. NSA and Quest hold 32
+# records of 16 tokens: no small buffer (the open page) then has the type of a record-indexed one
+# (page bounds), which the copy check would take for a copy of it.
 SETUPS = {
     "dsa": (dict(num_layers=1, top_k=8, hot_slots=10, max_context=128), (37, 20, 5)),
-    "nsa": (dict(num_layers=1, top_k=3, hot_slots=5), (170, 101, 37)),
-    "quest": (dict(num_layers=2, dense_layers=1, top_k=4, hot_slots=6), (170, 101, 37)),
+    "nsa": (dict(num_layers=1, top_k=3, hot_slots=5, max_context=512), (170, 101, 37)),
+    "quest": (dict(num_layers=2, dense_layers=1, top_k=4, hot_slots=6, max_context=512), (170, 101, 37)),
 }
 
 
@@ -35,7 +37,7 @@ def _setup(name):
     overrides, lengths = SETUPS[name]
     family = get_family(name)
     config = family.Config.tiny(**overrides)
-    prompts = np.random.default_rng(0).integers(0, config.vocab_size, (len(lengths), max(lengths)), dtype=np.int32)
+    prompts = np.random.default_rng(0).integers(0, config.vocab, (len(lengths), max(lengths)), dtype=np.int32)
     return config, family.init_weights(config, 0), prompts, np.asarray(lengths, np.int32)
 
 

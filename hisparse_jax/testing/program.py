@@ -127,7 +127,11 @@ def assert_no_big_copies(family, config, weights, mode: str = "hisparse", batch:
     """Compiles the decode program at full optimization (the program a user runs) and asserts it
     produces no array of a weight matrix's, a device state buffer's (index keys, page bounds) or
     the KV's type but by passing it through or updating it in place: every step reads them where
-    they are. Returns the parsed program."""
+    they are. Returns the parsed program.
+
+    The check goes by array type (dtype and dims): pick sizes where no small per-step buffer shares
+    a big array's type, e.g. records per stream (max_context // page_size) != page_size, or a slice
+    of the open page reads as a copy of the page bounds."""
     family = arguments.family_of(family)
     traced = trace_decode(family, config, weights, batch, mode, steps)
     program = hlo.parse(fully_optimized(traced.lower()))

@@ -60,7 +60,7 @@ def first_difference(what: str, a: np.ndarray, b: np.ndarray, axes: tuple[str, .
     where = ", ".join(f"{name} {int(i)}" for name, i in zip(axes, index))
     x, y = a[index], b[index]
     return (f"{what} differ first at {where} ({int(differ.sum())} of {differ.size} elements differ): "
-            f"{x!r} vs {y!r} (bits {int(_bits(np.asarray(x))):#x} vs {int(_bits(np.asarray(y))):#x})")
+            f"{x.item()!r} vs {y.item()!r} (bits {int(_bits(np.asarray(x))):#x} vs {int(_bits(np.asarray(y))):#x})")
 
 
 def assert_runs_equal(a: Run, b: Run, names: tuple[str, str] = ("first", "second")) -> None:
