@@ -25,6 +25,7 @@ def family_of(family) -> Family:
 
 
 def steps_of(steps) -> int:
+    """`steps` as an int >= 1 (a bool or float is refused: a decode runs whole steps)."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps: the decode steps to compare must be an int >= 1, got {steps!r}; pass e.g. steps=8")
     return int(steps)
@@ -46,6 +47,7 @@ def prompts_of(prompts, lengths) -> tuple[np.ndarray, np.ndarray]:
 
 
 def batch_of(batch) -> int:
+    """`batch` as an int >= 1: the streams of a traced program (it sizes the pool and every buffer)."""
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
         raise ValueError(f"batch: the streams of the traced program must be an int >= 1, got {batch!r}")
     return int(batch)

@@ -26,6 +26,8 @@ def trace_decode(family, config, weights, batch: int = 3, mode: str = "hisparse"
 
 
 def _sub_jaxprs(eqn):
+    """The jaxprs an equation runs (scan and cond bodies, pjit and custom_jvp calls), found by shape
+    rather than by primitive name so new higher-order primitives are walked too."""
     for value in eqn.params.values():
         for item in value if isinstance(value, (tuple, list)) else (value,):
             if hasattr(item, "eqns"):

@@ -7,6 +7,8 @@
 - no weight-, key- or KV-sized array is copied, sliced or padded in the step: every layer reads
   its weights, index keys and KV buffers in place;
 - a second generate call with equal shapes neither traces nor compiles, and the state is donated.
+The checks themselves are hisparse_jax.testing's (what a researcher runs on their own family;
+tests/test_testing_helpers.py proves they fail on broken families), through program_helpers.
 The shapes match the session runs of test_families.py, so lowering reuses their compilation.
 (conftest.py sets jax_disable_most_optimizations once for the whole process: jit's cache is not
 keyed on it, so it must never flip between compilations.)
