@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import hisparse_jax
-from hisparse_jax import testing
+from hisparse_jax import hlo, targets, testing
 from hisparse_jax.models import get_family
 
 STEPS = 8
@@ -159,6 +159,25 @@ def test_resolving_twice_fails_the_program_check():
     with pytest.raises(AssertionError, match=r"hisparse_resolve: expected one call per sparse layer \(1\) per step"):
         testing.assert_clean_decode_program(_variant("dsa", "resolving twice", decode_step), config, weights,
                                             steps=STEPS)
+
+
+@needs_ffi
+def test_a_pool_off_host_or_copied_fails_the_pool_check():
+    """The compiled program's text edited two ways: the pool's layout without S(5), and the pool
+    copied on its way to RESOLVE; each edit must fail the check that passes on the original."""
+    config, weights, _, lengths = _setup("dsa")
+    text = testing.trace_decode("dsa", config, weights, len(lengths)).lower().compile().as_text()
+    testing.assert_host_pool_stays_pinned(hlo.parse(text), config, len(lengths))
+    with pytest.raises(AssertionError, match=r"^the pool f32\[.*\] is not an S\(5\) \(pinned host\) parameter"):
+        testing.assert_host_pool_stays_pinned(hlo.parse(text.replace(":S(5)}", "}")), config, len(lengths))
+    program = hlo.parse(text)
+    resolve = next(i for i in program.instructions.values() if i.target == targets.RESOLVE)
+    pool = program.instructions[resolve.operands[0]]
+    copied = resolve.line.replace(f"%{pool.name}", "%pool.copy", 1)
+    copy = f"  %pool.copy = {pool.shape} copy(%{pool.name})"
+    edited = text.replace(resolve.line, f"{copy}\n{copied}", 1)
+    with pytest.raises(AssertionError, match=r"^pool.copy = copy produces a pool-shaped array: a copy of the pool"):
+        testing.assert_host_pool_stays_pinned(hlo.parse(edited), config, len(lengths))
 
 
 # --------------------------------------------------------------------------- bad arguments

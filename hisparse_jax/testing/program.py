@@ -107,7 +107,8 @@ def assert_host_pool_stays_pinned(program: hlo.Module, config, batch: int) -> No
     for name, inst in program.instructions.items():
         if inst.shape.startswith(pool[:-1]) and (
                 inst.opcode not in _POOL_PASSING or (inst.opcode == "custom-call" and inst.target != targets.POOL_WRITE)):
-            raise AssertionError(f"{name} = {inst.opcode} {inst.target} produces a pool-shaped array: a copy of the pool")
+            what = f"custom call {inst.target}" if inst.target else inst.opcode
+            raise AssertionError(f"{name} = {what} produces a pool-shaped array: a copy of the pool")
 
 
 def big_shapes(config, weights, state) -> set[str]:
