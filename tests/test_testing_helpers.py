@@ -212,7 +212,7 @@ def test_a_mode_the_family_lacks_names_the_mode():
         return base.init_state(config, batch, mode)
 
     config, weights, prompts, lengths = _setup("dsa")
-    with pytest.raises(ValueError, match=r"^mode: family dsa without dense cannot decode in 'dense' mode "
+    with pytest.raises(ValueError, match=r"^mode: family dsa without dense's init_state refused mode 'dense' "
                                          r"\(no dense attention here\)"):
         testing.assert_dense_matches_selecting_every_record(_variant("dsa", "without dense", init_state=init_state),
                                                             config, weights, prompts, lengths, STEPS)

@@ -54,8 +54,9 @@ def batch_of(batch) -> int:
 
 
 def new_state(family: Family, config, batch: int, mode: str):
-    """family.init_state(config, batch, mode), or a ValueError naming `mode` when the family has
-    no such mode (its own error kept after the colon)."""
+    """family.init_state(config, batch, mode), or a ValueError naming `mode` when the family's
+    init_state refuses it (its own error kept in the message: a refusal for another reason reads
+    as what it is)."""
     if mode not in kv_store.MODES:
         raise ValueError(f"mode: expected one of {kv_store.MODES}, got {mode!r}")
     if not isinstance(config, family.Config):
@@ -64,8 +65,8 @@ def new_state(family: Family, config, batch: int, mode: str):
     try:
         return family.init_state(config, batch, mode)
     except (ValueError, NotImplementedError, KeyError) as error:
-        raise ValueError(f"mode: family {family.name} cannot decode in {mode!r} mode ({error}); these checks "
-                         f"need the modes {kv_store.MODES}") from error
+        raise ValueError(f"mode: family {family.name}'s init_state refused mode {mode!r} ({error}); this check "
+                         f"decodes in that mode, so the family must support it") from error
 
 
 def on_ffi(config) -> None:
