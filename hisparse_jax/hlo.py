@@ -1,6 +1,6 @@
 """A reader of compiled HLO text (`jitted.lower(...).compile().as_text()`).
 
-The checks of the compiled programs (tests/test_compiled_program.py, tests/models/), the profiler's
+The checks of the compiled programs (hisparse_jax.testing, tests/test_compiled_program.py), the profiler's
 map from kernels to model code (hisparse_jax.bench.device_trace) and the command-buffer check
 (benchmarks/check_command_buffer.py) all read the same text: computations, their instructions
 (name, result shape, opcode, operands, attributes), the custom-call targets, the memory space of

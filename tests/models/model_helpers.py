@@ -11,11 +11,10 @@ import dataclasses
 import functools
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
-from hisparse_jax import decode
 from hisparse_jax.models import get_family
+from hisparse_jax.testing import Run, assert_runs_equal, run_decode
 
 STEPS = 64
 
@@ -34,46 +33,17 @@ def weights_for(family: str, config: Any, seed: int = 0):
     return get_family(family).init_weights(config, seed)
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """What one prefill + generate produced (arrays as NumPy) and the state after it."""
-
-    prefill_logits: np.ndarray  # [b, V]
-    tokens: np.ndarray  # [steps, b]
-    logits: np.ndarray  # [steps, b, V]
-    misses: np.ndarray  # [steps, L, *streams]
-    state: Any  # the family's State after decoding
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.asarray(self.state.lengths)
-
-
 @functools.cache
 def decode_run(family: str, config: Any, mode: str, steps: int, lengths: tuple, T: int, selections=None) -> Run:
-    """Prefill make_prompts(0, lengths, T) and greedily decode `steps` tokens (cached).
+    """testing.run_decode of make_prompts(0, lengths, T), cached: `steps` greedy tokens with logits.
     `selections`: a hashable (bytes, shape) of forced ids, or None."""
-    module = get_family(family)
     prompts, lens = make_prompts(0, lengths, T)
-    weights = weights_for(family, config)
-    state = module.init_state(config, len(lengths), mode)
-    state, prefill_logits = decode.prefill(family, config, weights, state, jnp.asarray(prompts), jnp.asarray(lens))
-    first = jnp.argmax(prefill_logits, axis=-1).astype(jnp.int32)
-    forced = None if selections is None else jnp.asarray(np.frombuffer(selections[0], np.int32).reshape(selections[1]))
-    out = decode.generate(family, config, weights, state, first, steps, return_logits=True,
-                          forced=None if forced is None else decode.ForcedTrace(forced))
-    return Run(np.asarray(prefill_logits), np.asarray(out.tokens), np.asarray(out.logits), np.asarray(out.misses),
-               out.state)
+    forced = None if selections is None else np.frombuffer(selections[0], np.int32).reshape(selections[1])
+    return run_decode(family, config, weights_for(family, config), mode, prompts, lens, steps, forced)
 
 
-def assert_bitwise_equal(a: Run, b: Run) -> None:
-    """Tokens and every logit bit equal, zero tolerance."""
-    np.testing.assert_array_equal(a.prefill_logits.view(np.uint32), b.prefill_logits.view(np.uint32))
-    np.testing.assert_array_equal(a.tokens, b.tokens)
-    differ = a.logits.view(np.uint32) != b.logits.view(np.uint32)
-    assert not differ.any(), (
-        f"logits differ in {int(differ.sum())} entries; first differing step {int(np.argmax(differ.any((1, 2))))}"
-    )
+# Tokens and every logit bit equal, zero tolerance (the package's check, named as the tests know it).
+assert_bitwise_equal = assert_runs_equal
 
 
 @dataclasses.dataclass(frozen=True)

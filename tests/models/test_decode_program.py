@@ -7,6 +7,8 @@
 - no weight-, key- or KV-sized array is copied, sliced or padded in the step: every layer reads
   its weights, index keys and KV buffers in place;
 - a second generate call with equal shapes neither traces nor compiles, and the state is donated.
+The checks themselves are hisparse_jax.testing's (what a researcher runs on their own family;
+tests/test_testing_helpers.py proves they fail on broken families), through program_helpers.
 The shapes match the session runs of test_families.py, so lowering reuses their compilation.
 (conftest.py sets jax_disable_most_optimizations once for the whole process: jit's cache is not
 keyed on it, so it must never flip between compilations.)
@@ -15,7 +17,6 @@ keyed on it, so it must never flip between compilations.)
 from __future__ import annotations
 
 import contextlib
-import re
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,7 @@ from jax._src import dispatch
 from model_helpers import CASES, FEW_LAYERS, STEPS
 from program_helpers import IN_PLACE, assert_no_big_copies, ffi_calls, traced
 
-from hisparse_jax import decode, hlo, targets
+from hisparse_jax import decode, hlo, targets, testing
 
 
 @pytest.fixture
@@ -36,13 +37,7 @@ def needs_ffi(ffi_backend):
 
 def test_one_resolve_per_sparse_layer_per_step(needs_ffi, case):
     config = case.config()
-    calls = ffi_calls(traced(case, config).jaxpr.jaxpr)
-    resolves = [c for c in calls if c[0] == targets.RESOLVE]
-    writes = [c for c in calls if c[0] == targets.POOL_WRITE]
-    layers = config.cache_config(1).num_layers
-    assert len(resolves) == layers, "one RESOLVE call site per sparse layer (the layers are unrolled)"
-    assert all(trips == STEPS and scans == 1 for _, trips, scans in resolves), "each runs once per step"
-    assert len(writes) == 1 and writes[0][1] == STEPS, "one pool write (the sealed page) per step"
+    testing.assert_one_resolve_per_sparse_layer_per_step(traced(case, config), config, STEPS)
 
 
 def test_no_resolve_or_pool_outside_hisparse(case):
@@ -50,39 +45,10 @@ def test_no_resolve_or_pool_outside_hisparse(case):
     assert not [c for c in calls if c[0] in (targets.RESOLVE, targets.POOL_WRITE)]
 
 
-def _pool_shape(config) -> str:
-    c = config.cache_config(3)
-    dtype = {"float32": "f32", "bfloat16": "bf16"}[c.dtype.name]
-    return f"{dtype}[{','.join(map(str, c.pool_shape))}]"
-
-
 def test_host_pool_stays_pinned_and_is_never_copied(needs_ffi, case):
     config = case.config()
     program = hlo.parse(traced(case, config).lower().compile().as_text())
-    pool = _pool_shape(config)
-    assert "entry_computation_layout=" in program.header, "no entry_computation_layout in the compiled HLO"
-    params, result = program.entry_layout()
-    host_pool = re.escape(pool[:-1]) + r"\]\{[\d,]+:S\(5\)\}"
-    assert any(re.search(host_pool, p) for p in params), f"pool {pool} is not an S(5) parameter"
-    assert re.search(host_pool, result), f"pool {pool} is not an S(5) result"
-
-    instructions = program.instructions
-    resolves = [i for i in instructions.values() if i.target == targets.RESOLVE]
-    assert resolves, "no RESOLVE custom call in the compiled program"
-    on_gpu = jax.default_backend() == "gpu"
-    for resolve in resolves:
-        shape = instructions[resolve.operands[0]].shape
-        assert shape.startswith(pool[:-1]), f"RESOLVE operand 0 is {shape}, expected the pool {pool}"
-        if on_gpu:  # the CPU compiler keeps memory spaces only at the entry
-            assert ":S(5)" in shape, f"RESOLVE reads the pool from {shape}, not pinned host"
-
-    allowed = {"parameter", "get-tuple-element", "custom-call", "bitcast", "tuple", "while", "opt-barrier"}
-    for name, inst in instructions.items():
-        shape, opcode, rest = inst.shape, inst.opcode, inst.rest
-        if shape.startswith(pool[:-1]):
-            assert opcode in allowed, f"{name} = {opcode} produces a pool-shaped array: a copy of the pool"
-            if opcode == "custom-call":
-                assert targets.POOL_WRITE in rest, f"{name}: unexpected custom call on the pool"
+    testing.assert_host_pool_stays_pinned(program, config, len(case.lengths))
 
 
 @contextlib.contextmanager

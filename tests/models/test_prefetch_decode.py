@@ -13,9 +13,9 @@ import jax
 import numpy as np
 import pytest
 from model_helpers import CASES, STEPS, assert_bitwise_equal
-from program_helpers import IN_PLACE, assert_no_big_copies, ffi_calls, traced
+from program_helpers import IN_PLACE, assert_no_big_copies, traced
 
-from hisparse_jax import hlo, targets
+from hisparse_jax import hlo, testing
 
 SHARED = [2, 4]
 
@@ -56,12 +56,7 @@ def test_prefetch_program(ffi_backend):
         pytest.skip(f"no RESOLVE FFI handler on {jax.default_backend()}: resolve runs the JAX reference")
     case = CASES["dsa"]
     config = _dsa(2, prefetch=True)
-    calls = ffi_calls(traced(case, config).jaxpr.jaxpr)
-    layers = config.num_layers
-    for target in (targets.RESOLVE_PREFETCH, targets.PREFETCH_JOIN):
-        sites = [c for c in calls if c[0] == target]
-        assert len(sites) == layers and all(trips == STEPS for _, trips, _ in sites), f"{target}: {sites}"
-    assert not [c for c in calls if c[0] == targets.RESOLVE], "a plain RESOLVE next to the prefetch"
+    testing.assert_one_resolve_per_sparse_layer_per_step(traced(case, config), config, STEPS)
 
     program = assert_no_big_copies(case, config, "hisparse")
     cache = config.cache_config(len(case.lengths))
