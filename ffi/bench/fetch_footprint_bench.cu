@@ -1,0 +1,555 @@
+// The miss fetch's footprint (issue 23): how fast a fetch variant moves random
+// 1152-byte records from the pinned host pool into a device hot buffer, and how
+// much it slows an HBM-bound kernel that runs beside it.
+//
+// Variants (each gathers rows[i] of the pool into hot slot slots[i], i < R):
+//   gather     RESOLVE's own record copy (CopyMisses of ffi/record_copy.cuh,
+//              the split fetch kernel's code): 256-thread blocks, each warp
+//              holding up to 32 x unroll 16-byte zero-copy loads in flight;
+//              16 blocks (the prefetch's count) and kFetchBlocksPerSm x SMs
+//              (the split plan's grid); then 2-8 blocks with a deeper unroll
+//              (16 vectors per lane in flight, 102 registers: an unroll of 32
+//              takes 171, and a 256-thread block of those does not fit on an
+//              SM beside the neighbour's two blocks, so it is left out).
+//   tma        one warp per block, lane 0 alone drives a ring of `stages` row
+//              buffers in shared memory: cp.async.bulk global -> shared (the
+//              host-mapped pool is global memory), completion on an mbarrier,
+//              then cp.async.bulk shared -> global into the hot buffer. No
+//              registers hold the data; a block keeps `stages` rows in flight.
+// Rows: R in {2048, 8192, 32768} (--rows) distinct random rows of a pinned
+// pool of --pool-gib GiB (default 6.75; the pool is filled by a kernel that
+// writes the host memory), scattered to a random permutation of hot slots.
+// Each timed call gathers another of `sets` row sets (sets x R x 1152 B >= 3 x
+// L2), so no call finds its rows in L2.
+// Checked first: for every variant and R, the hot buffer (poisoned before)
+// holds, after one call on the first and on the last row set, exactly the
+// pool's bytes of every row (memcmp against the host pool). A failing
+// configuration prints FAIL, is not timed, and the program exits 1 at the end.
+// Alone: --iters calls (default 20) after 3 warm-ups, each between CUDA events,
+// all queued behind a 20 ms spin; link GB/s = R x 1152 B / time.
+// Beside: a neighbour kernel reads --neighbour-gib GiB (default 2) of device
+// memory, `passes` times over (enough to last 1.5 x the fetch alone), with 2
+// blocks of 512 threads per SM and 4 independent 16-byte loads per thread in
+// flight, which leaves an SM half its warp slots and registers, so the fetch's
+// blocks fit beside it. Per iteration: the neighbour alone, then the neighbour
+// on stream A and the fetch on stream B (highest priority, as the prefetch's),
+// both released by one event after a spin, the neighbour launched first.
+// Events on both streams give: the fetch's start offset after the neighbour's,
+// the overlap window W (both running), the neighbour's time alone T and beside
+// T'. Reported: the whole-kernel ratio T' / T (depends on how long the
+// neighbour is), and the neighbour's slowdown inside the window,
+// W / (W - (T' - T)) (its rate alone / its rate while the fetch runs, medians),
+// which does not; `covered` is W / the fetch's time beside (1: the fetch ran
+// wholly inside the neighbour). The fetch's GB/s beside uses its own events.
+// Ceiling printed first: cudaMemcpy H2D of 256 MiB from the same pinned pool.
+//
+// Build (repository root):
+//   make -C ffi/bench fetch-footprint
+// Run (well under a minute on an H200 after the pool is pinned; prints
+// Markdown, writes JSON):
+//   build/fetch_footprint_bench results/fetch_footprint.json
+//   build/fetch_footprint_bench /tmp/ff.json --rows 8192 --pool-gib 4 --iters 10
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "resolve_device.cuh"  // RESOLVE's record copy (CopyMisses, RowBatch) and its constants
+#include "tests/harness.h"
+
+namespace {
+
+using harness::Spin;
+using harness::Stats;
+
+constexpr int64_t kRecordBytes = 1152;
+constexpr int kVectors = kRecordBytes / 16;  // 16-byte vectors per record
+constexpr int kNeighbourThreads = 512;
+constexpr int kNeighbourBlocksPerSm = 2;
+constexpr int kNeighbourUnroll = 4;
+
+// ---------------------------------------------------------------------------
+// Kernels.
+
+// Fills n 8-byte words (of host-mapped memory: the pool) with splitmix64 of their index.
+__global__ void FillPool(uint64_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    p[i] = harness::Mix(static_cast<uint64_t>(i) ^ seed);
+}
+
+// The current fetch: CopyMisses of record_copy.cuh over the plan (slots[m], rows[m]).
+template <int kUnroll>
+__global__ void __launch_bounds__(hisparse::kFetchThreads)
+    GatherKernel(const uint8_t* pool, uint8_t* hot, const int32_t* rows, const int32_t* slots, int count,
+                 int pool_rows) {
+  const int lane = threadIdx.x % hisparse::kWarp, warp = threadIdx.x / hisparse::kWarp;
+  auto plan_at = [=](int m) { return make_int2(slots[m], rows[m]); };
+  hisparse::CopyMisses<int4, kUnroll>(pool, hot, kRecordBytes, count, pool_rows,
+                                      hisparse::RowBatch(kVectors, kUnroll), count,
+                                      blockIdx.x * hisparse::kFetchWarps + warp,
+                                      gridDim.x * hisparse::kFetchWarps, lane, plan_at);
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Row `row` of the pool into stage buffer `buf`, completing on mbarrier `bar`.
+__device__ __forceinline__ void BulkLoadRow(uint32_t buf, uint32_t bar, const uint8_t* src) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(int{kRecordBytes})
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(buf),
+      "l"(src), "r"(int{kRecordBytes}), "r"(bar)
+      : "memory");
+}
+
+// The TMA fetch: block b takes rows b, b + grid, ...; lane 0 keeps up to kStages
+// bulk loads in flight, and stores each row as soon as it lands. A stage is
+// reloaded once the store issued one row earlier has read its buffer
+// (wait_group.read 1), so a store's read overlaps the next row's wait.
+template <int kStages>
+__global__ void __launch_bounds__(32) TmaKernel(const uint8_t* pool, uint8_t* hot, const int32_t* rows,
+                                                const int32_t* slots, int count) {
+  extern __shared__ __align__(128) uint8_t stage_bytes[];
+  __shared__ __align__(8) uint64_t bars[kStages];
+  if (threadIdx.x != 0) return;
+  const int first = blockIdx.x, step = gridDim.x;
+  const int mine = first < count ? (count - first + step - 1) / step : 0;
+  for (int s = 0; s < kStages; ++s)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(SharedAddress(&bars[s])) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  const uint32_t buf0 = SharedAddress(stage_bytes), bar0 = SharedAddress(bars);
+  auto buf = [&](int k) { return buf0 + static_cast<uint32_t>((k % kStages) * kRecordBytes); };
+  auto bar = [&](int k) { return bar0 + static_cast<uint32_t>((k % kStages) * 8); };
+  auto src = [&](int k) { return pool + int64_t{rows[first + int64_t{k} * step]} * kRecordBytes; };
+  for (int k = 0; k < mine && k < kStages; ++k) BulkLoadRow(buf(k), bar(k), src(k));
+  for (int k = 0; k < mine; ++k) {
+    MbarrierWait(bar(k), (k / kStages) & 1);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the landed row, to the store's proxy
+    uint8_t* dst = hot + int64_t{slots[first + int64_t{k} * step]} * kRecordBytes;
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(buf(k)),
+                 "r"(int{kRecordBytes})
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    // Row k - 1's store has read its stage: refill that stage with row k - 1 + kStages.
+    const int refill = k - 1 + kStages;
+    if (k >= 1 && refill < mine) {
+      asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+      BulkLoadRow(buf(refill), bar(refill), src(refill));
+    }
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // stores done before the block's memory goes
+}
+
+// The HBM-bound neighbour: `passes` reads of n 16-byte vectors, kNeighbourUnroll
+// independent loads per thread in flight, folded so nothing is dead code.
+__global__ void __launch_bounds__(kNeighbourThreads)
+    NeighbourRead(const uint4* __restrict__ p, int64_t n, int passes, uint32_t* sink) {
+  uint32_t acc = 0;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int pass = 0; pass < passes; ++pass) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += kNeighbourUnroll * stride) {
+      uint4 v[kNeighbourUnroll];
+#pragma unroll
+      for (int u = 0; u < kNeighbourUnroll; ++u)
+        v[u] = i + u * stride < n ? __ldcs(p + i + u * stride) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kNeighbourUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // practically never; keeps the loads
+}
+
+// ---------------------------------------------------------------------------
+// Variants.
+
+enum class Kind { kGather, kTma };
+
+struct Variant {
+  std::string name;
+  Kind kind;
+  int blocks;       // 0: kFetchBlocksPerSm x SMs
+  int unroll;       // gather: vectors per lane in flight
+  int stages;       // tma: rows per block in flight
+  int threads() const { return kind == Kind::kGather ? hisparse::kFetchThreads : 32; }
+  int smem() const { return kind == Kind::kTma ? stages * static_cast<int>(kRecordBytes) : 0; }
+  // Bytes the variant can hold in flight from the host, by its design.
+  int64_t in_flight_bytes(int grid) const {
+    if (kind == Kind::kTma) return int64_t{grid} * stages * kRecordBytes;
+    const int rows = hisparse::RowBatch(kVectors, unroll);
+    return int64_t{grid} * hisparse::kFetchWarps * rows * kRecordBytes;
+  }
+};
+
+std::vector<Variant> AllVariants() {
+  return {
+      {"gather (prefetch)", Kind::kGather, 16, hisparse::kFetchCopyUnroll, 0},
+      {"gather (split plan)", Kind::kGather, 0, hisparse::kFetchCopyUnroll, 0},
+      {"gather unroll 16", Kind::kGather, 2, 16, 0},
+      {"gather unroll 16", Kind::kGather, 4, 16, 0},
+      {"gather unroll 16", Kind::kGather, 8, 16, 0},
+      {"tma 32 stages", Kind::kTma, 4, 0, 32},
+      {"tma 32 stages", Kind::kTma, 16, 0, 32},
+      {"tma 128 stages", Kind::kTma, 2, 0, 128},
+      {"tma 128 stages", Kind::kTma, 4, 0, 128},
+      {"tma 128 stages", Kind::kTma, 8, 0, 128},
+      {"tma 128 stages", Kind::kTma, 16, 0, 128},
+  };
+}
+
+int GridOf(const Variant& v, int sms) { return v.blocks > 0 ? v.blocks : hisparse::kFetchBlocksPerSm * sms; }
+
+void LaunchFetch(const Variant& v, int grid, const uint8_t* pool, uint8_t* hot, const int32_t* rows,
+                 const int32_t* slots, int count, int pool_rows, cudaStream_t stream) {
+  if (v.kind == Kind::kGather) {
+    const int t = hisparse::kFetchThreads;
+    if (v.unroll == 8) GatherKernel<8><<<grid, t, 0, stream>>>(pool, hot, rows, slots, count, pool_rows);
+    else GatherKernel<16><<<grid, t, 0, stream>>>(pool, hot, rows, slots, count, pool_rows);
+  } else if (v.stages == 32) {
+    TmaKernel<32><<<grid, 32, v.smem(), stream>>>(pool, hot, rows, slots, count);
+  } else {
+    TmaKernel<128><<<grid, 32, v.smem(), stream>>>(pool, hot, rows, slots, count);
+  }
+  CUDA_OK(cudaGetLastError());
+}
+
+// ---------------------------------------------------------------------------
+// Host side.
+
+// `count` distinct random rows of [0, pool_rows).
+std::vector<int32_t> DistinctRows(std::mt19937_64& rng, int count, int64_t pool_rows) {
+  std::unordered_set<int32_t> seen;
+  std::vector<int32_t> rows;
+  rows.reserve(count);
+  std::uniform_int_distribution<int64_t> pick(0, pool_rows - 1);
+  while (static_cast<int>(rows.size()) < count) {
+    const int32_t r = static_cast<int32_t>(pick(rng));
+    if (seen.insert(r).second) rows.push_back(r);
+  }
+  return rows;
+}
+
+struct Events {
+  cudaEvent_t n0, n1, f0, f1;
+  Events() {
+    for (cudaEvent_t* e : {&n0, &n1, &f0, &f1}) CUDA_OK(cudaEventCreate(e));
+  }
+  ~Events() {
+    for (cudaEvent_t e : {n0, n1, f0, f1}) cudaEventDestroy(e);
+  }
+};
+
+float Ms(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  CUDA_OK(cudaEventElapsedTime(&ms, a, b));
+  return ms;
+}
+
+double Median(std::vector<double> v) { return harness::Summarize(std::move(v)).median_us; }
+
+struct Result {
+  std::string variant;
+  int blocks = 0, warps = 0, rows = 0, stages = 0, unroll = 0;
+  int64_t in_flight = 0;
+  bool ok = false;
+  Stats alone;
+  double gbs_min = 0, gbs_med = 0, gbs_max = 0, gbs_beside = 0;
+  double neighbour_alone_us = 0, neighbour_beside_us = 0, fetch_beside_us = 0;
+  double whole_ratio = 0, window_slowdown = 0, window_us = 0, start_offset_us = 0, covered = 0;
+  int passes = 0;
+};
+
+const char* kUsage =
+    "usage: %s OUT.json [--rows N,N,...] [--pool-gib G] [--neighbour-gib G] [--iters N] [--seed N]\n";
+
+std::vector<int> ParseList(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoi(p));
+    const char* comma = std::strchr(p, ',');
+    if (!comma) break;
+    p = comma + 1;
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') {
+    std::fprintf(stderr, kUsage, argv[0]);
+    return 2;
+  }
+  const char* out_path = argv[1];
+  std::vector<int> row_counts = {2048, 8192, 32768};
+  double pool_gib = 6.75, neighbour_gib = 2.0;
+  int iters = 20;
+  uint64_t seed = 23;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--rows" && i + 1 < argc) row_counts = ParseList(argv[++i]);
+    else if (a == "--pool-gib" && i + 1 < argc) pool_gib = std::atof(argv[++i]);
+    else if (a == "--neighbour-gib" && i + 1 < argc) neighbour_gib = std::atof(argv[++i]);
+    else if (a == "--iters" && i + 1 < argc) iters = std::max(3, std::atoi(argv[++i]));
+    else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
+    else {
+      std::fprintf(stderr, kUsage, argv[0]);
+      return 2;
+    }
+  }
+  for (int r : row_counts) {
+    if (r < 1) {
+      std::fprintf(stderr, "--rows: every count must be >= 1, got %d\n", r);
+      return 2;
+    }
+  }
+  if (!(pool_gib > 0) || !(neighbour_gib > 0)) {
+    std::fprintf(stderr, "--pool-gib and --neighbour-gib must be > 0\n");
+    return 2;
+  }
+  FILE* json = harness::OpenJson(out_path);
+  const harness::DeviceInfo dev = harness::QueryDevice();
+  const int sms = dev.prop.multiProcessorCount;
+  std::printf("# Miss fetch footprint: %s\n\n", harness::DeviceLine(dev).c_str());
+
+  // --- the pinned pool ------------------------------------------------------
+  const int64_t pool_rows = static_cast<int64_t>(pool_gib * (1ull << 30)) / kRecordBytes;
+  const size_t pool_bytes = static_cast<size_t>(pool_rows) * kRecordBytes;
+  const int max_rows = *std::max_element(row_counts.begin(), row_counts.end());
+  if (pool_rows < 4 * int64_t{max_rows} || pool_rows > INT32_MAX) {
+    std::fprintf(stderr, "--pool-gib %.2f holds %lld rows: need 4 x the largest --rows and < 2^31\n", pool_gib,
+                 (long long)pool_rows);
+    return 2;
+  }
+  uint8_t* pool = nullptr;
+  if (cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocMapped | cudaHostAllocPortable) !=
+      cudaSuccess) {
+    std::fprintf(stderr, "cannot pin a %.2f GiB pool (cudaHostAlloc failed): try --pool-gib 4\n", pool_gib);
+    return 2;
+  }
+  uint8_t* pool_dev = nullptr;  // the same memory, as the kernels address it
+  CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool, 0));
+
+  int lo_prio = 0, hi_prio = 0;
+  CUDA_OK(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio));
+  cudaStream_t ns, fs;  // the neighbour's stream, the fetch's (highest priority, as the prefetch's)
+  CUDA_OK(cudaStreamCreateWithFlags(&ns, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithPriority(&fs, cudaStreamNonBlocking, hi_prio));
+  FillPool<<<4 * sms, 256, 0, fs>>>(reinterpret_cast<uint64_t*>(pool_dev), static_cast<int64_t>(pool_bytes / 8),
+                                    seed);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamSynchronize(fs));
+
+  // --- the ceiling ----------------------------------------------------------
+  uint8_t* hot = nullptr;  // also the H2D memcpy's target
+  const size_t hot_bytes = std::max<size_t>(size_t{256} << 20, size_t(max_rows) * kRecordBytes);
+  CUDA_OK(cudaMalloc(&hot, hot_bytes));
+  const Stats h2d = harness::TimeLaunches(fs, 10, [&](int) {
+    CUDA_OK(cudaMemcpyAsync(hot, pool, size_t{256} << 20, cudaMemcpyHostToDevice, fs));
+  });
+  const double h2d_gbs = (256.0 * (1 << 20)) / (h2d.median_us * 1e3);
+  std::printf("pool: %.2f GiB pinned (%lld rows of %lld B); ceiling: cudaMemcpy H2D 256 MiB pinned %.1f GB/s\n",
+              pool_bytes / double(1ull << 30), (long long)pool_rows, (long long)kRecordBytes, h2d_gbs);
+
+  // --- the neighbour --------------------------------------------------------
+  const int64_t nvec = static_cast<int64_t>(neighbour_gib * (1ull << 30)) / 16;
+  uint4* nbuf = nullptr;
+  uint32_t* sink = nullptr;
+  CUDA_OK(cudaMalloc(&nbuf, nvec * 16));
+  CUDA_OK(cudaMalloc(&sink, 4));
+  CUDA_OK(cudaMemset(nbuf, 0x3c, nvec * 16));
+  const int ngrid = kNeighbourBlocksPerSm * sms;
+  auto neighbour = [&](int passes) {
+    NeighbourRead<<<ngrid, kNeighbourThreads, 0, ns>>>(nbuf, nvec, passes, sink);
+    CUDA_OK(cudaGetLastError());
+  };
+  const Stats pass = harness::TimeLaunches(ns, 10, [&](int) { neighbour(1); });
+  std::printf("neighbour: %d x %d threads reading %.2f GiB: %.1f us a pass, %.0f GB/s alone\n\n", ngrid,
+              kNeighbourThreads, neighbour_gib, pass.median_us, nvec * 16.0 / (pass.median_us * 1e3));
+
+  CUDA_OK(cudaFuncSetAttribute(TmaKernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, 32 * kRecordBytes));
+  CUDA_OK(cudaFuncSetAttribute(TmaKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 * kRecordBytes));
+
+  std::printf("| variant | blocks | warps | in flight KiB | rows | GB/s alone min / med / max | GB/s beside | "
+              "neighbour x whole | neighbour x window | covered | fetch start us |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+
+  std::mt19937_64 rng(seed);
+  std::vector<Result> results;
+  bool all_ok = true;
+  int32_t *rows_dev = nullptr, *slots_dev = nullptr;
+  std::vector<uint8_t> got(size_t(max_rows) * kRecordBytes);
+  for (const int R : row_counts) {
+    const size_t bytes = size_t(R) * kRecordBytes;
+    const int sets = static_cast<int>(std::max<int64_t>(2, (3 * int64_t{dev.prop.l2CacheSize} + bytes - 1) / bytes));
+    std::vector<int32_t> rows(size_t(sets) * R), slots(size_t(sets) * R);
+    for (int s = 0; s < sets; ++s) {
+      const std::vector<int32_t> r = DistinctRows(rng, R, pool_rows);
+      std::copy(r.begin(), r.end(), rows.begin() + size_t(s) * R);
+      std::vector<int32_t> perm(R);
+      for (int i = 0; i < R; ++i) perm[i] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::copy(perm.begin(), perm.end(), slots.begin() + size_t(s) * R);
+    }
+    CUDA_OK(cudaFree(rows_dev));
+    CUDA_OK(cudaFree(slots_dev));
+    CUDA_OK(cudaMalloc(&rows_dev, rows.size() * 4));
+    CUDA_OK(cudaMalloc(&slots_dev, slots.size() * 4));
+    CUDA_OK(cudaMemcpy(rows_dev, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(slots_dev, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
+    for (const Variant& v : AllVariants()) {
+      const int grid = GridOf(v, sms);
+      Result res;
+      res.variant = v.name;
+      res.blocks = grid;
+      res.warps = grid * v.threads() / 32;
+      res.rows = R;
+      res.stages = v.stages;
+      res.unroll = v.unroll;
+      res.in_flight = v.in_flight_bytes(grid);
+      auto fetch = [&](int set, cudaStream_t st) {
+        LaunchFetch(v, grid, pool_dev, hot, rows_dev + size_t(set) * R, slots_dev + size_t(set) * R, R,
+                    static_cast<int>(pool_rows), st);
+      };
+      // --- check: every row of the first and the last set, bytewise ---
+      res.ok = true;
+      for (int set : {0, sets - 1}) {
+        CUDA_OK(cudaMemsetAsync(hot, 0xA5, bytes, fs));
+        fetch(set, fs);
+        CUDA_OK(cudaStreamSynchronize(fs));
+        CUDA_OK(cudaMemcpy(got.data(), hot, bytes, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < R && res.ok; ++i) {
+          const int32_t row = rows[size_t(set) * R + i], slot = slots[size_t(set) * R + i];
+          if (std::memcmp(got.data() + size_t(slot) * kRecordBytes, pool + size_t(row) * kRecordBytes,
+                          kRecordBytes) != 0) {
+            std::printf("FAIL %s, %d blocks, %d rows: set %d, row %d (pool row %d, slot %d) differs\n",
+                        v.name.c_str(), grid, R, set, i, row, slot);
+            res.ok = false;
+          }
+        }
+      }
+      if (!res.ok) {
+        all_ok = false;
+        results.push_back(res);
+        continue;
+      }
+      // --- alone ---
+      std::vector<double> us =
+          harness::EventTimes(fs, iters, 3, 20'000'000, 0, [&](int i) { fetch(i % sets, fs); });
+      res.alone = harness::Summarize(us);
+      res.gbs_min = bytes / (res.alone.max_us * 1e3);
+      res.gbs_med = bytes / (res.alone.median_us * 1e3);
+      res.gbs_max = bytes / (res.alone.min_us * 1e3);
+      // --- beside the neighbour ---
+      res.passes = static_cast<int>(std::ceil(1.5 * res.alone.median_us / pass.median_us));
+      res.passes = std::max(1, res.passes);
+      Events ev;
+      cudaEvent_t go;
+      CUDA_OK(cudaEventCreateWithFlags(&go, cudaEventDisableTiming));
+      std::vector<double> t_alone, t_beside, t_fetch, window, offset, cover;
+      for (int it = 0; it < iters + 1; ++it) {
+        // The neighbour alone.
+        Spin<<<1, 1, 0, ns>>>(200'000);
+        CUDA_OK(cudaEventRecord(ev.n0, ns));
+        neighbour(res.passes);
+        CUDA_OK(cudaEventRecord(ev.n1, ns));
+        CUDA_OK(cudaStreamSynchronize(ns));
+        const double alone_us = 1000.0 * Ms(ev.n0, ev.n1);
+        // The neighbour, then the fetch beside it, both released by `go`.
+        Spin<<<1, 1, 0, ns>>>(200'000);
+        CUDA_OK(cudaEventRecord(go, ns));
+        CUDA_OK(cudaStreamWaitEvent(fs, go, 0));
+        CUDA_OK(cudaEventRecord(ev.n0, ns));
+        neighbour(res.passes);
+        CUDA_OK(cudaEventRecord(ev.n1, ns));
+        CUDA_OK(cudaEventRecord(ev.f0, fs));
+        fetch((it * 7 + 1) % sets, fs);
+        CUDA_OK(cudaEventRecord(ev.f1, fs));
+        CUDA_OK(cudaStreamSynchronize(fs));
+        CUDA_OK(cudaStreamSynchronize(ns));
+        if (it == 0) continue;  // warm-up
+        const double f0 = 1000.0 * Ms(ev.n0, ev.f0), f1 = 1000.0 * Ms(ev.n0, ev.f1);
+        const double n1 = 1000.0 * Ms(ev.n0, ev.n1);
+        const double w = std::max(0.0, std::min(n1, f1) - std::max(0.0, f0));
+        t_alone.push_back(alone_us);
+        t_beside.push_back(n1);
+        t_fetch.push_back(f1 - f0);
+        window.push_back(w);
+        offset.push_back(f0);
+        cover.push_back(f1 > f0 ? w / (f1 - f0) : 0.0);
+      }
+      CUDA_OK(cudaEventDestroy(go));
+      res.neighbour_alone_us = Median(t_alone);
+      res.neighbour_beside_us = Median(t_beside);
+      res.fetch_beside_us = Median(t_fetch);
+      res.window_us = Median(window);
+      res.start_offset_us = Median(offset);
+      res.covered = Median(cover);
+      res.gbs_beside = bytes / (res.fetch_beside_us * 1e3);
+      res.whole_ratio = res.neighbour_beside_us / res.neighbour_alone_us;
+      const double lost = res.neighbour_beside_us - res.neighbour_alone_us;
+      res.window_slowdown = res.window_us > lost ? res.window_us / (res.window_us - lost) : INFINITY;
+      results.push_back(res);
+      std::printf("| %s | %d | %d | %.0f | %d | %.1f / %.1f / %.1f | %.1f | %.3f | %.3f | %.2f | %.1f |\n",
+                  v.name.c_str(), grid, res.warps, res.in_flight / 1024.0, R, res.gbs_min, res.gbs_med,
+                  res.gbs_max, res.gbs_beside, res.whole_ratio, res.window_slowdown, res.covered,
+                  res.start_offset_us);
+      std::fflush(stdout);
+    }
+  }
+
+  std::fprintf(json, "{\n  \"device\": \"%s\",\n  \"record_bytes\": %lld,\n  \"pool_gib\": %.3f,\n",
+               harness::DeviceLine(dev).c_str(), (long long)kRecordBytes, pool_bytes / double(1ull << 30));
+  std::fprintf(json, "  \"h2d_memcpy_gbs\": %.2f,\n  \"neighbour\": {\"blocks\": %d, \"threads\": %d, "
+               "\"gib\": %.3f, \"pass_us\": %.2f},\n  \"iters\": %d,\n  \"results\": [\n",
+               h2d_gbs, ngrid, kNeighbourThreads, neighbour_gib, pass.median_us, iters);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    std::fprintf(json,
+                 "    {\"variant\": \"%s\", \"blocks\": %d, \"warps\": %d, \"unroll\": %d, \"stages\": %d, "
+                 "\"in_flight_bytes\": %lld, \"rows\": %d, \"ok\": %s, \"us_alone\": [%.2f, %.2f, %.2f], "
+                 "\"gbs_alone\": [%.2f, %.2f, %.2f], \"us_beside\": %.2f, \"gbs_beside\": %.2f, "
+                 "\"neighbour_passes\": %d, \"neighbour_alone_us\": %.2f, \"neighbour_beside_us\": %.2f, "
+                 "\"neighbour_slowdown_whole\": %.4f, \"neighbour_slowdown_window\": %.4f, \"window_us\": %.2f, "
+                 "\"fetch_start_offset_us\": %.2f, \"covered\": %.3f}%s\n",
+                 r.variant.c_str(), r.blocks, r.warps, r.unroll, r.stages, (long long)r.in_flight, r.rows,
+                 r.ok ? "true" : "false", r.alone.min_us, r.alone.median_us, r.alone.max_us, r.gbs_min, r.gbs_med,
+                 r.gbs_max, r.fetch_beside_us, r.gbs_beside, r.passes, r.neighbour_alone_us,
+                 r.neighbour_beside_us, r.whole_ratio, std::isfinite(r.window_slowdown) ? r.window_slowdown : -1.0,
+                 r.window_us, r.start_offset_us, r.covered, i + 1 < results.size() ? "," : "");
+  }
+  std::fprintf(json, "  ],\n  \"all_ok\": %s\n}\n", all_ok ? "true" : "false");
+  std::fclose(json);
+  std::printf("\nJSON: %s\n", out_path);
+  CUDA_OK(cudaFree(rows_dev));
+  CUDA_OK(cudaFree(slots_dev));
+  CUDA_OK(cudaFree(nbuf));
+  CUDA_OK(cudaFree(sink));
+  CUDA_OK(cudaFree(hot));
+  CUDA_OK(cudaFreeHost(pool));
+  if (!all_ok) std::printf("some configuration FAILED its check\n");
+  return all_ok ? 0 : 1;
+}
