@@ -34,14 +34,19 @@
 // blocks fit beside it. Per iteration: the neighbour alone, then the neighbour
 // on stream A and the fetch on stream B (highest priority, as the prefetch's),
 // both released by one event after a spin, the neighbour launched first.
-// Events on both streams give: the fetch's start offset after the neighbour's,
-// the overlap window W (both running), the neighbour's time alone T and beside
-// T'. Reported: the whole-kernel ratio T' / T (depends on how long the
+// Events on both streams give the neighbour's time alone T and beside T' and
+// the fetch's time beside (its GB/s beside). Both kernels also stamp the
+// device clock (globaltimer) at their first block's start and last block's
+// end, which says when their blocks really ran: the fetch's start offset after
+// the neighbour's (large when its blocks found no room) and the overlap window
+// W. Reported: the whole-kernel ratio T' / T (depends on how long the
 // neighbour is), and the neighbour's slowdown inside the window,
 // W / (W - (T' - T)) (its rate alone / its rate while the fetch runs, medians),
-// which does not; `covered` is W / the fetch's time beside (1: the fetch ran
-// wholly inside the neighbour). The fetch's GB/s beside uses its own events.
+// which does not; `covered` is W / the fetch's stamped span (1: the fetch ran
+// wholly inside the neighbour).
 // Ceiling printed first: cudaMemcpy H2D of 256 MiB from the same pinned pool.
+// A bulk load that never lands (should host-mapped memory not serve TMA) ends
+// its block after 200 ms of waiting, and the check reports FAIL.
 //
 // Build (repository root):
 //   make -C ffi/bench fetch-footprint
@@ -49,6 +54,9 @@
 // Markdown, writes JSON):
 //   build/fetch_footprint_bench results/fetch_footprint.json
 //   build/fetch_footprint_bench /tmp/ff.json --rows 8192 --pool-gib 4 --iters 10
+//   build/fetch_footprint_bench /tmp/tma.json --only tma   # variants whose name holds "tma"
+// Without --pool-gib, a pool that cannot be pinned at 6.75 GiB is retried at
+// 4 GiB (one line says so).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -79,6 +87,23 @@ constexpr int kNeighbourUnroll = 4;
 // ---------------------------------------------------------------------------
 // Kernels.
 
+__device__ __forceinline__ uint64_t GlobalNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// A kernel's span on the device clock: stamps[0] the first block's start
+// (atomicMin, the host sets it to ~0 first), stamps[1] the last block's end
+// (atomicMax, from 0). Null: not stamped. Events say when a stream reached a
+// kernel; these say when its blocks ran, which is what overlapped.
+__device__ __forceinline__ void StampStart(unsigned long long* stamps) {
+  if (stamps != nullptr && threadIdx.x == 0) atomicMin(stamps, static_cast<unsigned long long>(GlobalNs()));
+}
+__device__ __forceinline__ void StampEnd(unsigned long long* stamps) {
+  if (stamps != nullptr && threadIdx.x == 0) atomicMax(stamps + 1, static_cast<unsigned long long>(GlobalNs()));
+}
+
 // Fills n 8-byte words (of host-mapped memory: the pool) with splitmix64 of their index.
 __global__ void FillPool(uint64_t* p, int64_t n, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
@@ -89,22 +114,30 @@ __global__ void FillPool(uint64_t* p, int64_t n, uint64_t seed) {
 template <int kUnroll>
 __global__ void __launch_bounds__(hisparse::kFetchThreads)
     GatherKernel(const uint8_t* pool, uint8_t* hot, const int32_t* rows, const int32_t* slots, int count,
-                 int pool_rows) {
+                 int pool_rows, unsigned long long* stamps) {
+  StampStart(stamps);
   const int lane = threadIdx.x % hisparse::kWarp, warp = threadIdx.x / hisparse::kWarp;
   auto plan_at = [=](int m) { return make_int2(slots[m], rows[m]); };
   hisparse::CopyMisses<int4, kUnroll>(pool, hot, kRecordBytes, count, pool_rows,
                                       hisparse::RowBatch(kVectors, kUnroll), count,
                                       blockIdx.x * hisparse::kFetchWarps + warp,
                                       gridDim.x * hisparse::kFetchWarps, lane, plan_at);
+  __syncthreads();
+  StampEnd(stamps);
 }
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
+// Waits for the phase of `parity` of mbarrier `bar`; false after kWaitLimitNs
+// (a bulk load that never lands: the check then fails instead of the run hanging).
+constexpr uint64_t kWaitLimitNs = 200'000'000;
+
+__device__ __forceinline__ bool MbarrierWait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
-  do {
+  uint64_t start = 0;
+  for (int spins = 0;; ++spins) {
     asm volatile(
         "{\n .reg .pred p;\n"
         " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
@@ -112,7 +145,10 @@ __device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
-  } while (!done);
+    if (done) return true;
+    if (spins == 0) start = GlobalNs();
+    if (spins % 1024 == 1023 && GlobalNs() - start > kWaitLimitNs) return false;
+  }
 }
 
 // Row `row` of the pool into stage buffer `buf`, completing on mbarrier `bar`.
@@ -131,10 +167,12 @@ __device__ __forceinline__ void BulkLoadRow(uint32_t buf, uint32_t bar, const ui
 // (wait_group.read 1), so a store's read overlaps the next row's wait.
 template <int kStages>
 __global__ void __launch_bounds__(32) TmaKernel(const uint8_t* pool, uint8_t* hot, const int32_t* rows,
-                                                const int32_t* slots, int count) {
+                                                const int32_t* slots, int count,
+                                                unsigned long long* stamps) {
   extern __shared__ __align__(128) uint8_t stage_bytes[];
   __shared__ __align__(8) uint64_t bars[kStages];
   if (threadIdx.x != 0) return;
+  StampStart(stamps);
   const int first = blockIdx.x, step = gridDim.x;
   const int mine = first < count ? (count - first + step - 1) / step : 0;
   for (int s = 0; s < kStages; ++s)
@@ -146,7 +184,7 @@ __global__ void __launch_bounds__(32) TmaKernel(const uint8_t* pool, uint8_t* ho
   auto src = [&](int k) { return pool + int64_t{rows[first + int64_t{k} * step]} * kRecordBytes; };
   for (int k = 0; k < mine && k < kStages; ++k) BulkLoadRow(buf(k), bar(k), src(k));
   for (int k = 0; k < mine; ++k) {
-    MbarrierWait(bar(k), (k / kStages) & 1);
+    if (!MbarrierWait(bar(k), (k / kStages) & 1)) break;  // rows left unstored fail the check
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the landed row, to the store's proxy
     uint8_t* dst = hot + int64_t{slots[first + int64_t{k} * step]} * kRecordBytes;
     asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(buf(k)),
@@ -161,12 +199,15 @@ __global__ void __launch_bounds__(32) TmaKernel(const uint8_t* pool, uint8_t* ho
     }
   }
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // stores done before the block's memory goes
+  StampEnd(stamps);
 }
 
 // The HBM-bound neighbour: `passes` reads of n 16-byte vectors, kNeighbourUnroll
 // independent loads per thread in flight, folded so nothing is dead code.
 __global__ void __launch_bounds__(kNeighbourThreads)
-    NeighbourRead(const uint4* __restrict__ p, int64_t n, int passes, uint32_t* sink) {
+    NeighbourRead(const uint4* __restrict__ p, int64_t n, int passes, uint32_t* sink,
+                  unsigned long long* stamps) {
+  StampStart(stamps);
   uint32_t acc = 0;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int pass = 0; pass < passes; ++pass) {
@@ -180,6 +221,8 @@ __global__ void __launch_bounds__(kNeighbourThreads)
     }
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;  // practically never; keeps the loads
+  __syncthreads();
+  StampEnd(stamps);
 }
 
 // ---------------------------------------------------------------------------
@@ -222,15 +265,15 @@ std::vector<Variant> AllVariants() {
 int GridOf(const Variant& v, int sms) { return v.blocks > 0 ? v.blocks : hisparse::kFetchBlocksPerSm * sms; }
 
 void LaunchFetch(const Variant& v, int grid, const uint8_t* pool, uint8_t* hot, const int32_t* rows,
-                 const int32_t* slots, int count, int pool_rows, cudaStream_t stream) {
+                 const int32_t* slots, int count, int pool_rows, unsigned long long* stamps, cudaStream_t stream) {
   if (v.kind == Kind::kGather) {
     const int t = hisparse::kFetchThreads;
-    if (v.unroll == 8) GatherKernel<8><<<grid, t, 0, stream>>>(pool, hot, rows, slots, count, pool_rows);
-    else GatherKernel<16><<<grid, t, 0, stream>>>(pool, hot, rows, slots, count, pool_rows);
+    if (v.unroll == 8) GatherKernel<8><<<grid, t, 0, stream>>>(pool, hot, rows, slots, count, pool_rows, stamps);
+    else GatherKernel<16><<<grid, t, 0, stream>>>(pool, hot, rows, slots, count, pool_rows, stamps);
   } else if (v.stages == 32) {
-    TmaKernel<32><<<grid, 32, v.smem(), stream>>>(pool, hot, rows, slots, count);
+    TmaKernel<32><<<grid, 32, v.smem(), stream>>>(pool, hot, rows, slots, count, stamps);
   } else {
-    TmaKernel<128><<<grid, 32, v.smem(), stream>>>(pool, hot, rows, slots, count);
+    TmaKernel<128><<<grid, 32, v.smem(), stream>>>(pool, hot, rows, slots, count, stamps);
   }
   CUDA_OK(cudaGetLastError());
 }
@@ -282,7 +325,8 @@ struct Result {
 };
 
 const char* kUsage =
-    "usage: %s OUT.json [--rows N,N,...] [--pool-gib G] [--neighbour-gib G] [--iters N] [--seed N]\n";
+    "usage: %s OUT.json [--rows N,N,...] [--only SUBSTRING] [--pool-gib G] [--neighbour-gib G] [--iters N] "
+    "[--seed N]\n";
 
 std::vector<int> ParseList(const char* s) {
   std::vector<int> v;
@@ -305,12 +349,15 @@ int main(int argc, char** argv) {
   const char* out_path = argv[1];
   std::vector<int> row_counts = {2048, 8192, 32768};
   double pool_gib = 6.75, neighbour_gib = 2.0;
+  bool pool_gib_given = false;
+  std::string only;
   int iters = 20;
   uint64_t seed = 23;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rows" && i + 1 < argc) row_counts = ParseList(argv[++i]);
-    else if (a == "--pool-gib" && i + 1 < argc) pool_gib = std::atof(argv[++i]);
+    else if (a == "--pool-gib" && i + 1 < argc) pool_gib = std::atof(argv[++i]), pool_gib_given = true;
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--neighbour-gib" && i + 1 < argc) neighbour_gib = std::atof(argv[++i]);
     else if (a == "--iters" && i + 1 < argc) iters = std::max(3, std::atoi(argv[++i]));
     else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
@@ -335,18 +382,31 @@ int main(int argc, char** argv) {
   std::printf("# Miss fetch footprint: %s\n\n", harness::DeviceLine(dev).c_str());
 
   // --- the pinned pool ------------------------------------------------------
+  const int max_rows = *std::max_element(row_counts.begin(), row_counts.end());
+  uint8_t* pool = nullptr;
+  auto pin = [&](double gib) {
+    const size_t bytes = static_cast<size_t>(static_cast<int64_t>(gib * (1ull << 30)) / kRecordBytes) * kRecordBytes;
+    if (cudaHostAlloc(reinterpret_cast<void**>(&pool), bytes, cudaHostAllocMapped | cudaHostAllocPortable) ==
+        cudaSuccess)
+      return true;
+    (void)cudaGetLastError();  // not sticky: clear it
+    pool = nullptr;
+    return false;
+  };
+  if (!pin(pool_gib)) {
+    if (pool_gib_given || !pin(4.0)) {
+      std::fprintf(stderr, "cannot pin a %.2f GiB pool (cudaHostAlloc failed): try a smaller --pool-gib\n",
+                   pool_gib_given ? pool_gib : 4.0);
+      return 2;
+    }
+    std::printf("cannot pin %.2f GiB (cudaHostAlloc failed): using a 4 GiB pool\n", pool_gib);
+    pool_gib = 4.0;
+  }
   const int64_t pool_rows = static_cast<int64_t>(pool_gib * (1ull << 30)) / kRecordBytes;
   const size_t pool_bytes = static_cast<size_t>(pool_rows) * kRecordBytes;
-  const int max_rows = *std::max_element(row_counts.begin(), row_counts.end());
   if (pool_rows < 4 * int64_t{max_rows} || pool_rows > INT32_MAX) {
     std::fprintf(stderr, "--pool-gib %.2f holds %lld rows: need 4 x the largest --rows and < 2^31\n", pool_gib,
                  (long long)pool_rows);
-    return 2;
-  }
-  uint8_t* pool = nullptr;
-  if (cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocMapped | cudaHostAllocPortable) !=
-      cudaSuccess) {
-    std::fprintf(stderr, "cannot pin a %.2f GiB pool (cudaHostAlloc failed): try --pool-gib 4\n", pool_gib);
     return 2;
   }
   uint8_t* pool_dev = nullptr;  // the same memory, as the kernels address it
@@ -381,11 +441,14 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaMalloc(&sink, 4));
   CUDA_OK(cudaMemset(nbuf, 0x3c, nvec * 16));
   const int ngrid = kNeighbourBlocksPerSm * sms;
-  auto neighbour = [&](int passes) {
-    NeighbourRead<<<ngrid, kNeighbourThreads, 0, ns>>>(nbuf, nvec, passes, sink);
+  // Device-clock spans: [0, 1] the neighbour's, [2, 3] the fetch's.
+  unsigned long long* stamps = nullptr;
+  CUDA_OK(cudaMalloc(&stamps, 4 * sizeof(unsigned long long)));
+  auto neighbour = [&](int passes, unsigned long long* span) {
+    NeighbourRead<<<ngrid, kNeighbourThreads, 0, ns>>>(nbuf, nvec, passes, sink, span);
     CUDA_OK(cudaGetLastError());
   };
-  const Stats pass = harness::TimeLaunches(ns, 10, [&](int) { neighbour(1); });
+  const Stats pass = harness::TimeLaunches(ns, 10, [&](int) { neighbour(1, nullptr); });
   std::printf("neighbour: %d x %d threads reading %.2f GiB: %.1f us a pass, %.0f GB/s alone\n\n", ngrid,
               kNeighbourThreads, neighbour_gib, pass.median_us, nvec * 16.0 / (pass.median_us * 1e3));
 
@@ -421,6 +484,7 @@ int main(int argc, char** argv) {
     CUDA_OK(cudaMemcpy(rows_dev, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(slots_dev, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
     for (const Variant& v : AllVariants()) {
+      if (!only.empty() && v.name.find(only) == std::string::npos) continue;
       const int grid = GridOf(v, sms);
       Result res;
       res.variant = v.name;
@@ -430,9 +494,9 @@ int main(int argc, char** argv) {
       res.stages = v.stages;
       res.unroll = v.unroll;
       res.in_flight = v.in_flight_bytes(grid);
-      auto fetch = [&](int set, cudaStream_t st) {
+      auto fetch = [&](int set, cudaStream_t st, unsigned long long* span = nullptr) {
         LaunchFetch(v, grid, pool_dev, hot, rows_dev + size_t(set) * R, slots_dev + size_t(set) * R, R,
-                    static_cast<int>(pool_rows), st);
+                    static_cast<int>(pool_rows), span, st);
       };
       // --- check: every row of the first and the last set, bytewise ---
       res.ok = true;
@@ -474,32 +538,39 @@ int main(int argc, char** argv) {
         // The neighbour alone.
         Spin<<<1, 1, 0, ns>>>(200'000);
         CUDA_OK(cudaEventRecord(ev.n0, ns));
-        neighbour(res.passes);
+        neighbour(res.passes, nullptr);
         CUDA_OK(cudaEventRecord(ev.n1, ns));
         CUDA_OK(cudaStreamSynchronize(ns));
         const double alone_us = 1000.0 * Ms(ev.n0, ev.n1);
         // The neighbour, then the fetch beside it, both released by `go`.
+        CUDA_OK(cudaMemsetAsync(stamps, 0xff, 4 * sizeof(unsigned long long), ns));  // starts: ~0
+        CUDA_OK(cudaMemsetAsync(stamps + 1, 0, sizeof(unsigned long long), ns));      // ends: 0
+        CUDA_OK(cudaMemsetAsync(stamps + 3, 0, sizeof(unsigned long long), ns));
         Spin<<<1, 1, 0, ns>>>(200'000);
         CUDA_OK(cudaEventRecord(go, ns));
         CUDA_OK(cudaStreamWaitEvent(fs, go, 0));
         CUDA_OK(cudaEventRecord(ev.n0, ns));
-        neighbour(res.passes);
+        neighbour(res.passes, stamps);
         CUDA_OK(cudaEventRecord(ev.n1, ns));
         CUDA_OK(cudaEventRecord(ev.f0, fs));
-        fetch((it * 7 + 1) % sets, fs);
+        fetch((it * 7 + 1) % sets, fs, stamps + 2);
         CUDA_OK(cudaEventRecord(ev.f1, fs));
         CUDA_OK(cudaStreamSynchronize(fs));
         CUDA_OK(cudaStreamSynchronize(ns));
         if (it == 0) continue;  // warm-up
-        const double f0 = 1000.0 * Ms(ev.n0, ev.f0), f1 = 1000.0 * Ms(ev.n0, ev.f1);
-        const double n1 = 1000.0 * Ms(ev.n0, ev.n1);
-        const double w = std::max(0.0, std::min(n1, f1) - std::max(0.0, f0));
+        unsigned long long span[4];
+        CUDA_OK(cudaMemcpy(span, stamps, sizeof(span), cudaMemcpyDeviceToHost));
+        // Microseconds on the device clock, from the neighbour's first block.
+        const double s_n1 = (double(span[1]) - double(span[0])) * 1e-3;
+        const double s_f0 = (double(span[2]) - double(span[0])) * 1e-3;
+        const double s_f1 = (double(span[3]) - double(span[0])) * 1e-3;
+        const double w = std::max(0.0, std::min(s_n1, s_f1) - std::max(0.0, s_f0));
         t_alone.push_back(alone_us);
-        t_beside.push_back(n1);
-        t_fetch.push_back(f1 - f0);
+        t_beside.push_back(1000.0 * Ms(ev.n0, ev.n1));
+        t_fetch.push_back(1000.0 * Ms(ev.f0, ev.f1));
         window.push_back(w);
-        offset.push_back(f0);
-        cover.push_back(f1 > f0 ? w / (f1 - f0) : 0.0);
+        offset.push_back(s_f0);
+        cover.push_back(s_f1 > s_f0 ? w / (s_f1 - s_f0) : 0.0);
       }
       CUDA_OK(cudaEventDestroy(go));
       res.neighbour_alone_us = Median(t_alone);
@@ -548,6 +619,7 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaFree(slots_dev));
   CUDA_OK(cudaFree(nbuf));
   CUDA_OK(cudaFree(sink));
+  CUDA_OK(cudaFree(stamps));
   CUDA_OK(cudaFree(hot));
   CUDA_OK(cudaFreeHost(pool));
   if (!all_ok) std::printf("some configuration FAILED its check\n");
