@@ -151,7 +151,7 @@ __device__ __forceinline__ bool MbarrierWait(uint32_t bar, uint32_t parity) {
   }
 }
 
-// Row `row` of the pool into stage buffer `buf`, completing on mbarrier `bar`.
+// The record at `src` (host-mapped pool memory) into stage buffer `buf`, completing on mbarrier `bar`.
 __device__ __forceinline__ void BulkLoadRow(uint32_t buf, uint32_t bar, const uint8_t* src) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(int{kRecordBytes})
                : "memory");
