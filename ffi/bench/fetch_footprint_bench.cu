@@ -294,16 +294,6 @@ std::vector<int32_t> DistinctRows(std::mt19937_64& rng, int count, int64_t pool_
   return rows;
 }
 
-struct Events {
-  cudaEvent_t n0, n1, f0, f1;
-  Events() {
-    for (cudaEvent_t* e : {&n0, &n1, &f0, &f1}) CUDA_OK(cudaEventCreate(e));
-  }
-  ~Events() {
-    for (cudaEvent_t e : {n0, n1, f0, f1}) cudaEventDestroy(e);
-  }
-};
-
 float Ms(cudaEvent_t a, cudaEvent_t b) {
   float ms = 0;
   CUDA_OK(cudaEventElapsedTime(&ms, a, b));
@@ -324,6 +314,173 @@ struct Result {
   int passes = 0;
 };
 
+// Everything one measurement uses: the pool, the hot buffer, the neighbour, the
+// streams and the row sets of the current R.
+struct Bench {
+  int sms = 0, iters = 0;
+  uint8_t* pool = nullptr;      // pinned, as the host reads it (the check)
+  uint8_t* pool_dev = nullptr;  // the same memory, as the kernels address it
+  int64_t pool_rows = 0;
+  uint8_t* hot = nullptr;
+  cudaStream_t ns = nullptr, fs = nullptr;  // the neighbour's, the fetch's (highest priority)
+  const uint4* nbuf = nullptr;
+  int64_t nvec = 0;
+  uint32_t* sink = nullptr;
+  unsigned long long* stamps = nullptr;  // device-clock spans: [0, 1] the neighbour's, [2, 3] the fetch's
+  double pass_us = 0;                    // one neighbour pass alone
+  // The current R: `sets` row sets of R rows and their hot slots, host and device.
+  int R = 0, sets = 0;
+  std::vector<int32_t> rows, slots;
+  int32_t *rows_dev = nullptr, *slots_dev = nullptr;
+  std::vector<uint8_t> got;
+
+  void Neighbour(int passes, unsigned long long* span) const {
+    NeighbourRead<<<kNeighbourBlocksPerSm * sms, kNeighbourThreads, 0, ns>>>(nbuf, nvec, passes, sink, span);
+    CUDA_OK(cudaGetLastError());
+  }
+  void Fetch(const Variant& v, int set, cudaStream_t st, unsigned long long* span = nullptr) const {
+    LaunchFetch(v, GridOf(v, sms), pool_dev, hot, rows_dev + size_t(set) * R, slots_dev + size_t(set) * R, R,
+                static_cast<int>(pool_rows), span, st);
+  }
+  size_t Bytes() const { return size_t(R) * kRecordBytes; }
+
+  // New row sets for R rows: enough sets that they do not fit 3 x L2 together.
+  void NewRows(std::mt19937_64& rng, int rows_per_set, int64_t l2_bytes) {
+    R = rows_per_set;
+    sets = static_cast<int>(std::max<int64_t>(2, (3 * l2_bytes + Bytes() - 1) / Bytes()));
+    rows.assign(size_t(sets) * R, 0);
+    slots.assign(size_t(sets) * R, 0);
+    for (int s = 0; s < sets; ++s) {
+      const std::vector<int32_t> r = DistinctRows(rng, R, pool_rows);
+      std::copy(r.begin(), r.end(), rows.begin() + size_t(s) * R);
+      std::vector<int32_t> perm(R);
+      for (int i = 0; i < R; ++i) perm[i] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::copy(perm.begin(), perm.end(), slots.begin() + size_t(s) * R);
+    }
+    CUDA_OK(cudaFree(rows_dev));
+    CUDA_OK(cudaFree(slots_dev));
+    CUDA_OK(cudaMalloc(&rows_dev, rows.size() * 4));
+    CUDA_OK(cudaMalloc(&slots_dev, slots.size() * 4));
+    CUDA_OK(cudaMemcpy(rows_dev, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(slots_dev, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
+    got.resize(Bytes());
+  }
+
+  // Whether one call on the first and on the last set leaves, in the poisoned
+  // hot buffer, exactly the pool's bytes of every row at its slot.
+  bool Check(const Variant& v) {
+    for (int set : {0, sets - 1}) {
+      CUDA_OK(cudaMemsetAsync(hot, 0xA5, Bytes(), fs));
+      Fetch(v, set, fs);
+      CUDA_OK(cudaStreamSynchronize(fs));
+      CUDA_OK(cudaMemcpy(got.data(), hot, Bytes(), cudaMemcpyDeviceToHost));
+      for (int i = 0; i < R; ++i) {
+        const int32_t row = rows[size_t(set) * R + i], slot = slots[size_t(set) * R + i];
+        if (std::memcmp(got.data() + size_t(slot) * kRecordBytes, pool + size_t(row) * kRecordBytes,
+                        kRecordBytes) != 0) {
+          std::printf("FAIL %s, %d blocks, %d rows: set %d, row %d (pool row %d, slot %d) differs\n",
+                      v.name.c_str(), GridOf(v, sms), R, set, i, row, slot);
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  // The fetch alone: --iters calls after 3 warm-ups, behind one 20 ms spin.
+  void TimeAlone(const Variant& v, Result& res) const {
+    res.alone = harness::Summarize(
+        harness::EventTimes(fs, iters, 3, 20'000'000, 0, [&](int i) { Fetch(v, i % sets, fs); }));
+    res.gbs_min = Bytes() / (res.alone.max_us * 1e3);
+    res.gbs_med = Bytes() / (res.alone.median_us * 1e3);
+    res.gbs_max = Bytes() / (res.alone.min_us * 1e3);
+  }
+
+  // The neighbour alone, then beside the fetch, --iters times after one warm-up
+  // (see the header for the figures).
+  void TimeBeside(const Variant& v, Result& res) const {
+    res.passes = std::max(1, static_cast<int>(std::ceil(1.5 * res.alone.median_us / pass_us)));
+    cudaEvent_t n0, n1, f0, f1, go;
+    for (cudaEvent_t* e : {&n0, &n1, &f0, &f1}) CUDA_OK(cudaEventCreate(e));
+    CUDA_OK(cudaEventCreateWithFlags(&go, cudaEventDisableTiming));
+    std::vector<double> t_alone, t_beside, t_fetch, window, offset, cover;
+    for (int it = 0; it < iters + 1; ++it) {
+      Spin<<<1, 1, 0, ns>>>(200'000);
+      CUDA_OK(cudaEventRecord(n0, ns));
+      Neighbour(res.passes, nullptr);
+      CUDA_OK(cudaEventRecord(n1, ns));
+      CUDA_OK(cudaStreamSynchronize(ns));
+      const double alone_us = 1000.0 * Ms(n0, n1);
+      // The neighbour, then the fetch beside it, both released by `go`.
+      CUDA_OK(cudaMemsetAsync(stamps, 0xff, 4 * sizeof(unsigned long long), ns));  // starts: ~0
+      CUDA_OK(cudaMemsetAsync(stamps + 1, 0, sizeof(unsigned long long), ns));      // ends: 0
+      CUDA_OK(cudaMemsetAsync(stamps + 3, 0, sizeof(unsigned long long), ns));
+      Spin<<<1, 1, 0, ns>>>(200'000);
+      CUDA_OK(cudaEventRecord(go, ns));
+      CUDA_OK(cudaStreamWaitEvent(fs, go, 0));
+      CUDA_OK(cudaEventRecord(n0, ns));
+      Neighbour(res.passes, stamps);
+      CUDA_OK(cudaEventRecord(n1, ns));
+      CUDA_OK(cudaEventRecord(f0, fs));
+      Fetch(v, (it * 7 + 1) % sets, fs, stamps + 2);
+      CUDA_OK(cudaEventRecord(f1, fs));
+      CUDA_OK(cudaStreamSynchronize(fs));
+      CUDA_OK(cudaStreamSynchronize(ns));
+      if (it == 0) continue;  // warm-up
+      unsigned long long span[4];
+      CUDA_OK(cudaMemcpy(span, stamps, sizeof(span), cudaMemcpyDeviceToHost));
+      // Microseconds on the device clock, from the neighbour's first block.
+      const double s_n1 = (double(span[1]) - double(span[0])) * 1e-3;
+      const double s_f0 = (double(span[2]) - double(span[0])) * 1e-3;
+      const double s_f1 = (double(span[3]) - double(span[0])) * 1e-3;
+      const double w = std::max(0.0, std::min(s_n1, s_f1) - std::max(0.0, s_f0));
+      t_alone.push_back(alone_us);
+      t_beside.push_back(1000.0 * Ms(n0, n1));
+      t_fetch.push_back(1000.0 * Ms(f0, f1));
+      window.push_back(w);
+      offset.push_back(s_f0);
+      cover.push_back(s_f1 > s_f0 ? w / (s_f1 - s_f0) : 0.0);
+    }
+    for (cudaEvent_t e : {n0, n1, f0, f1, go}) CUDA_OK(cudaEventDestroy(e));
+    res.neighbour_alone_us = Median(t_alone);
+    res.neighbour_beside_us = Median(t_beside);
+    res.fetch_beside_us = Median(t_fetch);
+    res.window_us = Median(window);
+    res.start_offset_us = Median(offset);
+    res.covered = Median(cover);
+    res.gbs_beside = Bytes() / (res.fetch_beside_us * 1e3);
+    res.whole_ratio = res.neighbour_beside_us / res.neighbour_alone_us;
+    const double lost = res.neighbour_beside_us - res.neighbour_alone_us;
+    res.window_slowdown = res.window_us > lost ? res.window_us / (res.window_us - lost) : INFINITY;
+  }
+};
+
+void WriteJson(FILE* json, const harness::DeviceInfo& dev, double pool_gib, double h2d_gbs, const Bench& b,
+               double neighbour_gib, const std::vector<Result>& results, bool all_ok) {
+  std::fprintf(json, "{\n  \"device\": \"%s\",\n  \"record_bytes\": %lld,\n  \"pool_gib\": %.3f,\n",
+               harness::DeviceLine(dev).c_str(), (long long)kRecordBytes, pool_gib);
+  std::fprintf(json, "  \"h2d_memcpy_gbs\": %.2f,\n  \"neighbour\": {\"blocks\": %d, \"threads\": %d, "
+               "\"gib\": %.3f, \"pass_us\": %.2f},\n  \"iters\": %d,\n  \"results\": [\n",
+               h2d_gbs, kNeighbourBlocksPerSm * b.sms, kNeighbourThreads, neighbour_gib, b.pass_us, b.iters);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    std::fprintf(json,
+                 "    {\"variant\": \"%s\", \"blocks\": %d, \"warps\": %d, \"unroll\": %d, \"stages\": %d, "
+                 "\"in_flight_bytes\": %lld, \"rows\": %d, \"ok\": %s, \"us_alone\": [%.2f, %.2f, %.2f], "
+                 "\"gbs_alone\": [%.2f, %.2f, %.2f], \"us_beside\": %.2f, \"gbs_beside\": %.2f, "
+                 "\"neighbour_passes\": %d, \"neighbour_alone_us\": %.2f, \"neighbour_beside_us\": %.2f, "
+                 "\"neighbour_slowdown_whole\": %.4f, \"neighbour_slowdown_window\": %.4f, \"window_us\": %.2f, "
+                 "\"fetch_start_offset_us\": %.2f, \"covered\": %.3f}%s\n",
+                 r.variant.c_str(), r.blocks, r.warps, r.unroll, r.stages, (long long)r.in_flight, r.rows,
+                 r.ok ? "true" : "false", r.alone.min_us, r.alone.median_us, r.alone.max_us, r.gbs_min, r.gbs_med,
+                 r.gbs_max, r.fetch_beside_us, r.gbs_beside, r.passes, r.neighbour_alone_us,
+                 r.neighbour_beside_us, r.whole_ratio, std::isfinite(r.window_slowdown) ? r.window_slowdown : -1.0,
+                 r.window_us, r.start_offset_us, r.covered, i + 1 < results.size() ? "," : "");
+  }
+  std::fprintf(json, "  ],\n  \"all_ok\": %s\n}\n", all_ok ? "true" : "false");
+}
+
 const char* kUsage =
     "usage: %s OUT.json [--rows N,N,...] [--only SUBSTRING] [--pool-gib G] [--neighbour-gib G] [--iters N] "
     "[--seed N]\n";
@@ -339,8 +496,20 @@ std::vector<int> ParseList(const char* s) {
   return v;
 }
 
+// Pins a pool of `gib` GiB (whole records), mapped; null when cudaHostAlloc fails.
+uint8_t* PinPool(double gib) {
+  const size_t bytes = static_cast<size_t>(static_cast<int64_t>(gib * (1ull << 30)) / kRecordBytes) * kRecordBytes;
+  uint8_t* pool = nullptr;
+  if (cudaHostAlloc(reinterpret_cast<void**>(&pool), bytes, cudaHostAllocMapped | cudaHostAllocPortable) ==
+      cudaSuccess)
+    return pool;
+  (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
+  return nullptr;
+}
+
 }  // namespace
 
+// Long: the flags, then the setup and the sweep read top to bottom in one place.
 int main(int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') {
     std::fprintf(stderr, kUsage, argv[0]);
@@ -378,115 +547,80 @@ int main(int argc, char** argv) {
   }
   FILE* json = harness::OpenJson(out_path);
   const harness::DeviceInfo dev = harness::QueryDevice();
-  const int sms = dev.prop.multiProcessorCount;
+  Bench b;
+  b.sms = dev.prop.multiProcessorCount;
+  b.iters = iters;
   std::printf("# Miss fetch footprint: %s\n\n", harness::DeviceLine(dev).c_str());
 
   // --- the pinned pool ------------------------------------------------------
   const int max_rows = *std::max_element(row_counts.begin(), row_counts.end());
-  uint8_t* pool = nullptr;
-  auto pin = [&](double gib) {
-    const size_t bytes = static_cast<size_t>(static_cast<int64_t>(gib * (1ull << 30)) / kRecordBytes) * kRecordBytes;
-    if (cudaHostAlloc(reinterpret_cast<void**>(&pool), bytes, cudaHostAllocMapped | cudaHostAllocPortable) ==
-        cudaSuccess)
-      return true;
-    (void)cudaGetLastError();  // not sticky: clear it
-    pool = nullptr;
-    return false;
-  };
-  if (!pin(pool_gib)) {
-    if (pool_gib_given || !pin(4.0)) {
-      std::fprintf(stderr, "cannot pin a %.2f GiB pool (cudaHostAlloc failed): try a smaller --pool-gib\n",
-                   pool_gib_given ? pool_gib : 4.0);
-      return 2;
-    }
-    std::printf("cannot pin %.2f GiB (cudaHostAlloc failed): using a 4 GiB pool\n", pool_gib);
+  b.pool = PinPool(pool_gib);
+  if (b.pool == nullptr && !pool_gib_given) {
+    b.pool = PinPool(4.0);
+    if (b.pool != nullptr) std::printf("cannot pin %.2f GiB (cudaHostAlloc failed): using a 4 GiB pool\n", pool_gib);
     pool_gib = 4.0;
   }
-  const int64_t pool_rows = static_cast<int64_t>(pool_gib * (1ull << 30)) / kRecordBytes;
-  const size_t pool_bytes = static_cast<size_t>(pool_rows) * kRecordBytes;
-  if (pool_rows < 4 * int64_t{max_rows} || pool_rows > INT32_MAX) {
-    std::fprintf(stderr, "--pool-gib %.2f holds %lld rows: need 4 x the largest --rows and < 2^31\n", pool_gib,
-                 (long long)pool_rows);
+  if (b.pool == nullptr) {
+    std::fprintf(stderr, "cannot pin a %.2f GiB pool (cudaHostAlloc failed): try a smaller --pool-gib\n", pool_gib);
     return 2;
   }
-  uint8_t* pool_dev = nullptr;  // the same memory, as the kernels address it
-  CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool, 0));
-
+  b.pool_rows = static_cast<int64_t>(pool_gib * (1ull << 30)) / kRecordBytes;
+  const size_t pool_bytes = static_cast<size_t>(b.pool_rows) * kRecordBytes;
+  if (b.pool_rows < 4 * int64_t{max_rows} || b.pool_rows > INT32_MAX) {
+    std::fprintf(stderr, "--pool-gib %.2f holds %lld rows: need 4 x the largest --rows and < 2^31\n", pool_gib,
+                 (long long)b.pool_rows);
+    return 2;
+  }
+  CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&b.pool_dev), b.pool, 0));
   int lo_prio = 0, hi_prio = 0;
   CUDA_OK(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio));
-  cudaStream_t ns, fs;  // the neighbour's stream, the fetch's (highest priority, as the prefetch's)
-  CUDA_OK(cudaStreamCreateWithFlags(&ns, cudaStreamNonBlocking));
-  CUDA_OK(cudaStreamCreateWithPriority(&fs, cudaStreamNonBlocking, hi_prio));
-  FillPool<<<4 * sms, 256, 0, fs>>>(reinterpret_cast<uint64_t*>(pool_dev), static_cast<int64_t>(pool_bytes / 8),
-                                    seed);
+  CUDA_OK(cudaStreamCreateWithFlags(&b.ns, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithPriority(&b.fs, cudaStreamNonBlocking, hi_prio));  // as the prefetch's stream
+  FillPool<<<4 * b.sms, 256, 0, b.fs>>>(reinterpret_cast<uint64_t*>(b.pool_dev),
+                                        static_cast<int64_t>(pool_bytes / 8), seed);
   CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaStreamSynchronize(fs));
+  CUDA_OK(cudaStreamSynchronize(b.fs));
 
   // --- the ceiling ----------------------------------------------------------
-  uint8_t* hot = nullptr;  // also the H2D memcpy's target
-  const size_t hot_bytes = std::max<size_t>(size_t{256} << 20, size_t(max_rows) * kRecordBytes);
-  CUDA_OK(cudaMalloc(&hot, hot_bytes));
-  const Stats h2d = harness::TimeLaunches(fs, 10, [&](int) {
-    CUDA_OK(cudaMemcpyAsync(hot, pool, size_t{256} << 20, cudaMemcpyHostToDevice, fs));
+  const size_t h2d_bytes = size_t{256} << 20;
+  CUDA_OK(cudaMalloc(&b.hot, std::max(h2d_bytes, size_t(max_rows) * kRecordBytes)));  // also the memcpy's target
+  const Stats h2d = harness::TimeLaunches(b.fs, 10, [&](int) {
+    CUDA_OK(cudaMemcpyAsync(b.hot, b.pool, h2d_bytes, cudaMemcpyHostToDevice, b.fs));
   });
-  const double h2d_gbs = (256.0 * (1 << 20)) / (h2d.median_us * 1e3);
+  const double h2d_gbs = h2d_bytes / (h2d.median_us * 1e3);
   std::printf("pool: %.2f GiB pinned (%lld rows of %lld B); ceiling: cudaMemcpy H2D 256 MiB pinned %.1f GB/s\n",
-              pool_bytes / double(1ull << 30), (long long)pool_rows, (long long)kRecordBytes, h2d_gbs);
+              pool_bytes / double(1ull << 30), (long long)b.pool_rows, (long long)kRecordBytes, h2d_gbs);
 
   // --- the neighbour --------------------------------------------------------
-  const int64_t nvec = static_cast<int64_t>(neighbour_gib * (1ull << 30)) / 16;
+  b.nvec = static_cast<int64_t>(neighbour_gib * (1ull << 30)) / 16;
   uint4* nbuf = nullptr;
-  uint32_t* sink = nullptr;
-  CUDA_OK(cudaMalloc(&nbuf, nvec * 16));
-  CUDA_OK(cudaMalloc(&sink, 4));
-  CUDA_OK(cudaMemset(nbuf, 0x3c, nvec * 16));
-  const int ngrid = kNeighbourBlocksPerSm * sms;
-  // Device-clock spans: [0, 1] the neighbour's, [2, 3] the fetch's.
-  unsigned long long* stamps = nullptr;
-  CUDA_OK(cudaMalloc(&stamps, 4 * sizeof(unsigned long long)));
-  auto neighbour = [&](int passes, unsigned long long* span) {
-    NeighbourRead<<<ngrid, kNeighbourThreads, 0, ns>>>(nbuf, nvec, passes, sink, span);
-    CUDA_OK(cudaGetLastError());
-  };
-  const Stats pass = harness::TimeLaunches(ns, 10, [&](int) { neighbour(1, nullptr); });
-  std::printf("neighbour: %d x %d threads reading %.2f GiB: %.1f us a pass, %.0f GB/s alone\n\n", ngrid,
-              kNeighbourThreads, neighbour_gib, pass.median_us, nvec * 16.0 / (pass.median_us * 1e3));
+  CUDA_OK(cudaMalloc(&nbuf, b.nvec * 16));
+  CUDA_OK(cudaMemset(nbuf, 0x3c, b.nvec * 16));
+  b.nbuf = nbuf;
+  CUDA_OK(cudaMalloc(&b.sink, 4));
+  CUDA_OK(cudaMalloc(&b.stamps, 4 * sizeof(unsigned long long)));
+  b.pass_us = harness::TimeLaunches(b.ns, 10, [&](int) { b.Neighbour(1, nullptr); }).median_us;
+  std::printf("neighbour: %d x %d threads reading %.2f GiB: %.1f us a pass, %.0f GB/s alone\n\n",
+              kNeighbourBlocksPerSm * b.sms, kNeighbourThreads, neighbour_gib, b.pass_us,
+              b.nvec * 16.0 / (b.pass_us * 1e3));
 
   CUDA_OK(cudaFuncSetAttribute(TmaKernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, 32 * kRecordBytes));
   CUDA_OK(cudaFuncSetAttribute(TmaKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 * kRecordBytes));
 
+  // --- the sweep ------------------------------------------------------------
   std::printf("| variant | blocks | warps | in flight KiB | rows | GB/s alone min / med / max | GB/s beside | "
               "neighbour x whole | neighbour x window | covered | fetch start us |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
-
   std::mt19937_64 rng(seed);
   std::vector<Result> results;
   bool all_ok = true;
-  int32_t *rows_dev = nullptr, *slots_dev = nullptr;
-  std::vector<uint8_t> got(size_t(max_rows) * kRecordBytes);
   for (const int R : row_counts) {
-    const size_t bytes = size_t(R) * kRecordBytes;
-    const int sets = static_cast<int>(std::max<int64_t>(2, (3 * int64_t{dev.prop.l2CacheSize} + bytes - 1) / bytes));
-    std::vector<int32_t> rows(size_t(sets) * R), slots(size_t(sets) * R);
-    for (int s = 0; s < sets; ++s) {
-      const std::vector<int32_t> r = DistinctRows(rng, R, pool_rows);
-      std::copy(r.begin(), r.end(), rows.begin() + size_t(s) * R);
-      std::vector<int32_t> perm(R);
-      for (int i = 0; i < R; ++i) perm[i] = i;
-      std::shuffle(perm.begin(), perm.end(), rng);
-      std::copy(perm.begin(), perm.end(), slots.begin() + size_t(s) * R);
-    }
-    CUDA_OK(cudaFree(rows_dev));
-    CUDA_OK(cudaFree(slots_dev));
-    CUDA_OK(cudaMalloc(&rows_dev, rows.size() * 4));
-    CUDA_OK(cudaMalloc(&slots_dev, slots.size() * 4));
-    CUDA_OK(cudaMemcpy(rows_dev, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(slots_dev, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
+    b.NewRows(rng, R, dev.prop.l2CacheSize);
     for (const Variant& v : AllVariants()) {
       if (!only.empty() && v.name.find(only) == std::string::npos) continue;
-      const int grid = GridOf(v, sms);
       Result res;
+      const int grid = GridOf(v, b.sms);
       res.variant = v.name;
       res.blocks = grid;
       res.warps = grid * v.threads() / 32;
@@ -494,134 +628,31 @@ int main(int argc, char** argv) {
       res.stages = v.stages;
       res.unroll = v.unroll;
       res.in_flight = v.in_flight_bytes(grid);
-      auto fetch = [&](int set, cudaStream_t st, unsigned long long* span = nullptr) {
-        LaunchFetch(v, grid, pool_dev, hot, rows_dev + size_t(set) * R, slots_dev + size_t(set) * R, R,
-                    static_cast<int>(pool_rows), span, st);
-      };
-      // --- check: every row of the first and the last set, bytewise ---
-      res.ok = true;
-      for (int set : {0, sets - 1}) {
-        CUDA_OK(cudaMemsetAsync(hot, 0xA5, bytes, fs));
-        fetch(set, fs);
-        CUDA_OK(cudaStreamSynchronize(fs));
-        CUDA_OK(cudaMemcpy(got.data(), hot, bytes, cudaMemcpyDeviceToHost));
-        for (int i = 0; i < R && res.ok; ++i) {
-          const int32_t row = rows[size_t(set) * R + i], slot = slots[size_t(set) * R + i];
-          if (std::memcmp(got.data() + size_t(slot) * kRecordBytes, pool + size_t(row) * kRecordBytes,
-                          kRecordBytes) != 0) {
-            std::printf("FAIL %s, %d blocks, %d rows: set %d, row %d (pool row %d, slot %d) differs\n",
-                        v.name.c_str(), grid, R, set, i, row, slot);
-            res.ok = false;
-          }
-        }
+      res.ok = b.Check(v);
+      if (res.ok) {
+        b.TimeAlone(v, res);
+        b.TimeBeside(v, res);
+        std::printf("| %s | %d | %d | %.0f | %d | %.1f / %.1f / %.1f | %.1f | %.3f | %.3f | %.2f | %.1f |\n",
+                    v.name.c_str(), grid, res.warps, res.in_flight / 1024.0, R, res.gbs_min, res.gbs_med,
+                    res.gbs_max, res.gbs_beside, res.whole_ratio, res.window_slowdown, res.covered,
+                    res.start_offset_us);
+        std::fflush(stdout);
       }
-      if (!res.ok) {
-        all_ok = false;
-        results.push_back(res);
-        continue;
-      }
-      // --- alone ---
-      std::vector<double> us =
-          harness::EventTimes(fs, iters, 3, 20'000'000, 0, [&](int i) { fetch(i % sets, fs); });
-      res.alone = harness::Summarize(us);
-      res.gbs_min = bytes / (res.alone.max_us * 1e3);
-      res.gbs_med = bytes / (res.alone.median_us * 1e3);
-      res.gbs_max = bytes / (res.alone.min_us * 1e3);
-      // --- beside the neighbour ---
-      res.passes = static_cast<int>(std::ceil(1.5 * res.alone.median_us / pass.median_us));
-      res.passes = std::max(1, res.passes);
-      Events ev;
-      cudaEvent_t go;
-      CUDA_OK(cudaEventCreateWithFlags(&go, cudaEventDisableTiming));
-      std::vector<double> t_alone, t_beside, t_fetch, window, offset, cover;
-      for (int it = 0; it < iters + 1; ++it) {
-        // The neighbour alone.
-        Spin<<<1, 1, 0, ns>>>(200'000);
-        CUDA_OK(cudaEventRecord(ev.n0, ns));
-        neighbour(res.passes, nullptr);
-        CUDA_OK(cudaEventRecord(ev.n1, ns));
-        CUDA_OK(cudaStreamSynchronize(ns));
-        const double alone_us = 1000.0 * Ms(ev.n0, ev.n1);
-        // The neighbour, then the fetch beside it, both released by `go`.
-        CUDA_OK(cudaMemsetAsync(stamps, 0xff, 4 * sizeof(unsigned long long), ns));  // starts: ~0
-        CUDA_OK(cudaMemsetAsync(stamps + 1, 0, sizeof(unsigned long long), ns));      // ends: 0
-        CUDA_OK(cudaMemsetAsync(stamps + 3, 0, sizeof(unsigned long long), ns));
-        Spin<<<1, 1, 0, ns>>>(200'000);
-        CUDA_OK(cudaEventRecord(go, ns));
-        CUDA_OK(cudaStreamWaitEvent(fs, go, 0));
-        CUDA_OK(cudaEventRecord(ev.n0, ns));
-        neighbour(res.passes, stamps);
-        CUDA_OK(cudaEventRecord(ev.n1, ns));
-        CUDA_OK(cudaEventRecord(ev.f0, fs));
-        fetch((it * 7 + 1) % sets, fs, stamps + 2);
-        CUDA_OK(cudaEventRecord(ev.f1, fs));
-        CUDA_OK(cudaStreamSynchronize(fs));
-        CUDA_OK(cudaStreamSynchronize(ns));
-        if (it == 0) continue;  // warm-up
-        unsigned long long span[4];
-        CUDA_OK(cudaMemcpy(span, stamps, sizeof(span), cudaMemcpyDeviceToHost));
-        // Microseconds on the device clock, from the neighbour's first block.
-        const double s_n1 = (double(span[1]) - double(span[0])) * 1e-3;
-        const double s_f0 = (double(span[2]) - double(span[0])) * 1e-3;
-        const double s_f1 = (double(span[3]) - double(span[0])) * 1e-3;
-        const double w = std::max(0.0, std::min(s_n1, s_f1) - std::max(0.0, s_f0));
-        t_alone.push_back(alone_us);
-        t_beside.push_back(1000.0 * Ms(ev.n0, ev.n1));
-        t_fetch.push_back(1000.0 * Ms(ev.f0, ev.f1));
-        window.push_back(w);
-        offset.push_back(s_f0);
-        cover.push_back(s_f1 > s_f0 ? w / (s_f1 - s_f0) : 0.0);
-      }
-      CUDA_OK(cudaEventDestroy(go));
-      res.neighbour_alone_us = Median(t_alone);
-      res.neighbour_beside_us = Median(t_beside);
-      res.fetch_beside_us = Median(t_fetch);
-      res.window_us = Median(window);
-      res.start_offset_us = Median(offset);
-      res.covered = Median(cover);
-      res.gbs_beside = bytes / (res.fetch_beside_us * 1e3);
-      res.whole_ratio = res.neighbour_beside_us / res.neighbour_alone_us;
-      const double lost = res.neighbour_beside_us - res.neighbour_alone_us;
-      res.window_slowdown = res.window_us > lost ? res.window_us / (res.window_us - lost) : INFINITY;
+      all_ok = all_ok && res.ok;
       results.push_back(res);
-      std::printf("| %s | %d | %d | %.0f | %d | %.1f / %.1f / %.1f | %.1f | %.3f | %.3f | %.2f | %.1f |\n",
-                  v.name.c_str(), grid, res.warps, res.in_flight / 1024.0, R, res.gbs_min, res.gbs_med,
-                  res.gbs_max, res.gbs_beside, res.whole_ratio, res.window_slowdown, res.covered,
-                  res.start_offset_us);
-      std::fflush(stdout);
     }
   }
 
-  std::fprintf(json, "{\n  \"device\": \"%s\",\n  \"record_bytes\": %lld,\n  \"pool_gib\": %.3f,\n",
-               harness::DeviceLine(dev).c_str(), (long long)kRecordBytes, pool_bytes / double(1ull << 30));
-  std::fprintf(json, "  \"h2d_memcpy_gbs\": %.2f,\n  \"neighbour\": {\"blocks\": %d, \"threads\": %d, "
-               "\"gib\": %.3f, \"pass_us\": %.2f},\n  \"iters\": %d,\n  \"results\": [\n",
-               h2d_gbs, ngrid, kNeighbourThreads, neighbour_gib, pass.median_us, iters);
-  for (size_t i = 0; i < results.size(); ++i) {
-    const Result& r = results[i];
-    std::fprintf(json,
-                 "    {\"variant\": \"%s\", \"blocks\": %d, \"warps\": %d, \"unroll\": %d, \"stages\": %d, "
-                 "\"in_flight_bytes\": %lld, \"rows\": %d, \"ok\": %s, \"us_alone\": [%.2f, %.2f, %.2f], "
-                 "\"gbs_alone\": [%.2f, %.2f, %.2f], \"us_beside\": %.2f, \"gbs_beside\": %.2f, "
-                 "\"neighbour_passes\": %d, \"neighbour_alone_us\": %.2f, \"neighbour_beside_us\": %.2f, "
-                 "\"neighbour_slowdown_whole\": %.4f, \"neighbour_slowdown_window\": %.4f, \"window_us\": %.2f, "
-                 "\"fetch_start_offset_us\": %.2f, \"covered\": %.3f}%s\n",
-                 r.variant.c_str(), r.blocks, r.warps, r.unroll, r.stages, (long long)r.in_flight, r.rows,
-                 r.ok ? "true" : "false", r.alone.min_us, r.alone.median_us, r.alone.max_us, r.gbs_min, r.gbs_med,
-                 r.gbs_max, r.fetch_beside_us, r.gbs_beside, r.passes, r.neighbour_alone_us,
-                 r.neighbour_beside_us, r.whole_ratio, std::isfinite(r.window_slowdown) ? r.window_slowdown : -1.0,
-                 r.window_us, r.start_offset_us, r.covered, i + 1 < results.size() ? "," : "");
-  }
-  std::fprintf(json, "  ],\n  \"all_ok\": %s\n}\n", all_ok ? "true" : "false");
+  WriteJson(json, dev, pool_bytes / double(1ull << 30), h2d_gbs, b, neighbour_gib, results, all_ok);
   std::fclose(json);
   std::printf("\nJSON: %s\n", out_path);
-  CUDA_OK(cudaFree(rows_dev));
-  CUDA_OK(cudaFree(slots_dev));
+  CUDA_OK(cudaFree(b.rows_dev));
+  CUDA_OK(cudaFree(b.slots_dev));
   CUDA_OK(cudaFree(nbuf));
-  CUDA_OK(cudaFree(sink));
-  CUDA_OK(cudaFree(stamps));
-  CUDA_OK(cudaFree(hot));
-  CUDA_OK(cudaFreeHost(pool));
+  CUDA_OK(cudaFree(b.sink));
+  CUDA_OK(cudaFree(b.stamps));
+  CUDA_OK(cudaFree(b.hot));
+  CUDA_OK(cudaFreeHost(b.pool));
   if (!all_ok) std::printf("some configuration FAILED its check\n");
   return all_ok ? 0 : 1;
 }
