@@ -11,6 +11,10 @@
 //              (16 vectors per lane in flight, 102 registers: an unroll of 32
 //              takes 171, and a 256-thread block of those does not fit on an
 //              SM beside the neighbour's two blocks, so it is left out).
+//   cp.async   128-thread blocks (2-8 of them), each lane keeping 4 or 8 stages
+//              of 8 cp.async copies (16 bytes, host-mapped global -> shared) in
+//              flight, then storing what landed: the bytes in flight sit in
+//              shared memory (64 or 128 KiB a block), not in registers.
 //   tma        one warp per block, lane 0 alone drives a ring of `stages` row
 //              buffers in shared memory: cp.async.bulk global -> shared (the
 //              host-mapped pool is global memory), completion on an mbarrier,
@@ -55,6 +59,7 @@
 //   build/fetch_footprint_bench results/fetch_footprint.json
 //   build/fetch_footprint_bench /tmp/ff.json --rows 8192 --pool-gib 4 --iters 10
 //   build/fetch_footprint_bench /tmp/tma.json --only tma   # variants whose name holds "tma"
+//   build/fetch_footprint_bench /tmp/ld.json --only gather,cp.async   # either
 // Without --pool-gib, a pool that cannot be pinned at 6.75 GiB is retried at
 // 4 GiB (one line says so).
 #include <cuda_runtime.h>
@@ -202,6 +207,58 @@ __global__ void __launch_bounds__(32) TmaKernel(const uint8_t* pool, uint8_t* ho
   StampEnd(stamps);
 }
 
+// The cp.async fetch: 128-thread blocks; warp w of W copies the rows w, w + W, ...,
+// their 16-byte vectors numbered flat and taken kVecs per lane a stage; a lane
+// keeps kStages stages of cp.async (global -> shared, 16 bytes each) in flight,
+// so the bytes in flight live in shared memory, not in registers. A lane reads
+// back only the vectors it copied itself (after its own wait_group), so no
+// barrier is needed between the copy and the store.
+constexpr int kCpAsyncThreads = 128;
+
+template <int kVecs, int kStages>
+__global__ void __launch_bounds__(kCpAsyncThreads)
+    CpAsyncKernel(const uint8_t* pool, uint8_t* hot, const int32_t* rows, const int32_t* slots, int count,
+                  unsigned long long* stamps) {
+  extern __shared__ __align__(16) int4 staged[];  // [kStages][kVecs][kCpAsyncThreads]
+  StampStart(stamps);
+  const int lane = threadIdx.x % 32;
+  const int warp = blockIdx.x * (kCpAsyncThreads / 32) + threadIdx.x / 32;
+  const int warps = gridDim.x * (kCpAsyncThreads / 32);
+  const int64_t mine = warp < count ? (count - warp + warps - 1) / warps : 0;
+  const int64_t total = mine * kVectors;
+  const int64_t stages = (total + 32 * kVecs - 1) / (32 * kVecs);
+  auto at = [&](int64_t s, int u) { return int64_t{s} * 32 * kVecs + u * 32 + lane; };  // flat vector index
+  auto issue = [&](int64_t s) {
+#pragma unroll
+    for (int u = 0; u < kVecs; ++u) {
+      const int64_t f = at(s, u);
+      if (s < stages && f < total) {
+        const int64_t m = warp + (f / kVectors) * int64_t{warps};
+        const uint8_t* src = pool + int64_t{rows[m]} * kRecordBytes + (f % kVectors) * 16;
+        const uint32_t dst = SharedAddress(&staged[((s % kStages) * kVecs + u) * kCpAsyncThreads + threadIdx.x]);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+      }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");  // empty groups too: the count stays in step
+  };
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  for (int64_t s = 0; s < stages; ++s) {
+    issue(s + kStages - 1);
+    asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 1) : "memory");  // stage s has landed
+#pragma unroll
+    for (int u = 0; u < kVecs; ++u) {
+      const int64_t f = at(s, u);
+      if (f < total) {
+        const int64_t m = warp + (f / kVectors) * int64_t{warps};
+        int4* dst = reinterpret_cast<int4*>(hot + int64_t{slots[m]} * kRecordBytes) + f % kVectors;
+        __stcg(dst, staged[((s % kStages) * kVecs + u) * kCpAsyncThreads + threadIdx.x]);
+      }
+    }
+  }
+  __syncthreads();
+  StampEnd(stamps);
+}
+
 // The HBM-bound neighbour: `passes` reads of n 16-byte vectors, kNeighbourUnroll
 // independent loads per thread in flight, folded so nothing is dead code.
 __global__ void __launch_bounds__(kNeighbourThreads)
@@ -228,19 +285,26 @@ __global__ void __launch_bounds__(kNeighbourThreads)
 // ---------------------------------------------------------------------------
 // Variants.
 
-enum class Kind { kGather, kTma };
+enum class Kind { kGather, kCpAsync, kTma };
 
 struct Variant {
   std::string name;
   Kind kind;
   int blocks;       // 0: kFetchBlocksPerSm x SMs
-  int unroll;       // gather: vectors per lane in flight
-  int stages;       // tma: rows per block in flight
-  int threads() const { return kind == Kind::kGather ? hisparse::kFetchThreads : 32; }
-  int smem() const { return kind == Kind::kTma ? stages * static_cast<int>(kRecordBytes) : 0; }
+  int unroll;       // gather: vectors per lane in flight; cp.async: vectors per lane a stage
+  int stages;       // tma: rows per block in flight; cp.async: stages per lane in flight
+  int threads() const {
+    return kind == Kind::kGather ? hisparse::kFetchThreads : kind == Kind::kCpAsync ? kCpAsyncThreads : 32;
+  }
+  int smem() const {
+    if (kind == Kind::kTma) return stages * static_cast<int>(kRecordBytes);
+    if (kind == Kind::kCpAsync) return stages * unroll * kCpAsyncThreads * 16;
+    return 0;
+  }
   // Bytes the variant can hold in flight from the host, by its design.
   int64_t in_flight_bytes(int grid) const {
     if (kind == Kind::kTma) return int64_t{grid} * stages * kRecordBytes;
+    if (kind == Kind::kCpAsync) return int64_t{grid} * smem();
     const int rows = hisparse::RowBatch(kVectors, unroll);
     return int64_t{grid} * hisparse::kFetchWarps * rows * kRecordBytes;
   }
@@ -253,6 +317,11 @@ std::vector<Variant> AllVariants() {
       {"gather unroll 16", Kind::kGather, 2, 16, 0},
       {"gather unroll 16", Kind::kGather, 4, 16, 0},
       {"gather unroll 16", Kind::kGather, 8, 16, 0},
+      {"cp.async 8 x 4", Kind::kCpAsync, 2, 8, 4},
+      {"cp.async 8 x 4", Kind::kCpAsync, 4, 8, 4},
+      {"cp.async 8 x 4", Kind::kCpAsync, 8, 8, 4},
+      {"cp.async 8 x 8", Kind::kCpAsync, 2, 8, 8},
+      {"cp.async 8 x 8", Kind::kCpAsync, 4, 8, 8},
       {"tma 32 stages", Kind::kTma, 4, 0, 32},
       {"tma 32 stages", Kind::kTma, 16, 0, 32},
       {"tma 128 stages", Kind::kTma, 2, 0, 128},
@@ -270,6 +339,9 @@ void LaunchFetch(const Variant& v, int grid, const uint8_t* pool, uint8_t* hot, 
     const int t = hisparse::kFetchThreads;
     if (v.unroll == 8) GatherKernel<8><<<grid, t, 0, stream>>>(pool, hot, rows, slots, count, pool_rows, stamps);
     else GatherKernel<16><<<grid, t, 0, stream>>>(pool, hot, rows, slots, count, pool_rows, stamps);
+  } else if (v.kind == Kind::kCpAsync) {
+    if (v.stages == 4) CpAsyncKernel<8, 4><<<grid, kCpAsyncThreads, v.smem(), stream>>>(pool, hot, rows, slots, count, stamps);
+    else CpAsyncKernel<8, 8><<<grid, kCpAsyncThreads, v.smem(), stream>>>(pool, hot, rows, slots, count, stamps);
   } else if (v.stages == 32) {
     TmaKernel<32><<<grid, 32, v.smem(), stream>>>(pool, hot, rows, slots, count, stamps);
   } else {
@@ -482,8 +554,17 @@ void WriteJson(FILE* json, const harness::DeviceInfo& dev, double pool_gib, doub
 }
 
 const char* kUsage =
-    "usage: %s OUT.json [--rows N,N,...] [--only SUBSTRING] [--pool-gib G] [--neighbour-gib G] [--iters N] "
+    "usage: %s OUT.json [--rows N,N,...] [--only SUBSTRING,...] [--pool-gib G] [--neighbour-gib G] [--iters N] "
     "[--seed N]\n";
+
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> v;
+  size_t start = 0;
+  for (size_t comma; (comma = s.find(',', start)) != std::string::npos; start = comma + 1)
+    v.push_back(s.substr(start, comma - start));
+  v.push_back(s.substr(start));
+  return v;
+}
 
 std::vector<int> ParseList(const char* s) {
   std::vector<int> v;
@@ -519,14 +600,14 @@ int main(int argc, char** argv) {
   std::vector<int> row_counts = {2048, 8192, 32768};
   double pool_gib = 6.75, neighbour_gib = 2.0;
   bool pool_gib_given = false;
-  std::string only;
+  std::vector<std::string> only;  // --only: variants whose name holds one of these
   int iters = 20;
   uint64_t seed = 23;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rows" && i + 1 < argc) row_counts = ParseList(argv[++i]);
     else if (a == "--pool-gib" && i + 1 < argc) pool_gib = std::atof(argv[++i]), pool_gib_given = true;
-    else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else if (a == "--only" && i + 1 < argc) only = SplitList(argv[++i]);
     else if (a == "--neighbour-gib" && i + 1 < argc) neighbour_gib = std::atof(argv[++i]);
     else if (a == "--iters" && i + 1 < argc) iters = std::max(3, std::atoi(argv[++i]));
     else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
@@ -606,6 +687,10 @@ int main(int argc, char** argv) {
 
   CUDA_OK(cudaFuncSetAttribute(TmaKernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, 32 * kRecordBytes));
   CUDA_OK(cudaFuncSetAttribute(TmaKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 * kRecordBytes));
+  CUDA_OK(cudaFuncSetAttribute(CpAsyncKernel<8, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               4 * 8 * kCpAsyncThreads * 16));
+  CUDA_OK(cudaFuncSetAttribute(CpAsyncKernel<8, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               8 * 8 * kCpAsyncThreads * 16));
 
   // --- the sweep ------------------------------------------------------------
   std::printf("| variant | blocks | warps | in flight KiB | rows | GB/s alone min / med / max | GB/s beside | "
@@ -618,7 +703,10 @@ int main(int argc, char** argv) {
   for (const int R : row_counts) {
     b.NewRows(rng, R, dev.prop.l2CacheSize);
     for (const Variant& v : AllVariants()) {
-      if (!only.empty() && v.name.find(only) == std::string::npos) continue;
+      if (!only.empty() && std::none_of(only.begin(), only.end(), [&](const std::string& o) {
+            return v.name.find(o) != std::string::npos;
+          }))
+        continue;
       Result res;
       const int grid = GridOf(v, b.sms);
       res.variant = v.name;
