@@ -20,8 +20,8 @@ import numpy as np
 
 COMMAND = "python tests/models/dsa_golden.py tests/data/dsa_golden.npz"
 STEPS = 4
-LENGTHS = (13, 6)
-T = 16
+LENGTHS = (29, 11)
+T = 32
 
 # Tiny DSA configs covering every branch of the indexer and the model: index_share 1 and 2,
 # page_size 1 and 4, fp8 index keys, rope in the indexer, the low-rank query, experts.
