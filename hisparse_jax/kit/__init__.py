@@ -1,0 +1,12 @@
+"""The research kit: bring your own sparse indexer (docs/kit.md).
+
+A researcher writes an `Indexer` (hisparse_jax.kit.protocol: its parameters, what it keeps per
+token or page, how it scores or selects records); `family(indexer)` makes it a model family
+(MLA attention over the selected records plus the open page, in every decode mode) that
+decode, the benchmarks, the selection lab and hisparse_jax.testing drive like DSA, NSA and Quest.
+"""
+
+from .checks import IndexerError
+from .protocol import Indexer
+
+__all__ = ["Indexer", "IndexerError"]
