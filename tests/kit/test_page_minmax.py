@@ -101,3 +101,12 @@ def test_metadata_bytes_come_from_the_declared_layout():
     assert FAMILY.metadata_bytes_read(CONFIG, 16) == CONFIG.groups * per_token * 16
     per_request = account(FAMILY, CONFIG, 1, "device").by_category("device", per_request=True)
     assert per_request["indexer metadata"] == CONFIG.groups * per_token * CONFIG.max_context
+
+
+def test_its_parameters_count_as_indexer_weights():
+    """The family names Weights.indexers as its selection weights: weight_bytes counts W_k, W_q
+    and the head weights of every group as the "indexer" component."""
+    from hisparse_jax.models.weights import weight_bytes
+
+    D, d, H = CONFIG.d_model, INDEXER.dim, INDEXER.heads
+    assert weight_bytes(FAMILY, CONFIG)["indexer"] == CONFIG.groups * (D * d + D * H * d + D * H) * 4
