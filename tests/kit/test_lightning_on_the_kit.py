@@ -40,12 +40,15 @@ def test_lightning_train_scores_are_what_decode_scores():
     import jax
     import jax.numpy as jnp
 
+    from hisparse_jax.kit import checks
+
     config = dsa.Config.tiny(num_layers=1, top_k=4, hot_slots=6, max_context=32, index_rope_dim=8)
     indexer, params = config.indexer, dsa.init_weights(config, 3).indexers[0]
     T = config.max_context
     h = jax.random.normal(jax.random.key(0), (2, T, config.d_model), jnp.float32)
     positions = jnp.arange(T, dtype=jnp.int32)
-    train = np.asarray(indexer.train_scores(config, params, h, positions, 8, 16))  # queries 8..23
+    features = checks.train_features(indexer, config, params, h, positions)
+    train = np.asarray(checks.train_scores(indexer, config, params, features, positions, 8, 16))  # queries 8..23
     meta = indexer.write(config, params, indexer.init_metadata(config, 2), h, jnp.broadcast_to(positions, (2, T)),
                          jnp.ones((2, T), bool))
     for t in (8, 15, 23):
