@@ -91,8 +91,10 @@ class Indexer:
 
     def select(self, config, params, metadata, h: jax.Array, positions: jax.Array, sealed: jax.Array) -> jax.Array:
         """[b, k] int32 record ids (k = config.top_k) for the query, in place of `score`:
-        ascending, -1 padding at the end, every id < sealed (the open page is always attended
-        from the tail; an id >= sealed reads a record that does not exist yet)."""
+        ascending (attention reads records in selection order; ascending is position order, the
+        order of dense attention, so selecting every record equals it bit for bit), -1 padding
+        at the end, every id < sealed (the open page is always attended from the tail; an id
+        outside [0, sealed) counts as padding everywhere, RESOLVE's rule 0: a wasted slot)."""
         raise NotImplementedError
 
     def train_features(self, config, params, h: jax.Array, positions: jax.Array):
