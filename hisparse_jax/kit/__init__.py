@@ -1,0 +1,15 @@
+"""The research kit: bring your own sparse indexer (docs/kit.md).
+
+A researcher writes an `Indexer` (hisparse_jax.kit.protocol: its parameters, what it keeps per
+token or page, how it scores or selects records); `family(indexer)` makes it a model family
+(MLA attention over the selected records plus the open page, in every decode mode) that
+decode, the benchmarks, the selection lab and hisparse_jax.testing drive like DSA, NSA and Quest.
+"""
+
+from .checks import IndexerError
+from .config import Config, MLAConfig
+from .family import family, make_family
+from .page_minmax import PageMinMax
+from .protocol import Indexer, NoMetadata
+
+__all__ = ["Config", "Indexer", "IndexerError", "MLAConfig", "NoMetadata", "PageMinMax", "family", "make_family"]
