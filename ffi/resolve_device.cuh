@@ -12,9 +12,50 @@
 #include <cstdint>
 
 #include "resolve_cuda.h"
+#include "resolve_phase_clock.h"
 
 namespace hisparse {
+
+#ifdef HISPARSE_RESOLVE_PHASE_CLOCK
+// [kPhaseClockStreams, kStampsPerStream] stamps of the last launch (resolve_phase_clock.h).
+__device__ unsigned long long g_resolve_phase_clock[kPhaseClockStreams * kStampsPerStream];
+#endif
+
 namespace {
+
+// Thread 0 of the block of `stream` stamps clock64() at `mark`; nothing
+// unless built with -DHISPARSE_RESOLVE_PHASE_CLOCK.
+__device__ __forceinline__ void PhaseMark(int stream, int mark) {
+#ifdef HISPARSE_RESOLVE_PHASE_CLOCK
+  if (threadIdx.x == 0 && stream < kPhaseClockStreams)
+    g_resolve_phase_clock[stream * kStampsPerStream + mark] = clock64();
+#endif
+}
+
+// The global timer (ns) of the phase clock, at entry and at exit.
+__device__ __forceinline__ void PhaseStampNs(int stream, int stamp) {
+#ifdef HISPARSE_RESOLVE_PHASE_CLOCK
+  if (threadIdx.x == 0 && stream < kPhaseClockStreams) {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    g_resolve_phase_clock[stream * kStampsPerStream + stamp] = ns;
+  }
+#endif
+}
+
+// Stamps the entry when made and the exit when its scope ends, whichever
+// return the block takes.
+struct PhaseClockScope {
+  int stream;
+  __device__ __forceinline__ explicit PhaseClockScope(int s) : stream(s) {
+    PhaseStampNs(stream, kStampEntryNs);
+    PhaseMark(stream, kMarkEntry);
+  }
+  __device__ __forceinline__ ~PhaseClockScope() {
+    PhaseMark(stream, kMarkExit);
+    PhaseStampNs(stream, kStampExitNs);
+  }
+};
 
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;

@@ -179,6 +179,17 @@ cudaError_t Fail(cudaError_t err, const char* kernel, const char** failed_kernel
 
 }  // namespace
 
+#ifdef HISPARSE_RESOLVE_PHASE_CLOCK
+cudaError_t ReadResolvePhaseClock(uint64_t* host, int streams) {
+  if (streams < 0 || streams > kPhaseClockStreams) return cudaErrorInvalidValue;
+  const size_t bytes = size_t(streams) * kStampsPerStream * sizeof(uint64_t);
+  cudaError_t err = cudaMemcpyFromSymbol(host, g_resolve_phase_clock, bytes);
+  if (err != cudaSuccess) return err;
+  static const uint64_t zeros[kPhaseClockStreams * kStampsPerStream] = {};
+  return cudaMemcpyToSymbol(g_resolve_phase_clock, zeros, sizeof(zeros));
+}
+#endif
+
 int64_t ResolveSharedBytes(int64_t top_k, int64_t hot_slots) {
   return SharedBytes(top_k, hot_slots);
 }
