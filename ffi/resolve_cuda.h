@@ -57,6 +57,15 @@ inline constexpr int64_t kResolveSmallBlockMaxSlots = 8 * kResolveThreadsSmall; 
 #endif
 static_assert(kResolveSmallBlockMaxSlots <= 8 * kResolveThreadsSmall,
               "small blocks hold at most 8 lru items per lane");
+// Streams of at most SMs / kResolveClusterSize hot slots go to a cluster of
+// two resolve blocks each (resolve_cluster_kernel.cuh), which split the
+// B-sized work between two SMs, when B <= kResolveClusterMaxSlots, k <=
+// kResolveClusterMaxTopK and the state check's record bitmap fits (R bits,
+// R <= 16 x the held set's capacity, see resolve_device.cuh). Building with
+// -DHISPARSE_RESOLVE_NO_CLUSTER keeps one block per stream everywhere (A/B).
+inline constexpr int kResolveClusterSize = 2;
+inline constexpr int64_t kResolveClusterMaxSlots = 8192;
+inline constexpr int64_t kResolveClusterMaxTopK = 4096;
 inline constexpr int kFetchThreads = 256;
 // The split plan's fetch grid aims at this many blocks per SM in total.
 inline constexpr int kFetchBlocksPerSm = 4;

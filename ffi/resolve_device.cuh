@@ -176,6 +176,8 @@ struct ResolveArgs {
   int32_t check_vectors; // int4 of the slot bitmap and the held set or record bitmap
                          // (cleared together)
   bool record_bitmap;    // UsesRecordBitmap: records go into a bitmap, not the held set
+  int32_t hit_offset;    // cluster kernel: bytes to hit_of_pos (then the slot and record bitmaps)
+  int32_t record_offset; // cluster kernel: bytes to the record bitmap
   int32_t copy_vector;  // 16 or 8: bytes per lane access
   int32_t row_batch;    // rows a warp keeps in flight (fused copy)
   bool fused_fetch;     // copy misses inside the resolve kernel

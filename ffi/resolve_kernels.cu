@@ -490,5 +490,6 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
 }  // namespace
 }  // namespace hisparse
 
+#include "resolve_cluster_kernel.cuh"
 #include "resolve_fetch_kernels.cuh"
 #include "resolve_launch.cuh"

@@ -60,6 +60,17 @@ constexpr std::array<ResolveKernelFn, 4> kLargeKernels[] = {
     SelectionVariants<kResolveThreads, 4>(), SelectionVariants<kResolveThreads, 8>(),
     SelectionVariants<kResolveThreads, 16>()};
 
+// The cluster variants: kClusterKernels[r][s] has 2^r lru items per lane in
+// a half (ceil(B / 2) <= 1024 x 2^r) and 2^s selection items per lane (k <=
+// 1024 x 2^s).
+template <int kRounds>
+constexpr std::array<ResolveKernelFn, 3> ClusterSelectionVariants() {
+  return {ResolveClusterKernel<kRounds, 1>, ResolveClusterKernel<kRounds, 2>,
+          ResolveClusterKernel<kRounds, 4>};
+}
+constexpr std::array<ResolveKernelFn, 3> kClusterKernels[] = {
+    ClusterSelectionVariants<1>(), ClusterSelectionVariants<2>(), ClusterSelectionVariants<4>()};
+
 // Index of the smallest power of two >= n (n >= 1).
 int CeilLog2(int64_t n) {
   int r = 0;
@@ -102,6 +113,7 @@ cudaError_t OptInSharedMemory(int device) {
     };
     opt_in(kSmallKernels);
     opt_in(kLargeKernels);
+    opt_in(kClusterKernels);
     result[device] = err;
   });
   return result[device];
@@ -172,6 +184,27 @@ static_assert(!ChecksStateFirst(4 * kResolveThreads, kMaxResolveHotSlots) &&
                   ChecksStateFirst(4 * kResolveThreads + 1, 8 * kResolveThreads + 1),
               "ChecksStateFirst matches the kernel variant");
 
+// Dynamic shared memory of a cluster resolve block: the table and region of
+// SharedBytes, then hit_of_pos[k], the slot bitmap (B bits) and the record
+// bitmap (R bits).
+constexpr int64_t ClusterSharedBytes(int64_t top_k, int64_t hot_slots, int64_t pool_records) {
+  return TableCapacity(top_k, hot_slots) * 8 + RegionInts(top_k, hot_slots) * 4 +
+         RoundUp4(top_k) * 4 + SlotBitmapInts(hot_slots) * 4 + RecordBitmapInts(pool_records) * 4;
+}
+
+// Whether a launch takes the cluster kernel (resolve_cuda.h).
+bool UsesCluster(const ResolveDims& d, int sms) {
+#ifdef HISPARSE_RESOLVE_NO_CLUSTER
+  (void)d, (void)sms;
+  return false;
+#else
+  return d.streams * kResolveClusterSize <= sms && d.hot_slots <= kResolveClusterMaxSlots &&
+         d.top_k <= kResolveClusterMaxTopK &&
+         UsesRecordBitmap(d.top_k, d.hot_slots, d.pool_records) &&
+         ClusterSharedBytes(d.top_k, d.hot_slots, d.pool_records) <= kMaxResolveSharedBytes;
+#endif
+}
+
 cudaError_t Fail(cudaError_t err, const char* kernel, const char** failed_kernel) {
   if (err != cudaSuccess && failed_kernel != nullptr) *failed_kernel = kernel;
   return err;
@@ -213,8 +246,11 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
-  const int64_t shared_bytes = ResolveSharedBytes(d.top_k, d.hot_slots);
-  if (shared_bytes + kResolveStaticSharedBytes > kLargeSharedBytes) {
+  const bool cluster = UsesCluster(d, SmCount(device));
+  const int64_t shared_bytes = cluster
+                                   ? ClusterSharedBytes(d.top_k, d.hot_slots, d.pool_records)
+                                   : ResolveSharedBytes(d.top_k, d.hot_slots);
+  if (cluster || shared_bytes + kResolveStaticSharedBytes > kLargeSharedBytes) {
     err = OptInSharedMemory(device);
     if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
   }
@@ -258,12 +294,29 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   const int64_t record_check_ints =
       a.record_bitmap ? RecordBitmapInts(d.pool_records) : held_capacity / 2;
   a.check_vectors = static_cast<int32_t>((SlotBitmapInts(d.hot_slots) + record_check_ints) / 4);
+  a.hit_offset = 0;
+  a.record_offset = 0;
+  if (cluster) {  // [table][region][hit_of_pos][slot bitmap][record bitmap], cleared from hit_of_pos
+    a.hit_offset = static_cast<int32_t>((capacity * 2 + RegionInts(d.top_k, d.hot_slots)) * 4);
+    a.check_offset = a.hit_offset + static_cast<int32_t>(RoundUp4(d.top_k) * 4);
+    a.record_offset = a.check_offset + static_cast<int32_t>(SlotBitmapInts(d.hot_slots) * 4);
+    a.check_vectors = static_cast<int32_t>(
+        (RoundUp4(d.top_k) + SlotBitmapInts(d.hot_slots) + RecordBitmapInts(d.pool_records)) / 4);
+  }
   a.copy_vector = vector;
   a.row_batch = RowBatch(d.record_bytes / vector, kFusedCopyUnroll);
   a.fused_fetch = fetch && !split;
-  const ResolveVariant variant = ResolveKernelFor(d.top_k, d.hot_slots, d.streams, SmCount(device));
-  variant.kernel<<<static_cast<unsigned>(d.streams), variant.threads,
-                   static_cast<size_t>(shared_bytes), stream>>>(a);
+  if (cluster) {
+    const int64_t half_b = (d.hot_slots + 1) / 2;  // lru positions of one CTA at most
+    const int r = CeilLog2((half_b + kResolveThreads - 1) / kResolveThreads);
+    const int s = CeilLog2((d.top_k + kResolveThreads - 1) / kResolveThreads);
+    kClusterKernels[r][s]<<<static_cast<unsigned>(d.streams * kResolveClusterSize), kResolveThreads,
+                            static_cast<size_t>(shared_bytes), stream>>>(a);
+  } else {
+    const ResolveVariant variant = ResolveKernelFor(d.top_k, d.hot_slots, d.streams, SmCount(device));
+    variant.kernel<<<static_cast<unsigned>(d.streams), variant.threads,
+                     static_cast<size_t>(shared_bytes), stream>>>(a);
+  }
   err = cudaGetLastError();
   if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
   if (!fetch || !split || d.top_k == 0) return cudaSuccess;

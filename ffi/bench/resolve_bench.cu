@@ -103,6 +103,8 @@ __global__ void FillNonZero(uint64_t* p, int64_t words, uint64_t seed) {
 // The launch floor: a kernel that does nothing, launched like the resolve
 // kernel (same grid, block and dynamic shared memory), timed the same way.
 __global__ void EmptyKernel() {}
+// The same for the cluster launch (two blocks per stream, resolve_cuda.h).
+__global__ void __cluster_dims__(hisparse::kResolveClusterSize, 1, 1) EmptyClusterKernel() {}
 
 // The zero-copy ceiling: one warp per row, 16 B per lane, loads before stores.
 __global__ void __launch_bounds__(256) GatherRows(const uint8_t* __restrict__ pool,
@@ -191,6 +193,7 @@ struct Result {
   double us_no_io_min = NAN, us_no_io_max = NAN;  // spread of the no-IO reps
   double ceiling_gbps = NAN;
   double us_floor = NAN, us_floor_no_smem = NAN;  // --floor: empty kernels, median us
+  double us_floor_cluster = NAN;                  // --floor: the same, two blocks per stream
   std::string phases;                             // --phases: one Markdown row
   ResolveLaunchPlan auto_plan = ResolveLaunchPlan::kAuto;
   int64_t rows() const { return misses_per_stream * config.streams; }
@@ -284,7 +287,8 @@ double TimeCeiling(const Buffers& b, const Config& c, int64_t rows, int reps, Ev
 
 // Median us of an empty kernel with the resolve launch's grid and block, with
 // `shared_bytes` of dynamic shared memory.
-double TimeFloor(const Config& c, int64_t shared_bytes, int reps, Events& ev, cudaStream_t stream) {
+double TimeFloor(const Config& c, int64_t shared_bytes, int reps, Events& ev, cudaStream_t stream,
+                 bool cluster = false) {
   int device = 0, sms = 0;
   CUDA_OK(cudaGetDevice(&device));
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -292,13 +296,23 @@ double TimeFloor(const Config& c, int64_t shared_bytes, int reps, Events& ev, cu
   const int threads = small ? hisparse::kResolveThreadsSmall : hisparse::kResolveThreads;
   CUDA_OK(cudaFuncSetAttribute(EmptyKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(hisparse::kMaxResolveSharedBytes)));
+  CUDA_OK(cudaFuncSetAttribute(EmptyClusterKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(hisparse::kMaxResolveSharedBytes)));
   const unsigned grid = static_cast<unsigned>(c.streams);
   const size_t smem = static_cast<size_t>(shared_bytes);
-  for (int i = 0; i < 3; ++i) EmptyKernel<<<grid, threads, smem, stream>>>();
+  auto launch = [&] {
+    if (cluster) {
+      EmptyClusterKernel<<<grid * hisparse::kResolveClusterSize, hisparse::kResolveThreads, smem,
+                           stream>>>();
+    } else {
+      EmptyKernel<<<grid, threads, smem, stream>>>();
+    }
+  };
+  for (int i = 0; i < 3; ++i) launch();
   for (int i = 0; i < reps; ++i) {
     HoldGpu(stream);
     CUDA_OK(cudaEventRecord(ev.start[i], stream));
-    EmptyKernel<<<grid, threads, smem, stream>>>();
+    launch();
     CUDA_OK(cudaEventRecord(ev.stop[i], stream));
   }
   CUDA_OK(cudaGetLastError());
@@ -391,6 +405,7 @@ Result RunConfig(const Buffers& b, const Config& c, int reps, Events& ev, std::m
     if (g_floor) {
       r.us_floor = TimeFloor(c, hisparse::ResolveSharedBytes(k, B), reps, ev, stream);
       r.us_floor_no_smem = TimeFloor(c, 0, reps, ev, stream);
+      r.us_floor_cluster = TimeFloor(c, hisparse::ResolveSharedBytes(k, B), reps, ev, stream, true);
     }
     if (g_phases) r.phases = PhaseRow(b, c, stream);
     return r;
@@ -568,9 +583,16 @@ int main(int argc, char** argv) {
               "k = %lld, R = %lld records per stream, %d reps (median)\n\n",
               prop.name, prop.major, prop.minor, prop.multiProcessorCount, runtime, driver,
               (long long)kTopK, (long long)kPoolRecords, reps);
-  std::printf("resolve blocks: %d threads when streams > SMs and B <= %lld, else %d\n\n",
+  std::printf("resolve blocks: %d threads when streams > SMs and B <= %lld, else %d; ",
               hisparse::kResolveThreadsSmall, (long long)hisparse::kResolveSmallBlockMaxSlots,
               hisparse::kResolveThreads);
+#ifdef HISPARSE_RESOLVE_NO_CLUSTER
+  std::printf("no clusters (built with HISPARSE_RESOLVE_NO_CLUSTER)\n\n");
+#else
+  std::printf("clusters of %d blocks per stream when streams <= SMs / %d, B <= %lld, k <= %lld\n\n",
+              hisparse::kResolveClusterSize, hisparse::kResolveClusterSize,
+              (long long)hisparse::kResolveClusterMaxSlots, (long long)hisparse::kResolveClusterMaxTopK);
+#endif
 
   auto pick = [](const auto& arg, auto fallback) { return arg.empty() ? fallback : arg; };
   const std::vector<int64_t> hot_slots = pick(
@@ -674,12 +696,14 @@ int main(int argc, char** argv) {
 
   if (g_floor) {
     std::printf("\n## Launch floor (--floor): an empty kernel with the resolve launch's grid and block\n\n"
-                "| B | S | no-IO us | empty, resolve's shared memory, us | empty, no shared memory, us |\n"
-                "|---|---|---|---|---|\n");
+                "| B | S | no-IO us | empty, resolve's shared memory, us | empty, no shared memory, us | "
+                "empty, 2-block clusters, resolve's shared memory, us |\n"
+                "|---|---|---|---|---|---|\n");
     for (const Result& r : results)
-      std::printf("| %5lld | %3lld | %s | %s | %s |\n", (long long)r.config.hot_slots,
+      std::printf("| %5lld | %3lld | %s | %s | %s | %s |\n", (long long)r.config.hot_slots,
                   (long long)r.config.streams, Num(r.us_no_io, "%.2f").c_str(),
-                  Num(r.us_floor, "%.2f").c_str(), Num(r.us_floor_no_smem, "%.2f").c_str());
+                  Num(r.us_floor, "%.2f").c_str(), Num(r.us_floor_no_smem, "%.2f").c_str(),
+                  Num(r.us_floor_cluster, "%.2f").c_str());
   }
   if (g_phases) {
     std::printf("\n## Resolve kernel phases (--phases): median over blocks of one no-IO call, SM cycles from "

@@ -760,6 +760,24 @@ std::vector<Case> ResolveCases(bool quick) {
     add_malformed("k_4096_b_16384", MakeShape(1, 3, 4096, 16384, 30000, 8), 3, Fault::kAny);
     add_malformed("many_layers", MakeShape(4, 5, 128, 256, 600, 40), 12, Fault::kAny);
   }
+  // Streams up to SMs / 2 (66 on an H200) resolve on clusters of two blocks
+  // (resolve_cluster_kernel.cuh) while B <= 8192, k <= 4096 and the record
+  // bitmap fits; one block per stream past any of these. Both sides of each
+  // boundary, healthy and malformed, random full caches so both halves of
+  // lru hold hits and evictables.
+  for (int64_t S : {66, 67}) {
+    const std::string s = "_s" + std::to_string(S);
+    add("cluster_boundary" + s, MakeShape(1, S, 2048, 4096, 6000, 16), 2, MixGenerator(plain))
+        .random_initial_state = true;
+    add_malformed("cluster_boundary" + s, MakeShape(1, S, 256, 512, 2000, 8), 2, Fault::kAny);
+  }
+  add("cluster_k_4096_b_8192", MakeShape(1, 3, 4096, 8192, 20000, 8), 3, MixGenerator(plain))
+      .random_initial_state = true;
+  add_malformed("cluster_k_4096_b_8192", MakeShape(1, 3, 4096, 8192, 20000, 8), 3, Fault::kAny);
+  add("cluster_k_4097_b_8192", MakeShape(1, 2, 4097, 8192, 20000, 8), 2, MixGenerator(plain))
+      .random_initial_state = true;
+  add_malformed("cluster_odd_b_k_7_b_9", MakeShape(2, 5, 7, 9, 40, 8), quick ? 3 : 6,
+                Fault::kAny);
   for (int64_t S : quick ? std::vector<int64_t>{1, 17} : std::vector<int64_t>{1, 2, 17, 64, 300}) {
     add("streams_" + std::to_string(S), MakeShape(2, S, 64, 96, 300, 24), quick ? 3 : 5,
         MixGenerator(plain));

@@ -1,0 +1,417 @@
+// The resolve kernel on a thread-block cluster of two CTAs per stream
+// (sm_90 distributed shared memory), for launches with at most half as many
+// streams as SMs. Included by resolve_kernels.cu after ResolveKernel; same
+// contract (resolve.h), bit-identical outputs and state.
+//
+// Why: one 1024-thread block per stream is bound by the instructions its SM
+// issues (Nsight Compute, 64 streams, B = 4096: ~1500 per warp at 0.62 IPC
+// per scheduler, 42% of them in the lru probe pass), while 64 streams leave
+// 68 of the 132 SMs idle. Two CTAs on two SMs split the B-sized work (the lru
+// loads, the probes of the listed slots' records, the state check's marks,
+// the lru rewrite) and the output writes; each builds the whole table of the
+// k selected ids (a replica: its lookups stay local), and they exchange only
+// small things through distributed shared memory:
+//  - the slot of each hit, by the first selection position of its id
+//    (hit_of_pos[k], written into both CTAs), which is why words hold only
+//    first positions here (every item atomicMin's its position, so they are
+//    final at barrier 2 and a hit can name its id's position in phase 2);
+//  - each warp's count of evictable slots (the second half's ranks start
+//    after the first half's);
+//  - the state check: each CTA marks the slots its half of lru lists and the
+//    records they hold in its own bitmaps (a repeat within the half shows in
+//    the atomic, as in ResolveKernel); a repeat across the halves is a bit
+//    cleared in both bitmaps, found by reading the peer's bitmaps after
+//    cluster barrier A (B + R bits); a CTA's own finds go into state_bad of
+//    both. Both CTAs reach the same verdict before anything is written;
+//  - the miss plan (plan_slot, plan_record) and, for repeated missing ids,
+//    their slots by first position.
+// Both CTAs flag misses over the whole selection (cheap: a word and a
+// hit_of_pos read per item), so the miss ranks need no exchange; each writes
+// the outputs of its half of the positions. Both take the same path (layer,
+// verdict, M, repeats and the plan are the same in both), so the cluster
+// barriers match: 0 (split: arrive after the clears, wait before the first
+// remote write), A (hits, counts, check marks), X (split: arrive after the
+// last read of the peer's memory, wait before the next barrier or the exit,
+// so neither CTA leaves while the other reads it), B (miss plan; only when
+// M > 0) and C (missing ids' slots and plan_record; only for repeats or the
+// fused copy).
+#ifndef HISPARSE_FFI_RESOLVE_CLUSTER_KERNEL_CUH_
+#define HISPARSE_FFI_RESOLVE_CLUSTER_KERNEL_CUH_
+
+namespace hisparse {
+namespace {
+
+// `p` in the shared memory of the other CTA of the cluster.
+template <typename T>
+__device__ __forceinline__ T* PeerShared(T* p, int rank) {
+  return static_cast<T*>(__cluster_map_shared_rank(static_cast<void*>(p), rank ^ 1));
+}
+
+// kRounds: most lru items per lane in one half (ceil(B / 2) <= 1024 x
+// kRounds); kSelRounds: most selection items per lane (all k ids: every CTA
+// builds the whole table).
+template <int kRounds, int kSelRounds>
+__global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kResolveThreads, 1)
+    ResolveClusterKernel(const ResolveArgs a) {
+  constexpr int kThreads = kResolveThreads;
+  constexpr int kWarps = kThreads / kWarp;
+  constexpr int kLruBatch = kRounds < kProbeBatch ? kRounds : kProbeBatch;
+  static_assert(kResolveClusterSize == 2, "two CTAs per stream: halves and a peer");
+  static_assert(kRounds <= 4 && kSelRounds <= 4 && kRounds % kLruBatch == 0,
+                "cluster shapes: B <= 8192, k <= 4096");
+  extern __shared__ int4 shared[];
+  __shared__ int warp_distinct[kWarps];
+  __shared__ int warp_invalid[kWarps];
+  __shared__ int warp_evictable[kWarps];
+  __shared__ int peer_evictable[kWarps];  // the peer's warp_evictable, written by the peer
+  __shared__ int warp_misses[kWarps];
+  __shared__ int state_bad;   // either CTA found the state malformed in its half
+  __shared__ int any_repeat;  // a missing id appears more than once
+
+  const int rank = static_cast<int>(blockIdx.x % kResolveClusterSize);  // rank in the cluster
+  const int stream = static_cast<int>(blockIdx.x / kResolveClusterSize);
+  const PhaseClockScope phase_clock(rank == 0 ? stream : kPhaseClockStreams);
+  const int clock_stream = rank == 0 ? stream : kPhaseClockStreams;  // rank 1 records nothing
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const unsigned lanes_below = LanesBelow(lane);
+  const int k = a.top_k, B = a.hot_slots;
+  const uint32_t mask = a.table_mask, capacity = a.table_mask + 1;
+  int* keys = reinterpret_cast<int*>(shared);                      // [capacity]
+  uint32_t* words = reinterpret_cast<uint32_t*>(keys + capacity);  // [capacity]
+  int* region = reinterpret_cast<int*>(words + capacity);          // [max(B, 2k)]
+  int* staged_record = region;    // [B] slot_record, phases 0-2
+  int* plan_slot = region;        // [k] slot taken by miss m, phases 3-5
+  int* plan_record = region + k;  // [k] record of miss m, phases 4-5
+  auto at_offset = [&a](int32_t bytes) {
+    return reinterpret_cast<int*>(reinterpret_cast<char*>(shared) + bytes);
+  };
+  int* hit_of_pos = at_offset(a.hit_offset);  // [k] slot of the id first at position p, or -1
+  uint32_t* unseen = reinterpret_cast<uint32_t*>(at_offset(a.check_offset));  // [B bits]
+  uint32_t* unseen_records = reinterpret_cast<uint32_t*>(at_offset(a.record_offset));  // [R bits]
+  bool bad_state = false;
+
+  // Lane-owned positions: every selection position (the whole table), and
+  // this CTA's half of the lru positions [lru_base, lru_base + lru_count).
+  const int sel_rounds = (k + kThreads - 1) / kThreads;
+  const int half_b = (B + 1) / 2;
+  const int lru_base = rank * half_b;
+  const int lru_count = min(half_b, B - lru_base);
+  const int lru_rounds = (half_b + kThreads - 1) / kThreads;
+  const int j0 = warp * kWarp * sel_rounds + lane;
+  const int li0 = warp * kWarp * lru_rounds + lane;  // + lru_base: the lru position
+  // Selection positions whose outputs this CTA writes: [own_lo, own_hi).
+  const int half_k = (k + 1) / 2;
+  const int own_lo = rank == 0 ? 0 : half_k, own_hi = rank == 0 ? half_k : k;
+  auto own = [own_lo, own_hi](int j) { return j >= own_lo && j < own_hi; };
+
+  // 0. Loads that do not depend on the layer, with the layer; the clears
+  // (keys and words, hit_of_pos, both bitmaps) overlap them.
+  const int32_t* sel = a.selection + int64_t{stream} * k;
+  int id[kSelRounds];
+#pragma unroll
+  for (int c = 0; c < kSelRounds; ++c) {
+    const int j = j0 + c * kWarp;
+    id[c] = (c < sel_rounds && j < k) ? sel[j] : -1;
+  }
+  const int sealed = a.sealed[stream];
+  const int layer = *a.layer;
+  for (uint32_t q = tid; q < capacity / 2; q += kThreads) shared[q] = make_int4(-1, -1, -1, -1);
+  {
+    int4* clear = reinterpret_cast<int4*>(hit_of_pos);  // hit_of_pos, then the bitmaps
+    for (int q = tid; q < a.check_vectors; q += kThreads) clear[q] = make_int4(-1, -1, -1, -1);
+  }
+  if (tid == 0) {
+    state_bad = 0;
+    any_repeat = 0;
+  }
+  if (layer < 0 || layer >= a.layers) {  // no cluster barrier on this path, in either CTA
+    if (rank == 0) ResolveNothing<kThreads>(a, stream, 0, 0, warp_invalid);
+    return;
+  }
+  const int64_t ls = int64_t{layer} * a.streams + stream;
+  int32_t* slot_record = a.slot_record + ls * B;
+  int32_t* lru = a.lru + ls * B;
+  const int limit = max(0, min(sealed, a.pool_records));
+  StageAsync(staged_record, slot_record, B, tid, kThreads);
+  SlotList<kRounds, false> order;
+#pragma unroll
+  for (int c = 0; c < kRounds; ++c) {
+    const int li = li0 + c * kWarp;
+    order.Set(c, (c < lru_rounds && li < lru_count) ? lru[lru_base + li] : -1);
+  }
+  __cluster_barrier_arrive();  // 0: this CTA's clears are done (released to the peer)
+  __syncthreads();             // 1: keys and words cleared
+  PhaseMark(clock_stream, kMarkTable);
+
+  // 1. Rule 0, then the distinct valid ids (rule 1); every item min's its
+  // position into the word, so the words hold first positions at barrier 2.
+  unsigned valid = 0, bad = 0;
+#pragma unroll
+  for (int c = 0; c < kSelRounds; ++c) {
+    if (id[c] == -1) continue;
+    if (id[c] < 0 || id[c] >= limit) {
+      bad |= 1u << c;
+    } else {
+      valid |= 1u << c;
+    }
+  }
+  int entry[kSelRounds];
+  const unsigned won = InsertIds(keys, mask, a.table_shift, id, valid, entry);
+  int distinct_in_warp = 0, invalid_in_warp = 0;
+#pragma unroll
+  for (int c = 0; c < kSelRounds; ++c) {
+    if ((valid >> c) & 1u) atomicMin(&words[entry[c]], PositionWord(j0 + c * kWarp));
+    distinct_in_warp += __popc(__ballot_sync(kFullMask, (won >> c) & 1u));
+    invalid_in_warp += __popc(__ballot_sync(kFullMask, (bad >> c) & 1u));
+  }
+  if (lane == 0) {
+    warp_distinct[warp] = distinct_in_warp;
+    warp_invalid[warp] = invalid_in_warp;
+  }
+#pragma unroll
+  for (int c = 0; c < kRounds; ++c) {  // lru: every slot of the half in [0, B), none twice in it
+    const int li = li0 + c * kWarp;
+    if (c < lru_rounds && li < lru_count && !MarkSlotSeen(unseen, order.Get(c), B)) bad_state = true;
+  }
+  WaitStaged();
+  __syncthreads();  // 2: table and first positions complete, slot_record staged
+  PhaseMark(clock_stream, kMarkProbe);
+
+  // 2. The records of this half's listed slots: hits (their slot goes to
+  // hit_of_pos of both CTAs) and evictables; the state check's record marks.
+  __cluster_barrier_wait();  // 0: the peer's hit_of_pos is cleared before any write into it
+  int* peer_hit_of_pos = PeerShared(hit_of_pos, rank);
+  unsigned evictable = 0;
+#pragma unroll
+  for (int c0 = 0; c0 < kRounds; c0 += kLruBatch) {
+    int rec[kLruBatch], at[kLruBatch];
+    unsigned listed = 0, probe = 0;
+#pragma unroll
+    for (int u = 0; u < kLruBatch; ++u) {
+      const int slot = order.Get(c0 + u);
+      rec[u] = -1;
+      // Out-of-range slots only come from a malformed lru (found out at bar 3).
+      if (slot >= 0 && slot < B) {
+        listed |= 1u << u;
+        rec[u] = staged_record[slot];
+      }
+      if (rec[u] >= 0 && rec[u] < limit) probe |= 1u << u;
+    }
+    const unsigned hit = FindRecords(keys, mask, a.table_shift, rec, probe, at);
+#pragma unroll
+    for (int u = 0; u < kLruBatch; ++u) {
+      if ((hit >> u) & 1u) {
+        // A record held twice (malformed, rejected at bar 3) may write one
+        // position twice; the position is < k either way.
+        const int p = WordPosition(words[at[u]]);
+        hit_of_pos[p] = order.Get(c0 + u);
+        peer_hit_of_pos[p] = order.Get(c0 + u);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kLruBatch; ++u) {
+      if (((listed >> u) & 1u) && rec[u] != -1 &&
+          !MarkSlotSeen(unseen_records, rec[u], a.pool_records))
+        bad_state = true;
+    }
+    evictable |= (listed & ~hit) << c0;
+  }
+  int evictables_in_warp = 0;
+#pragma unroll
+  for (int c = 0; c < kRounds; ++c)
+    evictables_in_warp += __popc(__ballot_sync(kFullMask, (evictable >> c) & 1u));
+  if (lane == 0) {
+    warp_evictable[warp] = evictables_in_warp;
+    PeerShared(peer_evictable, rank)[warp] = evictables_in_warp;
+  }
+  if (bad_state) {
+    state_bad = 1;
+    *PeerShared(&state_bad, rank) = 1;
+  }
+  __cluster_barrier_arrive();
+  __cluster_barrier_wait();  // A: hits, counts and both CTAs' marks in place
+
+  // 2b. Repeats across the halves: a slot listed, or a record held, in both
+  // halves is a bit cleared in both CTAs' bitmaps.
+  {
+    const uint32_t* peer_unseen = PeerShared(unseen, rank);
+    const uint32_t* peer_records = PeerShared(unseen_records, rank);
+    const int slot_words = (B + 31) / 32, record_words = (a.pool_records + 31) / 32;
+    bool across = false;
+    for (int w = tid; w < slot_words; w += kThreads) across |= (~unseen[w] & ~peer_unseen[w]) != 0;
+    for (int w = tid; w < record_words; w += kThreads)
+      across |= (~unseen_records[w] & ~peer_records[w]) != 0;
+    if (across || state_bad != 0) bad_state = true;
+  }
+  __cluster_barrier_arrive();  // X: done reading the peer's memory
+  const bool malformed = __syncthreads_or(bad_state) != 0;  // 3: the same verdict in both CTAs
+  PhaseMark(clock_stream, kMarkVerdict);
+
+  // 3. Totals: both CTAs have every warp count of both halves.
+  const bool owner = lane < kWarps;
+  const int lane_distinct = owner ? warp_distinct[lane] : 0;
+  const int lane_invalid = owner ? warp_invalid[lane] : 0;
+  const int lane_evictable = owner ? warp_evictable[lane] : 0;
+  const int lane_peer_evictable = owner ? peer_evictable[lane] : 0;
+  const int distinct = WarpTotal(lane_distinct);
+  const int total_invalid = WarpTotal(lane_invalid);
+  const int own_e = WarpTotal(lane_evictable), peer_e = WarpTotal(lane_peer_evictable);
+  const int E = own_e + peer_e;
+  const int M = max(0, min(distinct - (B - E), E));
+  const int64_t out = int64_t{stream} * k;
+  if (malformed) {  // resolves nothing; nothing of the state was written
+    for (int j = own_lo + tid; j < own_hi; j += kThreads) {
+      a.slots[out + j] = -1;
+      a.miss_records[out + j] = -1;
+      a.miss_slots[out + j] = -1;
+    }
+    if (rank == 0 && tid == 0) {
+      a.misses[stream] = 0;
+      a.invalid[stream] = total_invalid;
+      a.malformed[stream] = 1;
+    }
+    __cluster_barrier_wait();  // X
+    return;
+  }
+
+  // New lru (rule 4) for this half and the slot each miss takes (rule 3):
+  // ranks of the second half start after the first half's evictables.
+  int* peer_plan_slot = PeerShared(plan_slot, rank);
+  int evict_rank = (rank == 0 ? 0 : peer_e) + WarpTotalBelow(lane_evictable, lane, warp);
+#pragma unroll
+  for (int c = 0; c < kRounds; ++c) {
+    const bool is_evictable = (evictable >> c) & 1u;
+    const unsigned bits = __ballot_sync(kFullMask, is_evictable);
+    const int li = li0 + c * kWarp;
+    if (c < lru_rounds && li < lru_count) {
+      const int i = lru_base + li;
+      const int r = evict_rank + __popc(bits & lanes_below);  // evictables before i
+      const int slot = order.Get(c);
+      int position;
+      if (is_evictable) {
+        position = r >= M ? r - M : E - M + r;
+        if (r < M) {
+          plan_slot[r] = slot;
+          peer_plan_slot[r] = slot;
+        }
+      } else {
+        position = E + (i - r);
+      }
+      // Always in [0, B) in a well-formed state; the guard is the last line
+      // between any count and a write outside the row.
+      if (position >= 0 && position < B) lru[position] = slot;
+    }
+    evict_rank += __popc(bits);
+  }
+
+  // slots[j] of hits and padding (rule 6) for this CTA's positions; misses
+  // and repeats flagged over all positions (the same ranks in both CTAs).
+  unsigned miss = 0, repeat_miss = 0;
+#pragma unroll
+  for (int c = 0; c < kSelRounds; ++c) {
+    const int j = j0 + c * kWarp;
+    if (c >= sel_rounds || j >= k) continue;
+    int slot = -1;
+    if ((valid >> c) & 1u) {
+      const int p = WordPosition(words[entry[c]]);
+      slot = hit_of_pos[p];
+      if (slot < 0 && M > 0) {
+        if (p == j) {
+          miss |= 1u << c;
+        } else {
+          repeat_miss |= 1u << c;
+        }
+        continue;  // written in phase 4 or 5
+      }
+    }
+    if (own(j)) a.slots[out + j] = slot;  // -1 for padding and invalid ids
+  }
+  if (rank == 0 && tid == 0) {
+    a.misses[stream] = M;
+    a.invalid[stream] = total_invalid;
+    a.malformed[stream] = 0;
+  }
+  for (int m = M + rank * kThreads + tid; m < k; m += kResolveClusterSize * kThreads) {
+    a.miss_records[out + m] = -1;
+    a.miss_slots[out + m] = -1;
+  }
+  PhaseMark(clock_stream, kMarkLru);
+  if (M == 0) {  // the steady state: every selected id was resident
+    __cluster_barrier_wait();  // X
+    return;
+  }
+
+  int misses_in_warp = 0;
+#pragma unroll
+  for (int c = 0; c < kSelRounds; ++c)
+    misses_in_warp += __popc(__ballot_sync(kFullMask, (miss >> c) & 1u));
+  if (lane == 0) warp_misses[warp] = misses_in_warp;
+  if (repeat_miss != 0) any_repeat = 1;
+  __cluster_barrier_wait();  // X
+  __cluster_barrier_arrive();
+  __cluster_barrier_wait();  // B: plan_slot of both CTAs, miss counts, any_repeat
+  const bool repeats = any_repeat != 0;
+  PhaseMark(clock_stream, kMarkMissRank);
+
+  // 4. Miss of rank m (first-appearance order, rule 2) takes plan_slot[m];
+  // the CTA that owns its position writes it.
+  int* peer_plan_record = PeerShared(plan_record, rank);
+  int miss_rank = WarpTotalBelow(owner ? warp_misses[lane] : 0, lane, warp);
+#pragma unroll
+  for (int c = 0; c < kSelRounds; ++c) {
+    const bool is_miss = (miss >> c) & 1u;
+    const unsigned bits = __ballot_sync(kFullMask, is_miss);
+    const int j = j0 + c * kWarp;
+    if (is_miss && own(j)) {
+      const int m = miss_rank + __popc(bits & lanes_below);  // < k
+      const int slot = m < M ? plan_slot[m] : -1;           // m < M: the state is well formed
+      const int record = keys[entry[c]];  // the id: not kept in registers past phase 1
+      a.slots[out + j] = slot;
+      a.miss_records[out + m] = record;
+      a.miss_slots[out + m] = slot;
+      if (slot >= 0 && slot < B) slot_record[slot] = record;
+      if (a.fused_fetch && m < M) {
+        plan_record[m] = record;
+        peer_plan_record[m] = record;
+      }
+      if (repeats) {  // j is the id's first position
+        hit_of_pos[j] = slot;
+        peer_hit_of_pos[j] = slot;
+      }
+    }
+    miss_rank += __popc(bits);
+  }
+  if (!repeats && !a.fused_fetch) return;  // nothing of the peer's was touched after B
+  __cluster_barrier_arrive();
+  __cluster_barrier_wait();  // C: slots of missing ids, plan_record
+
+  // 5. Later copies of a missing id, and the fused plan's copy (rule 5),
+  // spread over the warps of both CTAs.
+#pragma unroll
+  for (int c = 0; c < kSelRounds; ++c) {
+    const int j = j0 + c * kWarp;
+    if (((repeat_miss >> c) & 1u) && own(j))
+      a.slots[out + j] = hit_of_pos[WordPosition(words[entry[c]])];
+  }
+  if (a.fused_fetch) {
+    const int64_t W = a.record_bytes;
+    const uint8_t* src = a.host_pool + ls * a.pool_records * W;
+    uint8_t* dst = a.hot + ls * B * W;
+    auto plan_at = [plan_slot, plan_record](int m) {
+      return make_int2(plan_slot[m], plan_record[m]);
+    };
+    const int copy_warp = rank * kWarps + warp, copy_warps = kResolveClusterSize * kWarps;
+    if (a.copy_vector == 16) {
+      CopyMisses<int4, kFusedCopyUnroll>(src, dst, W, B, a.pool_records, a.row_batch, M,
+                                         copy_warp, copy_warps, lane, plan_at);
+    } else {
+      CopyMisses<uint2, kFusedCopyUnroll>(src, dst, W, B, a.pool_records, a.row_batch, M,
+                                          copy_warp, copy_warps, lane, plan_at);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hisparse
+
+#endif  // HISPARSE_FFI_RESOLVE_CLUSTER_KERNEL_CUH_
