@@ -7,8 +7,10 @@
 // Launch plans (ResolveLaunchPlan, the handler's `launch` attribute):
 //   fused: one block per stream (kResolveThreads threads, or
 //          kResolveThreadsSmall when streams > SMs and
-//          B <= kResolveSmallBlockMaxSlots) resolves its selection, then
-//          copies its own misses from the host pool (one warp per miss).
+//          B <= kResolveSmallBlockMaxSlots), or a cluster of two blocks per
+//          stream when streams <= SMs / 2 (see kResolveClusterSize), resolves
+//          its selection, then copies its own misses from the host pool (one
+//          warp per miss).
 //          One launch. A single block pulls from pinned host memory at only a
 //          fraction of the link (BENCHMARKS.md: fused at one stream reaches about a
 //          third of the zero-copy ceiling), so this suits many streams.
