@@ -1,75 +1,82 @@
-// The resolve kernel on a thread-block cluster of two CTAs per stream
-// (sm_90 distributed shared memory), for launches with at most half as many
-// streams as SMs. Included by resolve_kernels.cu after ResolveKernel; same
-// contract (resolve.h), bit-identical outputs and state.
+// The resolve kernel on a thread-block cluster of kCluster CTAs per stream
+// (2 or 4; sm_90 distributed shared memory), for launches with at most
+// SMs / kCluster streams. Included by resolve_kernels.cu after ResolveKernel;
+// same contract (resolve.h), bit-identical outputs and state.
 //
 // Why: one 1024-thread block per stream is bound by the instructions its SM
 // issues (Nsight Compute, 64 streams, B = 4096: ~1500 per warp at 0.62 IPC
 // per scheduler, 42% of them in the lru probe pass), while 64 streams leave
-// 68 of the 132 SMs idle. Two CTAs on two SMs split the B-sized work (the lru
-// loads, the probes of the listed slots' records, the state check's marks,
-// the lru rewrite) and the output writes; each builds the whole table of the
-// k selected ids (a replica: its lookups stay local), and they exchange only
-// small things through distributed shared memory:
+// 68 of the 132 SMs idle. kCluster CTAs on as many SMs split the B-sized
+// work (the lru loads, the probes of the listed slots' records, the state
+// check's marks, the lru rewrite) and the output writes: CTA r takes the
+// r-th part of the lru positions and of the selection positions. Each builds
+// the whole table of the k selected ids (a replica: its lookups stay local),
+// and they exchange only small things through distributed shared memory,
+// each CTA writing into every CTA of the cluster (itself included):
 //  - the slot of each hit, by the first selection position of its id
-//    (hit_of_pos[k], written into both CTAs), which is why words hold only
-//    first positions here (every item atomicMin's its position, so they are
-//    final at barrier 2 and a hit can name its id's position in phase 2);
-//  - each warp's count of evictable slots (the second half's ranks start
-//    after the first half's);
-//  - the state check: each CTA marks the slots its half of lru lists and the
-//    records they hold in its own bitmaps (a repeat within the half shows in
-//    the atomic, as in ResolveKernel); a repeat across the halves is a bit
-//    cleared in both bitmaps, found by reading the peer's bitmaps after
+//    (hit_of_pos[k]), which is why words hold only first positions here
+//    (every item atomicMin's its position, so they are final at barrier 2
+//    and a hit can name its id's position in phase 2);
+//  - each warp's count of evictable slots (evict_counts[rank][warp]: a
+//    part's ranks start after the earlier parts' evictables);
+//  - the state check: each CTA marks the slots its part of lru lists and the
+//    records they hold in its own bitmaps (a repeat within the part shows in
+//    the atomic, as in ResolveKernel); a repeat across parts is a bit cleared
+//    in two CTAs' bitmaps, found by reading the others' bitmaps after
 //    cluster barrier A (B + R bits); a CTA's own finds go into state_bad of
-//    both. Both CTAs reach the same verdict before anything is written;
+//    all. Every CTA reaches the same verdict before anything is written;
 //  - the miss plan (plan_slot, plan_record) and, for repeated missing ids,
 //    their slots by first position.
-// Both CTAs flag misses over the whole selection (cheap: a word and a
-// hit_of_pos read per item), so the miss ranks need no exchange; each writes
-// the outputs of its half of the positions. Both take the same path (layer,
-// verdict, M, repeats and the plan are the same in both), so the cluster
-// barriers match: 0 (split: arrive after the clears, wait before the first
-// remote write), A (hits, counts, check marks), X (split: arrive after the
-// last read of the peer's memory, wait before the next barrier or the exit,
-// so neither CTA leaves while the other reads it), B (miss plan; only when
-// M > 0) and C (missing ids' slots and plan_record; only for repeats or the
-// fused copy).
+// Every CTA flags misses over the whole selection (cheap: a word and a
+// hit_of_pos read per item), so the miss ranks need no exchange. All take
+// the same path (layer, verdict, M, repeats and the plan are the same in
+// all), so the cluster barriers match: 0 (split: arrive after the clears,
+// wait before the first remote write), A (hits, counts, check marks), X
+// (split: arrive after the last read of another CTA's memory, wait before
+// the next barrier or the exit, so no CTA leaves while another reads it), B
+// (miss plan; only when M > 0) and C (missing ids' slots and plan_record;
+// only for repeats or the fused copy).
 #ifndef HISPARSE_FFI_RESOLVE_CLUSTER_KERNEL_CUH_
 #define HISPARSE_FFI_RESOLVE_CLUSTER_KERNEL_CUH_
 
 namespace hisparse {
 namespace {
 
-// `p` in the shared memory of the other CTA of the cluster.
+// `p` in the shared memory of CTA `rank` of the cluster.
 template <typename T>
-__device__ __forceinline__ T* PeerShared(T* p, int rank) {
-  return static_cast<T*>(__cluster_map_shared_rank(static_cast<void*>(p), rank ^ 1));
+__device__ __forceinline__ T* SharedOf(T* p, int rank) {
+  return static_cast<T*>(__cluster_map_shared_rank(static_cast<const void*>(p), rank));
 }
 
-// kRounds: most lru items per lane in one half (ceil(B / 2) <= 1024 x
-// kRounds); kSelRounds: most selection items per lane (all k ids: every CTA
-// builds the whole table).
-template <int kRounds, int kSelRounds>
-__global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kResolveThreads, 1)
+// Writes `v` to p[i] in every CTA of the cluster, this one included.
+template <int kCluster>
+__device__ __forceinline__ void StoreAll(int* p, int i, int v) {
+#pragma unroll
+  for (int q = 0; q < kCluster; ++q) SharedOf(p, q)[i] = v;
+}
+
+// kCluster: CTAs per stream; kRounds: most lru items per lane in one part
+// (ceil(B / kCluster) <= 1024 x kRounds); kSelRounds: most selection items
+// per lane (all k ids: every CTA builds the whole table).
+template <int kCluster, int kRounds, int kSelRounds>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThreads, 1)
     ResolveClusterKernel(const ResolveArgs a) {
   constexpr int kThreads = kResolveThreads;
   constexpr int kWarps = kThreads / kWarp;
   constexpr int kLruBatch = kRounds < kProbeBatch ? kRounds : kProbeBatch;
-  static_assert(kResolveClusterSize == 2, "two CTAs per stream: halves and a peer");
+  static_assert(kCluster == 2 || kCluster == 4, "pairs or quads of CTAs");
   static_assert(kRounds <= 4 && kSelRounds <= 4 && kRounds % kLruBatch == 0,
                 "cluster shapes: B <= 8192, k <= 4096");
   extern __shared__ int4 shared[];
   __shared__ int warp_distinct[kWarps];
   __shared__ int warp_invalid[kWarps];
-  __shared__ int warp_evictable[kWarps];
-  __shared__ int peer_evictable[kWarps];  // the peer's warp_evictable, written by the peer
+  __shared__ int evict_counts[kCluster * kWarps];  // [rank][warp], written by CTA `rank`
   __shared__ int warp_misses[kWarps];
-  __shared__ int state_bad;   // either CTA found the state malformed in its half
+  __shared__ int state_bad;   // some CTA found the state malformed in its part
   __shared__ int any_repeat;  // a missing id appears more than once
 
-  const int rank = static_cast<int>(blockIdx.x % kResolveClusterSize);  // rank in the cluster
-  const int stream = static_cast<int>(blockIdx.x / kResolveClusterSize);
+  const int rank = static_cast<int>(blockIdx.x % kCluster);  // rank in the cluster
+  const int stream = static_cast<int>(blockIdx.x / kCluster);
   const PhaseClockScope phase_clock(rank == 0 ? stream : kPhaseClockStreams);
   const int clock_stream = rank == 0 ? stream : kPhaseClockStreams;  // rank 1 records nothing
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -91,21 +98,21 @@ __global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kR
   bool bad_state = false;
 
   // Lane-owned positions: every selection position (the whole table), and
-  // this CTA's half of the lru positions [lru_base, lru_base + lru_count).
+  // this CTA's part of the lru positions [lru_base, lru_base + lru_count).
   const int sel_rounds = (k + kThreads - 1) / kThreads;
-  const int half_b = (B + 1) / 2;
-  const int lru_base = rank * half_b;
-  const int lru_count = min(half_b, B - lru_base);
-  const int lru_rounds = (half_b + kThreads - 1) / kThreads;
+  const int part_b = (B + kCluster - 1) / kCluster;
+  const int lru_base = min(B, rank * part_b);
+  const int lru_count = min(part_b, B - lru_base);
+  const int lru_rounds = (part_b + kThreads - 1) / kThreads;
   const int j0 = warp * kWarp * sel_rounds + lane;
   const int li0 = warp * kWarp * lru_rounds + lane;  // + lru_base: the lru position
   // Selection positions whose outputs this CTA writes: [own_lo, own_hi).
-  const int half_k = (k + 1) / 2;
-  const int own_lo = rank == 0 ? 0 : half_k, own_hi = rank == 0 ? half_k : k;
+  const int part_k = (k + kCluster - 1) / kCluster;
+  const int own_lo = min(k, rank * part_k), own_hi = min(k, own_lo + part_k);
   auto own = [own_lo, own_hi](int j) { return j >= own_lo && j < own_hi; };
 
   // 0. Loads that do not depend on the layer, with the layer; the clears
-  // (keys and words, hit_of_pos, both bitmaps) overlap them.
+  // (keys and words, hit_of_pos, the two bitmaps) overlap them.
   const int32_t* sel = a.selection + int64_t{stream} * k;
   int id[kSelRounds];
 #pragma unroll
@@ -169,7 +176,7 @@ __global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kR
     warp_invalid[warp] = invalid_in_warp;
   }
 #pragma unroll
-  for (int c = 0; c < kRounds; ++c) {  // lru: every slot of the half in [0, B), none twice in it
+  for (int c = 0; c < kRounds; ++c) {  // lru: every slot of the part in [0, B), none twice in it
     const int li = li0 + c * kWarp;
     if (c < lru_rounds && li < lru_count && !MarkSlotSeen(unseen, order.Get(c), B)) bad_state = true;
   }
@@ -177,10 +184,9 @@ __global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kR
   __syncthreads();  // 2: table and first positions complete, slot_record staged
   PhaseMark(clock_stream, kMarkProbe);
 
-  // 2. The records of this half's listed slots: hits (their slot goes to
-  // hit_of_pos of both CTAs) and evictables; the state check's record marks.
-  __cluster_barrier_wait();  // 0: the peer's hit_of_pos is cleared before any write into it
-  int* peer_hit_of_pos = PeerShared(hit_of_pos, rank);
+  // 2. The records of this part's listed slots: hits (their slot goes to
+  // hit_of_pos of every CTA) and evictables; the state check's record marks.
+  __cluster_barrier_wait();  // 0: every CTA's hit_of_pos is cleared before any write into it
   unsigned evictable = 0;
 #pragma unroll
   for (int c0 = 0; c0 < kRounds; c0 += kLruBatch) {
@@ -203,9 +209,7 @@ __global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kR
       if ((hit >> u) & 1u) {
         // A record held twice (malformed, rejected at bar 3) may write one
         // position twice; the position is < k either way.
-        const int p = WordPosition(words[at[u]]);
-        hit_of_pos[p] = order.Get(c0 + u);
-        peer_hit_of_pos[p] = order.Get(c0 + u);
+        StoreAll<kCluster>(hit_of_pos, WordPosition(words[at[u]]), order.Get(c0 + u));
       }
     }
 #pragma unroll
@@ -220,43 +224,51 @@ __global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kR
 #pragma unroll
   for (int c = 0; c < kRounds; ++c)
     evictables_in_warp += __popc(__ballot_sync(kFullMask, (evictable >> c) & 1u));
-  if (lane == 0) {
-    warp_evictable[warp] = evictables_in_warp;
-    PeerShared(peer_evictable, rank)[warp] = evictables_in_warp;
-  }
-  if (bad_state) {
-    state_bad = 1;
-    *PeerShared(&state_bad, rank) = 1;
-  }
+  if (lane == 0) StoreAll<kCluster>(evict_counts, rank * kWarps + warp, evictables_in_warp);
+  if (bad_state) StoreAll<kCluster>(&state_bad, 0, 1);
   __cluster_barrier_arrive();
-  __cluster_barrier_wait();  // A: hits, counts and both CTAs' marks in place
+  __cluster_barrier_wait();  // A: hits, counts and every CTA's marks in place
 
-  // 2b. Repeats across the halves: a slot listed, or a record held, in both
-  // halves is a bit cleared in both CTAs' bitmaps.
+  // 2b. Repeats across parts: a slot listed, or a record held, in two parts
+  // is a bit cleared in two CTAs' bitmaps. Every CTA checks every word, so
+  // all reach the same verdict.
   {
-    const uint32_t* peer_unseen = PeerShared(unseen, rank);
-    const uint32_t* peer_records = PeerShared(unseen_records, rank);
     const int slot_words = (B + 31) / 32, record_words = (a.pool_records + 31) / 32;
     bool across = false;
-    for (int w = tid; w < slot_words; w += kThreads) across |= (~unseen[w] & ~peer_unseen[w]) != 0;
-    for (int w = tid; w < record_words; w += kThreads)
-      across |= (~unseen_records[w] & ~peer_records[w]) != 0;
+    auto overlap = [&across](const uint32_t* bitmap, int words_n, int tid_) {
+      for (int w = tid_; w < words_n; w += kThreads) {
+        uint32_t seen = 0, twice = 0;
+#pragma unroll
+        for (int q = 0; q < kCluster; ++q) {
+          const uint32_t cleared = ~SharedOf(bitmap, q)[w];
+          twice |= seen & cleared;
+          seen |= cleared;
+        }
+        across |= twice != 0;
+      }
+    };
+    overlap(unseen, slot_words, tid);
+    overlap(unseen_records, record_words, tid);
     if (across || state_bad != 0) bad_state = true;
   }
-  __cluster_barrier_arrive();  // X: done reading the peer's memory
-  const bool malformed = __syncthreads_or(bad_state) != 0;  // 3: the same verdict in both CTAs
+  __cluster_barrier_arrive();  // X: done reading the other CTAs' memory
+  const bool malformed = __syncthreads_or(bad_state) != 0;  // 3: the same verdict in every CTA
   PhaseMark(clock_stream, kMarkVerdict);
 
-  // 3. Totals: both CTAs have every warp count of both halves.
+  // 3. Totals: every CTA has every warp count of every part.
   const bool owner = lane < kWarps;
   const int lane_distinct = owner ? warp_distinct[lane] : 0;
   const int lane_invalid = owner ? warp_invalid[lane] : 0;
-  const int lane_evictable = owner ? warp_evictable[lane] : 0;
-  const int lane_peer_evictable = owner ? peer_evictable[lane] : 0;
   const int distinct = WarpTotal(lane_distinct);
   const int total_invalid = WarpTotal(lane_invalid);
-  const int own_e = WarpTotal(lane_evictable), peer_e = WarpTotal(lane_peer_evictable);
-  const int E = own_e + peer_e;
+  int E = 0, earlier_e = 0;  // all evictables; those of the parts before this one
+#pragma unroll
+  for (int q = 0; q < kCluster; ++q) {
+    const int part_e = WarpTotal(owner ? evict_counts[q * kWarps + lane] : 0);
+    E += part_e;
+    if (q < rank) earlier_e += part_e;
+  }
+  const int lane_evictable = owner ? evict_counts[rank * kWarps + lane] : 0;
   const int M = max(0, min(distinct - (B - E), E));
   const int64_t out = int64_t{stream} * k;
   if (malformed) {  // resolves nothing; nothing of the state was written
@@ -274,10 +286,9 @@ __global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kR
     return;
   }
 
-  // New lru (rule 4) for this half and the slot each miss takes (rule 3):
-  // ranks of the second half start after the first half's evictables.
-  int* peer_plan_slot = PeerShared(plan_slot, rank);
-  int evict_rank = (rank == 0 ? 0 : peer_e) + WarpTotalBelow(lane_evictable, lane, warp);
+  // New lru (rule 4) for this part and the slot each miss takes (rule 3):
+  // ranks of a part start after the earlier parts' evictables.
+  int evict_rank = earlier_e + WarpTotalBelow(lane_evictable, lane, warp);
 #pragma unroll
   for (int c = 0; c < kRounds; ++c) {
     const bool is_evictable = (evictable >> c) & 1u;
@@ -290,10 +301,7 @@ __global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kR
       int position;
       if (is_evictable) {
         position = r >= M ? r - M : E - M + r;
-        if (r < M) {
-          plan_slot[r] = slot;
-          peer_plan_slot[r] = slot;
-        }
+        if (r < M) StoreAll<kCluster>(plan_slot, r, slot);
       } else {
         position = E + (i - r);
       }
@@ -305,7 +313,7 @@ __global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kR
   }
 
   // slots[j] of hits and padding (rule 6) for this CTA's positions; misses
-  // and repeats flagged over all positions (the same ranks in both CTAs).
+  // and repeats flagged over all positions (the same ranks in every CTA).
   unsigned miss = 0, repeat_miss = 0;
 #pragma unroll
   for (int c = 0; c < kSelRounds; ++c) {
@@ -331,7 +339,7 @@ __global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kR
     a.invalid[stream] = total_invalid;
     a.malformed[stream] = 0;
   }
-  for (int m = M + rank * kThreads + tid; m < k; m += kResolveClusterSize * kThreads) {
+  for (int m = M + rank * kThreads + tid; m < k; m += kCluster * kThreads) {
     a.miss_records[out + m] = -1;
     a.miss_slots[out + m] = -1;
   }
@@ -349,13 +357,12 @@ __global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kR
   if (repeat_miss != 0) any_repeat = 1;
   __cluster_barrier_wait();  // X
   __cluster_barrier_arrive();
-  __cluster_barrier_wait();  // B: plan_slot of both CTAs, miss counts, any_repeat
+  __cluster_barrier_wait();  // B: plan_slot of every CTA, miss counts, any_repeat
   const bool repeats = any_repeat != 0;
   PhaseMark(clock_stream, kMarkMissRank);
 
   // 4. Miss of rank m (first-appearance order, rule 2) takes plan_slot[m];
   // the CTA that owns its position writes it.
-  int* peer_plan_record = PeerShared(plan_record, rank);
   int miss_rank = WarpTotalBelow(owner ? warp_misses[lane] : 0, lane, warp);
 #pragma unroll
   for (int c = 0; c < kSelRounds; ++c) {
@@ -370,23 +377,17 @@ __global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kR
       a.miss_records[out + m] = record;
       a.miss_slots[out + m] = slot;
       if (slot >= 0 && slot < B) slot_record[slot] = record;
-      if (a.fused_fetch && m < M) {
-        plan_record[m] = record;
-        peer_plan_record[m] = record;
-      }
-      if (repeats) {  // j is the id's first position
-        hit_of_pos[j] = slot;
-        peer_hit_of_pos[j] = slot;
-      }
+      if (a.fused_fetch && m < M) StoreAll<kCluster>(plan_record, m, record);
+      if (repeats) StoreAll<kCluster>(hit_of_pos, j, slot);  // j: the id's first position
     }
     miss_rank += __popc(bits);
   }
-  if (!repeats && !a.fused_fetch) return;  // nothing of the peer's was touched after B
+  if (!repeats && !a.fused_fetch) return;  // no other CTA's memory was touched after B
   __cluster_barrier_arrive();
   __cluster_barrier_wait();  // C: slots of missing ids, plan_record
 
   // 5. Later copies of a missing id, and the fused plan's copy (rule 5),
-  // spread over the warps of both CTAs.
+  // spread over the warps of every CTA.
 #pragma unroll
   for (int c = 0; c < kSelRounds; ++c) {
     const int j = j0 + c * kWarp;
@@ -400,7 +401,7 @@ __global__ void __cluster_dims__(kResolveClusterSize, 1, 1) __launch_bounds__(kR
     auto plan_at = [plan_slot, plan_record](int m) {
       return make_int2(plan_slot[m], plan_record[m]);
     };
-    const int copy_warp = rank * kWarps + warp, copy_warps = kResolveClusterSize * kWarps;
+    const int copy_warp = rank * kWarps + warp, copy_warps = kCluster * kWarps;
     if (a.copy_vector == 16) {
       CopyMisses<int4, kFusedCopyUnroll>(src, dst, W, B, a.pool_records, a.row_batch, M,
                                          copy_warp, copy_warps, lane, plan_at);

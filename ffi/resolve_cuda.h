@@ -7,8 +7,8 @@
 // Launch plans (ResolveLaunchPlan, the handler's `launch` attribute):
 //   fused: one block per stream (kResolveThreads threads, or
 //          kResolveThreadsSmall when streams > SMs and
-//          B <= kResolveSmallBlockMaxSlots), or a cluster of two blocks per
-//          stream when streams <= SMs / 2 (see kResolveClusterSize), resolves
+//          B <= kResolveSmallBlockMaxSlots), or a cluster of 2 or 4 blocks
+//          per stream when streams <= SMs / 2 (see kResolveClusterSize), resolves
 //          its selection, then copies its own misses from the host pool (one
 //          warp per miss).
 //          One launch. A single block pulls from pinned host memory at only a
@@ -59,13 +59,17 @@ inline constexpr int64_t kResolveSmallBlockMaxSlots = 8 * kResolveThreadsSmall; 
 #endif
 static_assert(kResolveSmallBlockMaxSlots <= 8 * kResolveThreadsSmall,
               "small blocks hold at most 8 lru items per lane");
-// Streams of at most SMs / kResolveClusterSize hot slots go to a cluster of
-// two resolve blocks each (resolve_cluster_kernel.cuh), which split the
-// B-sized work between two SMs, when B <= kResolveClusterMaxSlots, k <=
-// kResolveClusterMaxTopK and the state check's record bitmap fits (R bits,
-// R <= 16 x the held set's capacity, see resolve_device.cuh). Building with
-// -DHISPARSE_RESOLVE_NO_CLUSTER keeps one block per stream everywhere (A/B).
+// Launches of at most SMs / kResolveClusterSize streams resolve each stream
+// on a cluster of resolve blocks (resolve_cluster_kernel.cuh), which split
+// the B-sized work between SMs: kResolveWideClusterSize blocks when streams
+// <= SMs / kResolveWideClusterSize, else kResolveClusterSize; when B <=
+// kResolveClusterMaxSlots, k <= kResolveClusterMaxTopK and the state check's
+// record bitmap fits (R bits, R <= 16 x the held set's capacity, see
+// resolve_device.cuh). Building with -DHISPARSE_RESOLVE_NO_CLUSTER keeps one
+// block per stream everywhere, with -DHISPARSE_RESOLVE_NO_WIDE_CLUSTER pairs
+// at most (A/B comparisons).
 inline constexpr int kResolveClusterSize = 2;
+inline constexpr int kResolveWideClusterSize = 4;
 inline constexpr int64_t kResolveClusterMaxSlots = 8192;
 inline constexpr int64_t kResolveClusterMaxTopK = 4096;
 inline constexpr int kFetchThreads = 256;

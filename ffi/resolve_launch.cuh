@@ -60,16 +60,24 @@ constexpr std::array<ResolveKernelFn, 4> kLargeKernels[] = {
     SelectionVariants<kResolveThreads, 4>(), SelectionVariants<kResolveThreads, 8>(),
     SelectionVariants<kResolveThreads, 16>()};
 
-// The cluster variants: kClusterKernels[r][s] has 2^r lru items per lane in
-// a half (ceil(B / 2) <= 1024 x 2^r) and 2^s selection items per lane (k <=
-// 1024 x 2^s).
-template <int kRounds>
+// The cluster variants: k{Pair,Quad}Kernels[r][s] has 2^r lru items per lane
+// in a part (ceil(B / cluster) <= 1024 x 2^r) and 2^s selection items per
+// lane (k <= 1024 x 2^s).
+template <int kCluster, int kRounds>
 constexpr std::array<ResolveKernelFn, 3> ClusterSelectionVariants() {
-  return {ResolveClusterKernel<kRounds, 1>, ResolveClusterKernel<kRounds, 2>,
-          ResolveClusterKernel<kRounds, 4>};
+  return {ResolveClusterKernel<kCluster, kRounds, 1>, ResolveClusterKernel<kCluster, kRounds, 2>,
+          ResolveClusterKernel<kCluster, kRounds, 4>};
 }
-constexpr std::array<ResolveKernelFn, 3> kClusterKernels[] = {
-    ClusterSelectionVariants<1>(), ClusterSelectionVariants<2>(), ClusterSelectionVariants<4>()};
+constexpr std::array<ResolveKernelFn, 3> kPairKernels[] = {
+    ClusterSelectionVariants<2, 1>(), ClusterSelectionVariants<2, 2>(),
+    ClusterSelectionVariants<2, 4>()};
+constexpr std::array<ResolveKernelFn, 3> kQuadKernels[] = {ClusterSelectionVariants<4, 1>(),
+                                                           ClusterSelectionVariants<4, 2>()};
+static_assert(kResolveClusterSize == 2 && kResolveWideClusterSize == 4 &&
+                  kResolveClusterMaxSlots <= 2 * 4 * kResolveThreads &&
+                  kResolveClusterMaxSlots <= 4 * 2 * kResolveThreads &&
+                  kResolveClusterMaxTopK <= 4 * kResolveThreads,
+              "the pair and quad variants cover every cluster shape");
 
 // Index of the smallest power of two >= n (n >= 1).
 int CeilLog2(int64_t n) {
@@ -113,7 +121,8 @@ cudaError_t OptInSharedMemory(int device) {
     };
     opt_in(kSmallKernels);
     opt_in(kLargeKernels);
-    opt_in(kClusterKernels);
+    opt_in(kPairKernels);
+    opt_in(kQuadKernels);
     result[device] = err;
   });
   return result[device];
@@ -192,16 +201,21 @@ constexpr int64_t ClusterSharedBytes(int64_t top_k, int64_t hot_slots, int64_t p
          RoundUp4(top_k) * 4 + SlotBitmapInts(hot_slots) * 4 + RecordBitmapInts(pool_records) * 4;
 }
 
-// Whether a launch takes the cluster kernel (resolve_cuda.h).
-bool UsesCluster(const ResolveDims& d, int sms) {
+// CTAs per stream of a launch (resolve_cuda.h): 1 (ResolveKernel), or 2 or
+// 4 (ResolveClusterKernel).
+int ClusterSize(const ResolveDims& d, int sms) {
 #ifdef HISPARSE_RESOLVE_NO_CLUSTER
   (void)d, (void)sms;
-  return false;
+  return 1;
 #else
-  return d.streams * kResolveClusterSize <= sms && d.hot_slots <= kResolveClusterMaxSlots &&
-         d.top_k <= kResolveClusterMaxTopK &&
-         UsesRecordBitmap(d.top_k, d.hot_slots, d.pool_records) &&
-         ClusterSharedBytes(d.top_k, d.hot_slots, d.pool_records) <= kMaxResolveSharedBytes;
+  if (d.streams * kResolveClusterSize > sms || d.hot_slots > kResolveClusterMaxSlots ||
+      d.top_k > kResolveClusterMaxTopK || !UsesRecordBitmap(d.top_k, d.hot_slots, d.pool_records) ||
+      ClusterSharedBytes(d.top_k, d.hot_slots, d.pool_records) > kMaxResolveSharedBytes)
+    return 1;
+#ifndef HISPARSE_RESOLVE_NO_WIDE_CLUSTER
+  if (d.streams * kResolveWideClusterSize <= sms) return kResolveWideClusterSize;
+#endif
+  return kResolveClusterSize;
 #endif
 }
 
@@ -246,7 +260,8 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
-  const bool cluster = UsesCluster(d, SmCount(device));
+  const int cluster_size = ClusterSize(d, SmCount(device));
+  const bool cluster = cluster_size > 1;
   const int64_t shared_bytes = cluster
                                    ? ClusterSharedBytes(d.top_k, d.hot_slots, d.pool_records)
                                    : ResolveSharedBytes(d.top_k, d.hot_slots);
@@ -307,11 +322,14 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   a.row_batch = RowBatch(d.record_bytes / vector, kFusedCopyUnroll);
   a.fused_fetch = fetch && !split;
   if (cluster) {
-    const int64_t half_b = (d.hot_slots + 1) / 2;  // lru positions of one CTA at most
-    const int r = CeilLog2((half_b + kResolveThreads - 1) / kResolveThreads);
+    // lru positions of one CTA at most
+    const int64_t part_b = (d.hot_slots + cluster_size - 1) / cluster_size;
+    const int r = CeilLog2((part_b + kResolveThreads - 1) / kResolveThreads);
     const int s = CeilLog2((d.top_k + kResolveThreads - 1) / kResolveThreads);
-    kClusterKernels[r][s]<<<static_cast<unsigned>(d.streams * kResolveClusterSize), kResolveThreads,
-                            static_cast<size_t>(shared_bytes), stream>>>(a);
+    const ResolveKernelFn kernel = cluster_size == kResolveWideClusterSize ? kQuadKernels[r][s]
+                                                                           : kPairKernels[r][s];
+    kernel<<<static_cast<unsigned>(d.streams * cluster_size), kResolveThreads,
+             static_cast<size_t>(shared_bytes), stream>>>(a);
   } else {
     const ResolveVariant variant = ResolveKernelFor(d.top_k, d.hot_slots, d.streams, SmCount(device));
     variant.kernel<<<static_cast<unsigned>(d.streams), variant.threads,
