@@ -78,7 +78,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThrea
   const int rank = static_cast<int>(blockIdx.x % kCluster);  // rank in the cluster
   const int stream = static_cast<int>(blockIdx.x / kCluster);
   const PhaseClockScope phase_clock(rank == 0 ? stream : kPhaseClockStreams);
-  const int clock_stream = rank == 0 ? stream : kPhaseClockStreams;  // rank 1 records nothing
+  const int clock_stream = rank == 0 ? stream : kPhaseClockStreams;  // only rank 0 records
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const unsigned lanes_below = LanesBelow(lane);
   const int k = a.top_k, B = a.hot_slots;
