@@ -8,7 +8,8 @@
 //   fused: one block per stream (kResolveThreads threads, or
 //          kResolveThreadsSmall when streams > SMs and
 //          B <= kResolveSmallBlockMaxSlots), or a cluster of 2 or 4 blocks
-//          per stream when streams <= SMs / 2 (see kResolveClusterSize), resolves
+//          per stream for up to about SMs / 2 streams (see
+//          kResolveClusterSize and ResolveClusterBlocks), resolves
 //          its selection, then copies its own misses from the host pool (one
 //          warp per miss).
 //          One launch. A single block pulls from pinned host memory at only a
@@ -59,10 +60,12 @@ inline constexpr int64_t kResolveSmallBlockMaxSlots = 8 * kResolveThreadsSmall; 
 #endif
 static_assert(kResolveSmallBlockMaxSlots <= 8 * kResolveThreadsSmall,
               "small blocks hold at most 8 lru items per lane");
-// Launches of at most SMs / kResolveClusterSize streams resolve each stream
-// on a cluster of resolve blocks (resolve_cluster_kernel.cuh), which split
-// the B-sized work between SMs: kResolveWideClusterSize blocks when streams
-// <= SMs / kResolveWideClusterSize, else kResolveClusterSize; when B <=
+// Launches of few enough streams resolve each stream on a cluster of resolve
+// blocks (resolve_cluster_kernel.cuh), which split the B-sized work between
+// SMs: kResolveWideClusterSize blocks when the device runs that many
+// clusters of them at once (cudaOccupancyMaxActiveClusters: a cluster's
+// blocks share a GPC, so this can be less than SMs / 4), else
+// kResolveClusterSize blocks on the same condition; when B <=
 // kResolveClusterMaxSlots, k <= kResolveClusterMaxTopK and the state check's
 // record bitmap fits (R bits, R <= 16 x the held set's capacity, see
 // resolve_device.cuh). Building with -DHISPARSE_RESOLVE_NO_CLUSTER keeps one
@@ -95,6 +98,10 @@ inline constexpr int64_t kAutoSplitBelowStreams = 4;
 // 48 KiB in all the launcher opts the kernels in once per device.
 int64_t ResolveSharedBytes(int64_t top_k, int64_t hot_slots);
 inline constexpr int64_t kMaxResolveSharedBytes = 225 * 1024;
+
+// Blocks per stream (1, kResolveClusterSize or kResolveWideClusterSize) of a
+// resolve launch of `dims` on the current device; for benchmarks and checks.
+int ResolveClusterBlocks(const ResolveDims& dims);
 
 // The plan `plan` resolves to for `streams` streams (never kAuto).
 ResolveLaunchPlan ChooseResolvePlan(ResolveLaunchPlan plan, int64_t streams);

@@ -201,21 +201,52 @@ constexpr int64_t ClusterSharedBytes(int64_t top_k, int64_t hot_slots, int64_t p
          RoundUp4(top_k) * 4 + SlotBitmapInts(hot_slots) * 4 + RecordBitmapInts(pool_records) * 4;
 }
 
+// How many clusters of `cluster_size` resolve blocks `device` runs at once
+// (0: none), asked once per device: a cluster's blocks share a GPC, so this
+// can be less than SMs / cluster_size (e.g. 32 quads on 132 SMs when GPCs
+// hold 16 or 18 SMs), and more streams than this would run in two waves. A
+// 1024-thread block at 64 registers fills an SM whatever its shared memory,
+// so one query per size covers every shape.
+int MaxActiveClusters(int cluster_size, int device) {
+  static std::atomic<int> counts[kMaxDevices][2] = {};  // [device][pair, quad], + 1
+  if (device < 0 || device >= kMaxDevices) return 0;
+  const int which = cluster_size == kResolveWideClusterSize ? 1 : 0;
+  int n = counts[device][which].load(std::memory_order_relaxed);
+  if (n == 0) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(cluster_size));
+    config.blockDim = dim3(kResolveThreads);
+    config.dynamicSmemBytes = 32 * 1024;  // within the default limit: no opt-in needed here
+    int clusters = 0;
+    const ResolveKernelFn kernel = which == 1 ? kQuadKernels[0][0] : kPairKernels[0][0];
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters < 0) {
+      (void)cudaGetLastError();  // not sticky; clear it so the launch reports its own
+      clusters = 0;
+    }
+    n = clusters + 1;
+    counts[device][which].store(n, std::memory_order_relaxed);  // every racer stores the same
+  }
+  return n - 1;
+}
+
 // CTAs per stream of a launch (resolve_cuda.h): 1 (ResolveKernel), or 2 or
-// 4 (ResolveClusterKernel).
-int ClusterSize(const ResolveDims& d, int sms) {
+// 4 (ResolveClusterKernel) when the shape allows it and all the stream's
+// clusters run at once.
+int ClusterSize(const ResolveDims& d, int device) {
 #ifdef HISPARSE_RESOLVE_NO_CLUSTER
-  (void)d, (void)sms;
+  (void)d, (void)device;
   return 1;
 #else
-  if (d.streams * kResolveClusterSize > sms || d.hot_slots > kResolveClusterMaxSlots ||
-      d.top_k > kResolveClusterMaxTopK || !UsesRecordBitmap(d.top_k, d.hot_slots, d.pool_records) ||
+  if (d.hot_slots > kResolveClusterMaxSlots || d.top_k > kResolveClusterMaxTopK ||
+      !UsesRecordBitmap(d.top_k, d.hot_slots, d.pool_records) ||
       ClusterSharedBytes(d.top_k, d.hot_slots, d.pool_records) > kMaxResolveSharedBytes)
     return 1;
 #ifndef HISPARSE_RESOLVE_NO_WIDE_CLUSTER
-  if (d.streams * kResolveWideClusterSize <= sms) return kResolveWideClusterSize;
+  if (d.streams <= MaxActiveClusters(kResolveWideClusterSize, device))
+    return kResolveWideClusterSize;
 #endif
-  return kResolveClusterSize;
+  if (d.streams <= MaxActiveClusters(kResolveClusterSize, device)) return kResolveClusterSize;
+  return 1;
 #endif
 }
 
@@ -236,6 +267,12 @@ cudaError_t ReadResolvePhaseClock(uint64_t* host, int streams) {
   return cudaMemcpyToSymbol(g_resolve_phase_clock, zeros, sizeof(zeros));
 }
 #endif
+
+int ResolveClusterBlocks(const ResolveDims& dims) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  return ClusterSize(dims, device);
+}
 
 int64_t ResolveSharedBytes(int64_t top_k, int64_t hot_slots) {
   return SharedBytes(top_k, hot_slots);
@@ -260,7 +297,7 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
-  const int cluster_size = ClusterSize(d, SmCount(device));
+  const int cluster_size = ClusterSize(d, device);
   const bool cluster = cluster_size > 1;
   const int64_t shared_bytes = cluster
                                    ? ClusterSharedBytes(d.top_k, d.hot_slots, d.pool_records)

@@ -583,16 +583,21 @@ int main(int argc, char** argv) {
               "k = %lld, R = %lld records per stream, %d reps (median)\n\n",
               prop.name, prop.major, prop.minor, prop.multiProcessorCount, runtime, driver,
               (long long)kTopK, (long long)kPoolRecords, reps);
-  std::printf("resolve blocks: %d threads when streams > SMs and B <= %lld, else %d; ",
+  std::printf("resolve blocks: %d threads when streams > SMs and B <= %lld, else %d\n",
               hisparse::kResolveThreadsSmall, (long long)hisparse::kResolveSmallBlockMaxSlots,
               hisparse::kResolveThreads);
-#ifdef HISPARSE_RESOLVE_NO_CLUSTER
-  std::printf("no clusters (built with HISPARSE_RESOLVE_NO_CLUSTER)\n\n");
-#else
-  std::printf("clusters of %d blocks per stream when streams <= SMs / %d, B <= %lld, k <= %lld\n\n",
-              hisparse::kResolveClusterSize, hisparse::kResolveClusterSize,
-              (long long)hisparse::kResolveClusterMaxSlots, (long long)hisparse::kResolveClusterMaxTopK);
-#endif
+  {
+    // Blocks per stream by stream count (k = 2048, B = 4096, this bench's pool).
+    std::printf("blocks per stream (clusters), k = %lld, B = 4096:", (long long)kTopK);
+    int prev = -1;
+    for (int64_t S = 1; S <= 256; ++S) {
+      const int blocks = hisparse::ResolveClusterBlocks(
+          ResolveDims{1, S, kTopK, 4096, kPoolRecords, 1152});
+      if (blocks != prev) std::printf(" %d from %lld streams;", blocks, (long long)S);
+      prev = blocks;
+    }
+    std::printf("\n\n");
+  }
 
   auto pick = [](const auto& arg, auto fallback) { return arg.empty() ? fallback : arg; };
   const std::vector<int64_t> hot_slots = pick(

@@ -760,15 +760,27 @@ std::vector<Case> ResolveCases(bool quick) {
     add_malformed("k_4096_b_16384", MakeShape(1, 3, 4096, 16384, 30000, 8), 3, Fault::kAny);
     add_malformed("many_layers", MakeShape(4, 5, 128, 256, 600, 40), 12, Fault::kAny);
   }
-  // Streams up to SMs / 4 (33 on an H200) resolve on clusters of four blocks,
-  // up to SMs / 2 on pairs (resolve_cluster_kernel.cuh), while B <= 8192,
-  // k <= 4096 and the record bitmap fits; one block per stream past any of
-  // these. Both sides of each boundary, healthy and malformed, random full
+  // Few streams resolve on clusters of four blocks, more on pairs, up to the
+  // clusters the device runs at once (resolve_cluster_kernel.cuh,
+  // ResolveClusterBlocks), while B <= 8192, k <= 4096 and the record bitmap
+  // fits; one block per stream past any of these. Both sides of each boundary, healthy and malformed, random full
   // caches so every part of lru holds hits and evictables. (Most other cases
   // have few streams and run on quads: a build with
   // -DHISPARSE_RESOLVE_NO_WIDE_CLUSTER runs them on pairs, one with
   // -DHISPARSE_RESOLVE_NO_CLUSTER on single blocks.)
-  for (int64_t S : {33, 34, 66, 67}) {
+  std::vector<int64_t> boundary;  // the last stream count of each cluster size, and the next
+  {
+    int prev = 0;
+    for (int64_t S = 1; S <= 200; ++S) {
+      const int blocks = hisparse::ResolveClusterBlocks(ResolveDims{1, S, 2048, 4096, 6000, 16});
+      if (prev != 0 && blocks != prev) {
+        boundary.push_back(S - 1);
+        boundary.push_back(S);
+      }
+      prev = blocks;
+    }
+  }
+  for (int64_t S : boundary) {
     const std::string s = "_s" + std::to_string(S);
     add("cluster_boundary" + s, MakeShape(1, S, 2048, 4096, 6000, 16), 2, MixGenerator(plain))
         .random_initial_state = true;
@@ -780,13 +792,13 @@ std::vector<Case> ResolveCases(bool quick) {
   add("cluster_k_4097_b_8192", MakeShape(1, 2, 4097, 8192, 20000, 8), 2, MixGenerator(plain))
       .random_initial_state = true;
   if (!quick) {
-    add("pair_k_4096_b_8192_s34", MakeShape(1, 34, 4096, 8192, 9000, 8), 2, MixGenerator(plain))
+    add("k_4096_b_8192_s34", MakeShape(1, 34, 4096, 8192, 9000, 8), 2, MixGenerator(plain))
         .random_initial_state = true;
     Mix m;
     m.dup = 0.5;
     m.pad = 0.1;
     m.invalid = 0.1;
-    add("pair_duplicate_ids_s40", MakeShape(2, 40, 256, 300, 400, 32), 4, MixGenerator(m));
+    add("duplicate_ids_s40", MakeShape(2, 40, 256, 300, 400, 32), 4, MixGenerator(m));
   }
   add_malformed("cluster_odd_b_k_7_b_9", MakeShape(2, 5, 7, 9, 40, 8), quick ? 3 : 6,
                 Fault::kAny);
