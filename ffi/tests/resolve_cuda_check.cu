@@ -467,6 +467,10 @@ bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint6
     layer.Upload(&in.layer);
     for (auto* out : {&slots, &miss_records, &miss_slots, &misses, &invalid, &malformed})
       out->Poison(0x5A);
+    // The poison is queued on the legacy stream, which the launch's non-blocking stream does
+    // not wait for: without this, a late memset overwrote outputs the kernel had written
+    // (seen with three checkers sharing the GPU) and the split plan's copy read a poisoned count.
+    CUDA_OK(cudaDeviceSynchronize());
 
     // CPU reference.
     std::fill(cpu_slots.begin(), cpu_slots.end(), 0x7b7b7b7b);
