@@ -11,31 +11,42 @@
 // check's marks, the lru rewrite) and the output writes: CTA r takes the
 // r-th part of the lru positions and of the selection positions. Each builds
 // the whole table of the k selected ids (a replica: its lookups stay local),
-// and they exchange only small things through distributed shared memory,
-// each CTA writing into every CTA of the cluster (itself included):
+// and they exchange only small things through distributed shared memory.
+// Each CTA writes only its own shared memory and the others read it after a
+// cluster barrier (pull): a release at cluster scope compiles to a GPU-wide
+// MEMBAR that waits for every outstanding global access of the thread (the
+// first version pushed into the other CTAs behind such barriers and lost
+// more than the split gained), while a CTA's stores into its own shared
+// memory are complete after a CTA fence (MEMBAR.CTA), so a relaxed arrive
+// after that fence is enough for any CTA that reads them after the wait.
 //  - the slot of each hit, by the first selection position of its id
 //    (hit_of_pos[k]), which is why words hold only first positions here
 //    (every item atomicMin's its position, so they are final at barrier 2
-//    and a hit can name its id's position in phase 2);
-//  - each warp's count of evictable slots (evict_counts[rank][warp]: a
-//    part's ranks start after the earlier parts' evictables);
+//    and a hit can name its id's position in phase 2); after barrier A each
+//    CTA merges every CTA's hit_of_pos into its own (the max: -1 or the one
+//    slot holding the id; a reader sees the old or the merged value, both
+//    give the same max);
+//  - each warp's count of evictable slots (a part's ranks start after the
+//    earlier parts' evictables);
 //  - the state check: each CTA marks the slots its part of lru lists and the
 //    records they hold in its own bitmaps (a repeat within the part shows in
 //    the atomic, as in ResolveKernel); a repeat across parts is a bit cleared
-//    in two CTAs' bitmaps, found by reading the others' bitmaps after
-//    cluster barrier A (B + R bits); a CTA's own finds go into state_bad of
-//    all. Every CTA reaches the same verdict before anything is written;
-//  - the miss plan (plan_slot, plan_record) and, for repeated missing ids,
-//    their slots by first position.
+//    in two CTAs' bitmaps, found by reading every CTA's bitmaps after
+//    barrier A (B + R bits), with every CTA's state_bad. Every CTA reaches
+//    the same verdict before anything is written;
+//  - the slot each miss takes (plan_slot, by rank, in the CTA whose lru part
+//    has that evictable), read after barrier B by the CTA that writes the
+//    miss.
 // Every CTA flags misses over the whole selection (cheap: a word and a
 // hit_of_pos read per item), so the miss ranks need no exchange. All take
 // the same path (layer, verdict, M, repeats and the plan are the same in
-// all), so the cluster barriers match: 0 (split: arrive after the clears,
-// wait before the first remote write), A (hits, counts, check marks), X
+// all), so the cluster barriers match: A (hits, counts, check marks), X
 // (split: arrive after the last read of another CTA's memory, wait before
 // the next barrier or the exit, so no CTA leaves while another reads it), B
-// (miss plan; only when M > 0) and C (missing ids' slots and plan_record;
-// only for repeats or the fused copy).
+// (plan_slot; only when M > 0), then either Y (no CTA leaves before the
+// others have read its plan_slot) or, for repeated missing ids and the fused
+// copy, C: a full release barrier behind which each CTA writes the missing
+// ids' slots and the whole plan into every CTA (rare, or bound by the copy).
 #ifndef HISPARSE_FFI_RESOLVE_CLUSTER_KERNEL_CUH_
 #define HISPARSE_FFI_RESOLVE_CLUSTER_KERNEL_CUH_
 
@@ -70,7 +81,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThrea
   extern __shared__ int4 shared[];
   __shared__ int warp_distinct[kWarps];
   __shared__ int warp_invalid[kWarps];
-  __shared__ int evict_counts[kCluster * kWarps];  // [rank][warp], written by CTA `rank`
+  __shared__ int warp_evictable[kWarps];          // this CTA's, read by every CTA
+  __shared__ int evict_counts[kCluster * kWarps];  // [rank][warp]: every CTA's, gathered
   __shared__ int warp_misses[kWarps];
   __shared__ int state_bad;   // some CTA found the state malformed in its part
   __shared__ int any_repeat;  // a missing id appears more than once
@@ -146,8 +158,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThrea
     const int li = li0 + c * kWarp;
     order.Set(c, (c < lru_rounds && li < lru_count) ? lru[lru_base + li] : -1);
   }
-  __cluster_barrier_arrive();  // 0: this CTA's clears are done (released to the peer)
-  __syncthreads();             // 1: keys and words cleared
+  __syncthreads();  // 1: keys and words cleared
   PhaseMark(clock_stream, kMarkTable);
 
   // 1. Rule 0, then the distinct valid ids (rule 1); every item min's its
@@ -185,8 +196,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThrea
   PhaseMark(clock_stream, kMarkProbe);
 
   // 2. The records of this part's listed slots: hits (their slot goes to
-  // hit_of_pos of every CTA) and evictables; the state check's record marks.
-  __cluster_barrier_wait();  // 0: every CTA's hit_of_pos is cleared before any write into it
+  // this CTA's hit_of_pos) and evictables; the state check's record marks.
   unsigned evictable = 0;
 #pragma unroll
   for (int c0 = 0; c0 < kRounds; c0 += kLruBatch) {
@@ -209,7 +219,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThrea
       if ((hit >> u) & 1u) {
         // A record held twice (malformed, rejected at bar 3) may write one
         // position twice; the position is < k either way.
-        StoreAll<kCluster>(hit_of_pos, WordPosition(words[at[u]]), order.Get(c0 + u));
+        hit_of_pos[WordPosition(words[at[u]])] = order.Get(c0 + u);
       }
     }
 #pragma unroll
@@ -224,14 +234,15 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThrea
 #pragma unroll
   for (int c = 0; c < kRounds; ++c)
     evictables_in_warp += __popc(__ballot_sync(kFullMask, (evictable >> c) & 1u));
-  if (lane == 0) StoreAll<kCluster>(evict_counts, rank * kWarps + warp, evictables_in_warp);
-  if (bad_state) StoreAll<kCluster>(&state_bad, 0, 1);
-  __cluster_barrier_arrive();
+  if (lane == 0) warp_evictable[warp] = evictables_in_warp;
+  if (bad_state) state_bad = 1;
+  __threadfence_block();  // this CTA's stores are in its shared memory before it arrives
+  __cluster_barrier_arrive_relaxed();
   __cluster_barrier_wait();  // A: hits, counts and every CTA's marks in place
 
   // 2b. Repeats across parts: a slot listed, or a record held, in two parts
   // is a bit cleared in two CTAs' bitmaps. Every CTA checks every word, so
-  // all reach the same verdict.
+  // all reach the same verdict. Then every CTA's hits and counts, gathered.
   {
     const int slot_words = (B + 31) / 32, record_words = (a.pool_records + 31) / 32;
     bool across = false;
@@ -249,10 +260,20 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThrea
     };
     overlap(unseen, slot_words, tid);
     overlap(unseen_records, record_words, tid);
-    if (across || state_bad != 0) bad_state = true;
+    if (tid < kCluster && *SharedOf(&state_bad, tid) != 0) across = true;
+    if (across) bad_state = true;
+    for (int p = tid; p < k; p += kThreads) {
+      int slot = -1;
+#pragma unroll
+      for (int q = 0; q < kCluster; ++q) slot = max(slot, SharedOf(hit_of_pos, q)[p]);
+      hit_of_pos[p] = slot;
+    }
+    if (tid < kCluster * kWarps) evict_counts[tid] = SharedOf(warp_evictable, tid / kWarps)[tid % kWarps];
   }
-  __cluster_barrier_arrive();  // X: done reading the other CTAs' memory
-  const bool malformed = __syncthreads_or(bad_state) != 0;  // 3: the same verdict in every CTA
+  // 3: the same verdict in every CTA; every value read from another CTA has
+  // been used (stored or OR'ed) before this barrier, so the reads are done.
+  const bool malformed = __syncthreads_or(bad_state) != 0;
+  __cluster_barrier_arrive_relaxed();  // X: done reading the other CTAs' memory
   PhaseMark(clock_stream, kMarkVerdict);
 
   // 3. Totals: every CTA has every warp count of every part.
@@ -262,11 +283,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThrea
   const int distinct = WarpTotal(lane_distinct);
   const int total_invalid = WarpTotal(lane_invalid);
   int E = 0, earlier_e = 0;  // all evictables; those of the parts before this one
+  int part_e[kCluster];      // each part's evictables: the ranks its CTA's plan_slot holds
 #pragma unroll
   for (int q = 0; q < kCluster; ++q) {
-    const int part_e = WarpTotal(owner ? evict_counts[q * kWarps + lane] : 0);
-    E += part_e;
-    if (q < rank) earlier_e += part_e;
+    part_e[q] = WarpTotal(owner ? evict_counts[q * kWarps + lane] : 0);
+    E += part_e[q];
+    if (q < rank) earlier_e += part_e[q];
   }
   const int lane_evictable = owner ? evict_counts[rank * kWarps + lane] : 0;
   const int M = max(0, min(distinct - (B - E), E));
@@ -301,7 +323,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThrea
       int position;
       if (is_evictable) {
         position = r >= M ? r - M : E - M + r;
-        if (r < M) StoreAll<kCluster>(plan_slot, r, slot);
+        if (r < M) plan_slot[r] = slot;  // read by the CTA that writes miss r
       } else {
         position = E + (i - r);
       }
@@ -355,8 +377,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThrea
     misses_in_warp += __popc(__ballot_sync(kFullMask, (miss >> c) & 1u));
   if (lane == 0) warp_misses[warp] = misses_in_warp;
   if (repeat_miss != 0) any_repeat = 1;
+  __threadfence_block();     // plan_slot in this CTA's shared memory before it arrives
   __cluster_barrier_wait();  // X
-  __cluster_barrier_arrive();
+  __cluster_barrier_arrive_relaxed();
   __cluster_barrier_wait();  // B: plan_slot of every CTA, miss counts, any_repeat
   const bool repeats = any_repeat != 0;
   PhaseMark(clock_stream, kMarkMissRank);
@@ -371,20 +394,34 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThrea
     const int j = j0 + c * kWarp;
     if (is_miss && own(j)) {
       const int m = miss_rank + __popc(bits & lanes_below);  // < k
-      const int slot = m < M ? plan_slot[m] : -1;           // m < M: the state is well formed
+      int slot = -1;  // plan_slot[m] of the CTA whose lru part has evictable m (m < M: well formed)
+      if (m < M) {
+        int q = 0, start = 0;
+        while (q + 1 < kCluster && m >= start + part_e[q]) start += part_e[q++];
+        slot = SharedOf(plan_slot, q)[m];
+      }
       const int record = keys[entry[c]];  // the id: not kept in registers past phase 1
       a.slots[out + j] = slot;
       a.miss_records[out + m] = record;
       a.miss_slots[out + m] = slot;
       if (slot >= 0 && slot < B) slot_record[slot] = record;
-      if (a.fused_fetch && m < M) StoreAll<kCluster>(plan_record, m, record);
+      if (a.fused_fetch && m < M) {  // the same slot another CTA may still read: harmless
+        StoreAll<kCluster>(plan_slot, m, slot);
+        StoreAll<kCluster>(plan_record, m, record);
+      }
       if (repeats) StoreAll<kCluster>(hit_of_pos, j, slot);  // j: the id's first position
     }
     miss_rank += __popc(bits);
   }
-  if (!repeats && !a.fused_fetch) return;  // no other CTA's memory was touched after B
+  if (!repeats && !a.fused_fetch) {
+    // Y: the slots read from other CTAs were used by the stores above, so
+    // the reads are done; no CTA leaves before every CTA's are.
+    __cluster_barrier_arrive_relaxed();
+    __cluster_barrier_wait();
+    return;
+  }
   __cluster_barrier_arrive();
-  __cluster_barrier_wait();  // C: slots of missing ids, plan_record
+  __cluster_barrier_wait();  // C: the whole plan and the missing ids' slots in every CTA
 
   // 5. Later copies of a missing id, and the fused plan's copy (rule 5),
   // spread over the warps of every CTA.
