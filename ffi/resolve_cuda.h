@@ -8,7 +8,7 @@
 //   fused: one block per stream (kResolveThreads threads, or
 //          kResolveThreadsSmall when streams > SMs and
 //          B <= kResolveSmallBlockMaxSlots), or a cluster of 2 or 4 blocks
-//          per stream for up to about SMs / 2 streams (see
+//          per stream for up to about SMs / 2 streams and B > 4096 (see
 //          kResolveClusterSize and ResolveClusterBlocks), resolves
 //          its selection, then copies its own misses from the host pool (one
 //          warp per miss).
@@ -62,7 +62,8 @@ static_assert(kResolveSmallBlockMaxSlots <= 8 * kResolveThreadsSmall,
               "small blocks hold at most 8 lru items per lane");
 // Launches of few enough streams resolve each stream on a cluster of resolve
 // blocks (resolve_cluster_kernel.cuh), which split the B-sized work between
-// SMs: kResolveWideClusterSize blocks when the device runs that many
+// SMs, when B > kResolveClusterMinSlots: kResolveWideClusterSize blocks when
+// the device runs that many
 // clusters of them at once (cudaOccupancyMaxActiveClusters: a cluster's
 // blocks share a GPC, so this can be less than SMs / 4), else
 // kResolveClusterSize blocks on the same condition; when B <=
@@ -71,8 +72,20 @@ static_assert(kResolveSmallBlockMaxSlots <= 8 * kResolveThreadsSmall,
 // resolve_device.cuh). Building with -DHISPARSE_RESOLVE_NO_CLUSTER keeps one
 // block per stream everywhere, with -DHISPARSE_RESOLVE_NO_WIDE_CLUSTER pairs
 // at most (A/B comparisons).
+// Only B > kResolveClusterMinSlots: on an H200 (benchmarks/results, issue 22)
+// the cluster kernel was slower at B = 2048 and 4096 (13.8 vs 11.7 and 14.9
+// vs 14.3 us at 64 streams, k = 2048, 13% misses: its table is built in
+// every block and its cluster barriers cost more than the split saves) and
+// faster at B = 8192 (15.1 vs 18.0 us at 1 stream, 18.7 vs 19.1 at 64).
+// -DHISPARSE_RESOLVE_CLUSTER_MIN_SLOTS=0 sends every eligible shape to
+// clusters (the checker's build that covers the cluster kernel everywhere).
 inline constexpr int kResolveClusterSize = 2;
 inline constexpr int kResolveWideClusterSize = 4;
+#ifdef HISPARSE_RESOLVE_CLUSTER_MIN_SLOTS
+inline constexpr int64_t kResolveClusterMinSlots = HISPARSE_RESOLVE_CLUSTER_MIN_SLOTS;
+#else
+inline constexpr int64_t kResolveClusterMinSlots = 4096;
+#endif
 inline constexpr int64_t kResolveClusterMaxSlots = 8192;
 inline constexpr int64_t kResolveClusterMaxTopK = 4096;
 inline constexpr int kFetchThreads = 256;

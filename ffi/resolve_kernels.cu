@@ -2,9 +2,9 @@
 // pool_write.h, bit-identical to resolve_cpu.cc and pool_write_cpu.cc. See
 // resolve_cuda.h for the launch plans.
 //
-// With at most SMs / 2 streams (and B <= 8192, k <= 4096, a record bitmap
-// for the state check) the launcher takes the cluster variant instead, two
-// blocks per stream on two SMs: resolve_cluster_kernel.cuh.
+// With few streams (and 4096 < B <= 8192, k <= 4096, a record bitmap for the
+// state check) the launcher takes the cluster variant instead, two or four
+// blocks per stream on as many SMs: resolve_cluster_kernel.cuh.
 //
 // Resolve kernel: one block per stream, of kResolveThreads (32 warps), or of
 // kResolveThreadsSmall (16 warps) when there are more streams than SMs and

@@ -237,7 +237,8 @@ int ClusterSize(const ResolveDims& d, int device) {
   (void)d, (void)device;
   return 1;
 #else
-  if (d.hot_slots > kResolveClusterMaxSlots || d.top_k > kResolveClusterMaxTopK ||
+  if (d.hot_slots <= kResolveClusterMinSlots || d.hot_slots > kResolveClusterMaxSlots ||
+      d.top_k > kResolveClusterMaxTopK ||
       !UsesRecordBitmap(d.top_k, d.hot_slots, d.pool_records) ||
       ClusterSharedBytes(d.top_k, d.hot_slots, d.pool_records) > kMaxResolveSharedBytes)
     return 1;

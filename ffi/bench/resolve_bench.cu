@@ -587,12 +587,12 @@ int main(int argc, char** argv) {
               hisparse::kResolveThreadsSmall, (long long)hisparse::kResolveSmallBlockMaxSlots,
               hisparse::kResolveThreads);
   {
-    // Blocks per stream by stream count (k = 2048, B = 4096, this bench's pool).
-    std::printf("blocks per stream (clusters), k = %lld, B = 4096:", (long long)kTopK);
+    // Blocks per stream by stream count (k = 2048, B = 8192, this bench's pool).
+    std::printf("blocks per stream (clusters), k = %lld, B = 8192:", (long long)kTopK);
     int prev = -1;
     for (int64_t S = 1; S <= 256; ++S) {
       const int blocks = hisparse::ResolveClusterBlocks(
-          ResolveDims{1, S, kTopK, 4096, kPoolRecords, 1152});
+          ResolveDims{1, S, kTopK, 8192, kPoolRecords, 1152});
       if (blocks != prev) std::printf(" %d from %lld streams;", blocks, (long long)S);
       prev = blocks;
     }

@@ -766,17 +766,18 @@ std::vector<Case> ResolveCases(bool quick) {
   }
   // Few streams resolve on clusters of four blocks, more on pairs, up to the
   // clusters the device runs at once (resolve_cluster_kernel.cuh,
-  // ResolveClusterBlocks), while B <= 8192, k <= 4096 and the record bitmap
-  // fits; one block per stream past any of these. Both sides of each boundary, healthy and malformed, random full
-  // caches so every part of lru holds hits and evictables. (Most other cases
-  // have few streams and run on quads: a build with
-  // -DHISPARSE_RESOLVE_NO_WIDE_CLUSTER runs them on pairs, one with
-  // -DHISPARSE_RESOLVE_NO_CLUSTER on single blocks.)
+  // ResolveClusterBlocks), while 4096 < B <= 8192, k <= 4096 and the record
+  // bitmap fits; one block per stream past any of these. Both sides of each
+  // boundary, healthy and malformed, random full caches so every part of lru
+  // holds hits and evictables. (A build with
+  // -DHISPARSE_RESOLVE_CLUSTER_MIN_SLOTS=0 runs every other case with few
+  // streams on quads too, one that adds -DHISPARSE_RESOLVE_NO_WIDE_CLUSTER
+  // on pairs, one with -DHISPARSE_RESOLVE_NO_CLUSTER on single blocks.)
   std::vector<int64_t> boundary;  // the last stream count of each cluster size, and the next
   {
     int prev = 0;
     for (int64_t S = 1; S <= 200; ++S) {
-      const int blocks = hisparse::ResolveClusterBlocks(ResolveDims{1, S, 2048, 4096, 6000, 16});
+      const int blocks = hisparse::ResolveClusterBlocks(ResolveDims{1, S, 2048, 6144, 9000, 16});
       if (prev != 0 && blocks != prev) {
         boundary.push_back(S - 1);
         boundary.push_back(S);
@@ -786,9 +787,9 @@ std::vector<Case> ResolveCases(bool quick) {
   }
   for (int64_t S : boundary) {
     const std::string s = "_s" + std::to_string(S);
-    add("cluster_boundary" + s, MakeShape(1, S, 2048, 4096, 6000, 16), 2, MixGenerator(plain))
+    add("cluster_boundary" + s, MakeShape(1, S, 2048, 6144, 9000, 16), 2, MixGenerator(plain))
         .random_initial_state = true;
-    add_malformed("cluster_boundary" + s, MakeShape(1, S, 256, 512, 2000, 8), 2, Fault::kAny);
+    add_malformed("cluster_boundary" + s, MakeShape(1, S, 256, 4608, 6000, 8), 2, Fault::kAny);
   }
   add("cluster_k_4096_b_8192", MakeShape(1, 3, 4096, 8192, 20000, 8), 3, MixGenerator(plain))
       .random_initial_state = true;
