@@ -7,8 +7,11 @@
 // Launch plans (ResolveLaunchPlan, the handler's `launch` attribute):
 //   fused: one block per stream (kResolveThreads threads, or
 //          kResolveThreadsSmall when streams > SMs and
-//          B <= kResolveSmallBlockMaxSlots) resolves its selection, then
-//          copies its own misses from the host pool (one warp per miss).
+//          B <= kResolveSmallBlockMaxSlots), or a cluster of 2 or 4 blocks
+//          per stream for up to about SMs / 2 streams and B > 4096 (see
+//          kResolveClusterSize and ResolveClusterBlocks), resolves
+//          its selection, then copies its own misses from the host pool (one
+//          warp per miss).
 //          One launch. A single block pulls from pinned host memory at only a
 //          fraction of the link (BENCHMARKS.md: fused at one stream reaches about a
 //          third of the zero-copy ceiling), so this suits many streams.
@@ -57,6 +60,34 @@ inline constexpr int64_t kResolveSmallBlockMaxSlots = 8 * kResolveThreadsSmall; 
 #endif
 static_assert(kResolveSmallBlockMaxSlots <= 8 * kResolveThreadsSmall,
               "small blocks hold at most 8 lru items per lane");
+// Launches of few enough streams resolve each stream on a cluster of resolve
+// blocks (resolve_cluster_kernel.cuh), which split the B-sized work between
+// SMs, when B > kResolveClusterMinSlots: kResolveWideClusterSize blocks when
+// the device runs that many
+// clusters of them at once (cudaOccupancyMaxActiveClusters: a cluster's
+// blocks share a GPC, so this can be less than SMs / 4), else
+// kResolveClusterSize blocks on the same condition; when B <=
+// kResolveClusterMaxSlots, k <= kResolveClusterMaxTopK and the state check's
+// record bitmap fits (R bits, R <= 16 x the held set's capacity, see
+// resolve_device.cuh). Building with -DHISPARSE_RESOLVE_NO_CLUSTER keeps one
+// block per stream everywhere, with -DHISPARSE_RESOLVE_NO_WIDE_CLUSTER pairs
+// at most (A/B comparisons).
+// Only B > kResolveClusterMinSlots: on an H200 (benchmarks/results, issue 22)
+// the cluster kernel was slower at B = 2048 and 4096 (13.8 vs 11.7 and 14.9
+// vs 14.3 us at 64 streams, k = 2048, 13% misses: its table is built in
+// every block and its cluster barriers cost more than the split saves) and
+// faster at B = 8192 (15.1 vs 18.0 us at 1 stream, 18.7 vs 19.1 at 64).
+// -DHISPARSE_RESOLVE_CLUSTER_MIN_SLOTS=0 sends every eligible shape to
+// clusters (the checker's build that covers the cluster kernel everywhere).
+inline constexpr int kResolveClusterSize = 2;
+inline constexpr int kResolveWideClusterSize = 4;
+#ifdef HISPARSE_RESOLVE_CLUSTER_MIN_SLOTS
+inline constexpr int64_t kResolveClusterMinSlots = HISPARSE_RESOLVE_CLUSTER_MIN_SLOTS;
+#else
+inline constexpr int64_t kResolveClusterMinSlots = 4096;
+#endif
+inline constexpr int64_t kResolveClusterMaxSlots = 8192;
+inline constexpr int64_t kResolveClusterMaxTopK = 4096;
 inline constexpr int kFetchThreads = 256;
 // The split plan's fetch grid aims at this many blocks per SM in total.
 inline constexpr int kFetchBlocksPerSm = 4;
@@ -80,6 +111,10 @@ inline constexpr int64_t kAutoSplitBelowStreams = 4;
 // 48 KiB in all the launcher opts the kernels in once per device.
 int64_t ResolveSharedBytes(int64_t top_k, int64_t hot_slots);
 inline constexpr int64_t kMaxResolveSharedBytes = 225 * 1024;
+
+// Blocks per stream (1, kResolveClusterSize or kResolveWideClusterSize) of a
+// resolve launch of `dims` on the current device; for benchmarks and checks.
+int ResolveClusterBlocks(const ResolveDims& dims);
 
 // The plan `plan` resolves to for `streams` streams (never kAuto).
 ResolveLaunchPlan ChooseResolvePlan(ResolveLaunchPlan plan, int64_t streams);

@@ -12,9 +12,50 @@
 #include <cstdint>
 
 #include "resolve_cuda.h"
+#include "resolve_phase_clock.h"
 
 namespace hisparse {
+
+#ifdef HISPARSE_RESOLVE_PHASE_CLOCK
+// [kPhaseClockStreams, kStampsPerStream] stamps of the last launch (resolve_phase_clock.h).
+__device__ unsigned long long g_resolve_phase_clock[kPhaseClockStreams * kStampsPerStream];
+#endif
+
 namespace {
+
+// Thread 0 of the block of `stream` stamps clock64() at `mark`; nothing
+// unless built with -DHISPARSE_RESOLVE_PHASE_CLOCK.
+__device__ __forceinline__ void PhaseMark(int stream, int mark) {
+#ifdef HISPARSE_RESOLVE_PHASE_CLOCK
+  if (threadIdx.x == 0 && stream < kPhaseClockStreams)
+    g_resolve_phase_clock[stream * kStampsPerStream + mark] = clock64();
+#endif
+}
+
+// The global timer (ns) of the phase clock, at entry and at exit.
+__device__ __forceinline__ void PhaseStampNs(int stream, int stamp) {
+#ifdef HISPARSE_RESOLVE_PHASE_CLOCK
+  if (threadIdx.x == 0 && stream < kPhaseClockStreams) {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    g_resolve_phase_clock[stream * kStampsPerStream + stamp] = ns;
+  }
+#endif
+}
+
+// Stamps the entry when made and the exit when its scope ends, whichever
+// return the block takes.
+struct PhaseClockScope {
+  int stream;
+  __device__ __forceinline__ explicit PhaseClockScope(int s) : stream(s) {
+    PhaseStampNs(stream, kStampEntryNs);
+    PhaseMark(stream, kMarkEntry);
+  }
+  __device__ __forceinline__ ~PhaseClockScope() {
+    PhaseMark(stream, kMarkExit);
+    PhaseStampNs(stream, kStampExitNs);
+  }
+};
 
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -135,6 +176,8 @@ struct ResolveArgs {
   int32_t check_vectors; // int4 of the slot bitmap and the held set or record bitmap
                          // (cleared together)
   bool record_bitmap;    // UsesRecordBitmap: records go into a bitmap, not the held set
+  int32_t hit_offset;    // cluster kernel: bytes to hit_of_pos (then the slot and record bitmaps)
+  int32_t record_offset; // cluster kernel: bytes to the record bitmap
   int32_t copy_vector;  // 16 or 8: bytes per lane access
   int32_t row_batch;    // rows a warp keeps in flight (fused copy)
   bool fused_fetch;     // copy misses inside the resolve kernel
@@ -242,6 +285,35 @@ template <int N>
 __device__ __forceinline__ unsigned FindRecords(const int* keys, uint32_t mask, uint32_t shift,
                                                 const int (&rec)[N], unsigned todo,
                                                 int (&entry)[N]) {
+#ifdef HISPARSE_RESOLVE_SCALAR_PROBE
+  // A/B variant: one key per step. At load <= 1/4 a lookup takes ~1.2-1.4
+  // probes on average, and a 4-byte load costs a quarter of the shared-memory
+  // wavefronts of a 16-byte one; the group load shortens only the longest runs.
+  uint32_t at[N];
+#pragma unroll
+  for (int u = 0; u < N; ++u) at[u] = HashId(rec[u], shift);
+  unsigned found = 0;
+  while (todo != 0) {
+    int key[N];
+#pragma unroll
+    for (int u = 0; u < N; ++u)
+      if ((todo >> u) & 1u) key[u] = keys[at[u]];
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      if (!((todo >> u) & 1u)) continue;
+      if (key[u] == rec[u]) {
+        entry[u] = static_cast<int>(at[u]);
+        found |= 1u << u;
+        todo &= ~(1u << u);
+      } else if (key[u] == -1) {
+        todo &= ~(1u << u);
+      } else {
+        at[u] = (at[u] + 1) & mask;
+      }
+    }
+  }
+  return found;
+#else
   uint32_t at[N];
 #pragma unroll
   for (int u = 0; u < N; ++u) at[u] = HashId(rec[u], shift);
@@ -268,6 +340,7 @@ __device__ __forceinline__ unsigned FindRecords(const int* keys, uint32_t mask, 
     }
   }
   return found;
+#endif
 }
 
 // Marks `slot` seen in the bitmap of slots not yet seen in lru (all ones at

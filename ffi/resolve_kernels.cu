@@ -2,6 +2,10 @@
 // pool_write.h, bit-identical to resolve_cpu.cc and pool_write_cpu.cc. See
 // resolve_cuda.h for the launch plans.
 //
+// With few streams (and 4096 < B <= 8192, k <= 4096, a record bitmap for the
+// state check) the launcher takes the cluster variant instead, two or four
+// blocks per stream on as many SMs: resolve_cluster_kernel.cuh.
+//
 // Resolve kernel: one block per stream, of kResolveThreads (32 warps), or of
 // kResolveThreadsSmall (16 warps) when there are more streams than SMs and
 // B <= kResolveSmallBlockMaxSlots (a 1024-thread block at 64 registers takes
@@ -147,6 +151,7 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   __shared__ int warp_misses[kWarps];
 
   const int stream = blockIdx.x;
+  const PhaseClockScope phase_clock(stream);
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const unsigned lanes_below = LanesBelow(lane);
   const int k = a.top_k, B = a.hot_slots;
@@ -225,6 +230,7 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
     for (int c = 0; c < kRounds; ++c) early_lru[c] = lru_at(c);
   }
   __syncthreads();  // 1: keys cleared
+  PhaseMark(stream, kMarkTable);
 
   // 1. Rule 0, then the distinct valid ids (rule 1).
   unsigned valid = 0, bad = 0;
@@ -269,6 +275,7 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   }
   WaitStaged();
   __syncthreads();  // 2: table complete, slot_record staged
+  PhaseMark(stream, kMarkProbe);
 
   // 2. First positions (rule 2 orders misses by them), and the hit slots.
 #pragma unroll
@@ -342,6 +349,7 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   // 3: words final (first position or hit slot), the state's verdict (the
   // ChecksStateFirst variant checked apart: bad_state stays false).
   const bool malformed = __syncthreads_or(bad_state) != 0;
+  PhaseMark(stream, kMarkVerdict);
 
   // 3. Totals. In a well-formed state every lru position is a hit or an
   // evictable slot and distinct slots hold distinct records, so the hit
@@ -429,6 +437,7 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
     a.miss_records[out + m] = -1;
     a.miss_slots[out + m] = -1;
   }
+  PhaseMark(stream, kMarkLru);
   if (M == 0) return;  // the steady state: every selected id was resident
 
   int misses_in_warp = 0;
@@ -437,6 +446,7 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
     misses_in_warp += __popc(__ballot_sync(kFullMask, (miss >> c) & 1u));
   if (lane == 0) warp_misses[warp] = misses_in_warp;
   const bool repeats = __syncthreads_or(repeat_miss != 0);  // 4: plan_slot, miss counts
+  PhaseMark(stream, kMarkMissRank);
 
   // 4. Miss of rank m (first-appearance order, rule 2) takes plan_slot[m].
   int miss_rank = WarpTotalBelow(owner ? warp_misses[lane] : 0, lane, warp);
@@ -484,5 +494,6 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
 }  // namespace
 }  // namespace hisparse
 
+#include "resolve_cluster_kernel.cuh"
 #include "resolve_fetch_kernels.cuh"
 #include "resolve_launch.cuh"

@@ -60,6 +60,25 @@ constexpr std::array<ResolveKernelFn, 4> kLargeKernels[] = {
     SelectionVariants<kResolveThreads, 4>(), SelectionVariants<kResolveThreads, 8>(),
     SelectionVariants<kResolveThreads, 16>()};
 
+// The cluster variants: k{Pair,Quad}Kernels[r][s] has 2^r lru items per lane
+// in a part (ceil(B / cluster) <= 1024 x 2^r) and 2^s selection items per
+// lane (k <= 1024 x 2^s).
+template <int kCluster, int kRounds>
+constexpr std::array<ResolveKernelFn, 3> ClusterSelectionVariants() {
+  return {ResolveClusterKernel<kCluster, kRounds, 1>, ResolveClusterKernel<kCluster, kRounds, 2>,
+          ResolveClusterKernel<kCluster, kRounds, 4>};
+}
+constexpr std::array<ResolveKernelFn, 3> kPairKernels[] = {
+    ClusterSelectionVariants<2, 1>(), ClusterSelectionVariants<2, 2>(),
+    ClusterSelectionVariants<2, 4>()};
+constexpr std::array<ResolveKernelFn, 3> kQuadKernels[] = {ClusterSelectionVariants<4, 1>(),
+                                                           ClusterSelectionVariants<4, 2>()};
+static_assert(kResolveClusterSize == 2 && kResolveWideClusterSize == 4 &&
+                  kResolveClusterMaxSlots <= 2 * 4 * kResolveThreads &&
+                  kResolveClusterMaxSlots <= 4 * 2 * kResolveThreads &&
+                  kResolveClusterMaxTopK <= 4 * kResolveThreads,
+              "the pair and quad variants cover every cluster shape");
+
 // Index of the smallest power of two >= n (n >= 1).
 int CeilLog2(int64_t n) {
   int r = 0;
@@ -102,6 +121,8 @@ cudaError_t OptInSharedMemory(int device) {
     };
     opt_in(kSmallKernels);
     opt_in(kLargeKernels);
+    opt_in(kPairKernels);
+    opt_in(kQuadKernels);
     result[device] = err;
   });
   return result[device];
@@ -172,12 +193,87 @@ static_assert(!ChecksStateFirst(4 * kResolveThreads, kMaxResolveHotSlots) &&
                   ChecksStateFirst(4 * kResolveThreads + 1, 8 * kResolveThreads + 1),
               "ChecksStateFirst matches the kernel variant");
 
+// Dynamic shared memory of a cluster resolve block: the table and region of
+// SharedBytes, then hit_of_pos[k], the slot bitmap (B bits) and the record
+// bitmap (R bits).
+constexpr int64_t ClusterSharedBytes(int64_t top_k, int64_t hot_slots, int64_t pool_records) {
+  return TableCapacity(top_k, hot_slots) * 8 + RegionInts(top_k, hot_slots) * 4 +
+         RoundUp4(top_k) * 4 + SlotBitmapInts(hot_slots) * 4 + RecordBitmapInts(pool_records) * 4;
+}
+
+// How many clusters of `cluster_size` resolve blocks `device` runs at once
+// (0: none), asked once per device: a cluster's blocks share a GPC, so this
+// can be less than SMs / cluster_size (e.g. 32 quads on 132 SMs when GPCs
+// hold 16 or 18 SMs), and more streams than this would run in two waves. A
+// 1024-thread block at 64 registers fills an SM whatever its shared memory,
+// so one query per size covers every shape.
+int MaxActiveClusters(int cluster_size, int device) {
+  static std::atomic<int> counts[kMaxDevices][2] = {};  // [device][pair, quad], + 1
+  if (device < 0 || device >= kMaxDevices) return 0;
+  const int which = cluster_size == kResolveWideClusterSize ? 1 : 0;
+  int n = counts[device][which].load(std::memory_order_relaxed);
+  if (n == 0) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(cluster_size));
+    config.blockDim = dim3(kResolveThreads);
+    config.dynamicSmemBytes = 32 * 1024;  // within the default limit: no opt-in needed here
+    int clusters = 0;
+    const ResolveKernelFn kernel = which == 1 ? kQuadKernels[0][0] : kPairKernels[0][0];
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters < 0) {
+      (void)cudaGetLastError();  // not sticky; clear it so the launch reports its own
+      clusters = 0;
+    }
+    n = clusters + 1;
+    counts[device][which].store(n, std::memory_order_relaxed);  // every racer stores the same
+  }
+  return n - 1;
+}
+
+// CTAs per stream of a launch (resolve_cuda.h): 1 (ResolveKernel), or 2 or
+// 4 (ResolveClusterKernel) when the shape allows it and all the stream's
+// clusters run at once.
+int ClusterSize(const ResolveDims& d, int device) {
+#ifdef HISPARSE_RESOLVE_NO_CLUSTER
+  (void)d, (void)device;
+  return 1;
+#else
+  if (d.hot_slots <= kResolveClusterMinSlots || d.hot_slots > kResolveClusterMaxSlots ||
+      d.top_k > kResolveClusterMaxTopK ||
+      !UsesRecordBitmap(d.top_k, d.hot_slots, d.pool_records) ||
+      ClusterSharedBytes(d.top_k, d.hot_slots, d.pool_records) > kMaxResolveSharedBytes)
+    return 1;
+#ifndef HISPARSE_RESOLVE_NO_WIDE_CLUSTER
+  if (d.streams <= MaxActiveClusters(kResolveWideClusterSize, device))
+    return kResolveWideClusterSize;
+#endif
+  if (d.streams <= MaxActiveClusters(kResolveClusterSize, device)) return kResolveClusterSize;
+  return 1;
+#endif
+}
+
 cudaError_t Fail(cudaError_t err, const char* kernel, const char** failed_kernel) {
   if (err != cudaSuccess && failed_kernel != nullptr) *failed_kernel = kernel;
   return err;
 }
 
 }  // namespace
+
+#ifdef HISPARSE_RESOLVE_PHASE_CLOCK
+cudaError_t ReadResolvePhaseClock(uint64_t* host, int streams) {
+  if (streams < 0 || streams > kPhaseClockStreams) return cudaErrorInvalidValue;
+  const size_t bytes = size_t(streams) * kStampsPerStream * sizeof(uint64_t);
+  cudaError_t err = cudaMemcpyFromSymbol(host, g_resolve_phase_clock, bytes);
+  if (err != cudaSuccess) return err;
+  static const uint64_t zeros[kPhaseClockStreams * kStampsPerStream] = {};
+  return cudaMemcpyToSymbol(g_resolve_phase_clock, zeros, sizeof(zeros));
+}
+#endif
+
+int ResolveClusterBlocks(const ResolveDims& dims) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  return ClusterSize(dims, device);
+}
 
 int64_t ResolveSharedBytes(int64_t top_k, int64_t hot_slots) {
   return SharedBytes(top_k, hot_slots);
@@ -202,8 +298,12 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
-  const int64_t shared_bytes = ResolveSharedBytes(d.top_k, d.hot_slots);
-  if (shared_bytes + kResolveStaticSharedBytes > kLargeSharedBytes) {
+  const int cluster_size = ClusterSize(d, device);
+  const bool cluster = cluster_size > 1;
+  const int64_t shared_bytes = cluster
+                                   ? ClusterSharedBytes(d.top_k, d.hot_slots, d.pool_records)
+                                   : ResolveSharedBytes(d.top_k, d.hot_slots);
+  if (cluster || shared_bytes + kResolveStaticSharedBytes > kLargeSharedBytes) {
     err = OptInSharedMemory(device);
     if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
   }
@@ -247,12 +347,32 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   const int64_t record_check_ints =
       a.record_bitmap ? RecordBitmapInts(d.pool_records) : held_capacity / 2;
   a.check_vectors = static_cast<int32_t>((SlotBitmapInts(d.hot_slots) + record_check_ints) / 4);
+  a.hit_offset = 0;
+  a.record_offset = 0;
+  if (cluster) {  // [table][region][hit_of_pos][slot bitmap][record bitmap], cleared from hit_of_pos
+    a.hit_offset = static_cast<int32_t>((capacity * 2 + RegionInts(d.top_k, d.hot_slots)) * 4);
+    a.check_offset = a.hit_offset + static_cast<int32_t>(RoundUp4(d.top_k) * 4);
+    a.record_offset = a.check_offset + static_cast<int32_t>(SlotBitmapInts(d.hot_slots) * 4);
+    a.check_vectors = static_cast<int32_t>(
+        (RoundUp4(d.top_k) + SlotBitmapInts(d.hot_slots) + RecordBitmapInts(d.pool_records)) / 4);
+  }
   a.copy_vector = vector;
   a.row_batch = RowBatch(d.record_bytes / vector, kFusedCopyUnroll);
   a.fused_fetch = fetch && !split;
-  const ResolveVariant variant = ResolveKernelFor(d.top_k, d.hot_slots, d.streams, SmCount(device));
-  variant.kernel<<<static_cast<unsigned>(d.streams), variant.threads,
-                   static_cast<size_t>(shared_bytes), stream>>>(a);
+  if (cluster) {
+    // lru positions of one CTA at most
+    const int64_t part_b = (d.hot_slots + cluster_size - 1) / cluster_size;
+    const int r = CeilLog2((part_b + kResolveThreads - 1) / kResolveThreads);
+    const int s = CeilLog2((d.top_k + kResolveThreads - 1) / kResolveThreads);
+    const ResolveKernelFn kernel = cluster_size == kResolveWideClusterSize ? kQuadKernels[r][s]
+                                                                           : kPairKernels[r][s];
+    kernel<<<static_cast<unsigned>(d.streams * cluster_size), kResolveThreads,
+             static_cast<size_t>(shared_bytes), stream>>>(a);
+  } else {
+    const ResolveVariant variant = ResolveKernelFor(d.top_k, d.hot_slots, d.streams, SmCount(device));
+    variant.kernel<<<static_cast<unsigned>(d.streams), variant.threads,
+                     static_cast<size_t>(shared_bytes), stream>>>(a);
+  }
   err = cudaGetLastError();
   if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
   if (!fetch || !split || d.top_k == 0) return cudaSuccess;

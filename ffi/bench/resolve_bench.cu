@@ -55,6 +55,7 @@
 
 #include "resolve.h"
 #include "resolve_cuda.h"
+#include "resolve_phase_clock.h"
 #include "tests/harness.h"
 
 namespace {
@@ -69,6 +70,8 @@ constexpr int64_t kTopK = 2048;
 constexpr int64_t kPoolRecords = 16384;
 constexpr int64_t kMaxPinnedBytes = int64_t{10} << 30;
 
+std::string Num(double v, const char* fmt = "%.1f");
+
 double Median(std::vector<double> v) {
   if (v.empty()) return NAN;
   std::sort(v.begin(), v.end());
@@ -80,6 +83,8 @@ double Median(std::vector<double> v) {
 // Kernels of the benchmark itself.
 
 bool g_host_bound = false;  // --host-bound: no spin before timed calls
+bool g_floor = false;       // --floor: also time an empty kernel of the resolve launch's shape
+bool g_phases = false;      // --phases: phase stamps of one call (a -DHISPARSE_RESOLVE_PHASE_CLOCK build)
 
 void HoldGpu(cudaStream_t stream) {
   if (!g_host_bound) Spin<<<1, 1, 0, stream>>>(50000);
@@ -94,6 +99,12 @@ __global__ void FillNonZero(uint64_t* p, int64_t words, uint64_t seed) {
     p[i] = (z ^ (z >> 31)) | 0x0101010101010101ull;  // no zero byte
   }
 }
+
+// The launch floor: a kernel that does nothing, launched like the resolve
+// kernel (same grid, block and dynamic shared memory), timed the same way.
+__global__ void EmptyKernel() {}
+// The same for the cluster launch (two blocks per stream, resolve_cuda.h).
+__global__ void __cluster_dims__(hisparse::kResolveClusterSize, 1, 1) EmptyClusterKernel() {}
 
 // The zero-copy ceiling: one warp per row, 16 B per lane, loads before stores.
 __global__ void __launch_bounds__(256) GatherRows(const uint8_t* __restrict__ pool,
@@ -181,6 +192,9 @@ struct Result {
   double us_fused = NAN, us_split = NAN, us_no_io = NAN;
   double us_no_io_min = NAN, us_no_io_max = NAN;  // spread of the no-IO reps
   double ceiling_gbps = NAN;
+  double us_floor = NAN, us_floor_no_smem = NAN;  // --floor: empty kernels, median us
+  double us_floor_cluster = NAN;                  // --floor: the same, two blocks per stream
+  std::string phases;                             // --phases: one Markdown row
   ResolveLaunchPlan auto_plan = ResolveLaunchPlan::kAuto;
   int64_t rows() const { return misses_per_stream * config.streams; }
   double Gbps(double us) const {
@@ -271,6 +285,85 @@ double TimeCeiling(const Buffers& b, const Config& c, int64_t rows, int reps, Ev
   return rows * double(c.record_bytes) / (us * 1e3);
 }
 
+// Median us of an empty kernel with the resolve launch's grid and block, with
+// `shared_bytes` of dynamic shared memory.
+double TimeFloor(const Config& c, int64_t shared_bytes, int reps, Events& ev, cudaStream_t stream,
+                 bool cluster = false) {
+  int device = 0, sms = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const bool small = c.streams > sms && c.hot_slots <= hisparse::kResolveSmallBlockMaxSlots;
+  const int threads = small ? hisparse::kResolveThreadsSmall : hisparse::kResolveThreads;
+  CUDA_OK(cudaFuncSetAttribute(EmptyKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(hisparse::kMaxResolveSharedBytes)));
+  CUDA_OK(cudaFuncSetAttribute(EmptyClusterKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(hisparse::kMaxResolveSharedBytes)));
+  const unsigned grid = static_cast<unsigned>(c.streams);
+  const size_t smem = static_cast<size_t>(shared_bytes);
+  auto launch = [&] {
+    if (cluster) {
+      EmptyClusterKernel<<<grid * hisparse::kResolveClusterSize, hisparse::kResolveThreads, smem,
+                           stream>>>();
+    } else {
+      EmptyKernel<<<grid, threads, smem, stream>>>();
+    }
+  };
+  for (int i = 0; i < 3; ++i) launch();
+  for (int i = 0; i < reps; ++i) {
+    HoldGpu(stream);
+    CUDA_OK(cudaEventRecord(ev.start[i], stream));
+    launch();
+    CUDA_OK(cudaEventRecord(ev.stop[i], stream));
+  }
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamSynchronize(stream));
+  return ev.MedianMicros(reps);
+}
+
+// One untimed no-IO call behind the spin, then the median over streams of
+// each phase of the resolve kernel (resolve_phase_clock.h) as a Markdown row:
+// cycles from the previous mark reached, the block's total in cycles and ns,
+// and the span from the first block's entry to the last block's exit in ns.
+std::string PhaseRow(const Buffers& b, const Config& c, cudaStream_t stream) {
+#ifdef HISPARSE_RESOLVE_PHASE_CLOCK
+  using namespace hisparse;
+  const int64_t S = std::min<int64_t>(c.streams, kPhaseClockStreams);
+  std::vector<uint64_t> st(S * kStampsPerStream);
+  CUDA_OK(ReadResolvePhaseClock(st.data(), static_cast<int>(S)));  // clears them
+  const ResolveDims dims{1, c.streams, kTopK, c.hot_slots, kPoolRecords, c.record_bytes};
+  Restore(b, c, stream);
+  HoldGpu(stream);
+  CUDA_OK(hisparse::LaunchResolve(dims, b.layer, Io(b), false, ResolveLaunchPlan::kFused, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(ReadResolvePhaseClock(st.data(), static_cast<int>(S)));
+  std::vector<std::vector<double>> delta(kMarkCount);
+  std::vector<double> total_ns;
+  uint64_t first = UINT64_MAX, last = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const uint64_t* t = st.data() + s * kStampsPerStream;
+    uint64_t prev = t[kMarkEntry];
+    for (int m = 1; m < kMarkCount; ++m) {
+      if (t[m] == 0) continue;
+      delta[m].push_back(double(t[m] - prev));
+      prev = t[m];
+    }
+    delta[0].push_back(double(t[kMarkExit] - t[kMarkEntry]));
+    total_ns.push_back(double(t[kStampExitNs] - t[kStampEntryNs]));
+    first = std::min(first, t[kStampEntryNs]);
+    last = std::max(last, t[kStampExitNs]);
+  }
+  std::string row = "| " + std::to_string(c.hot_slots) + " | " + std::to_string(c.streams) + " | " +
+                    Num(100 * c.miss_rate, "%.3g") + "% |";
+  for (int m = 1; m < kMarkCount; ++m) row += " " + Num(Median(delta[m]), "%.0f") + " |";
+  row += " " + Num(Median(delta[0]), "%.0f") + " | " + Num(Median(total_ns), "%.0f") + " | " +
+         Num(double(last - first), "%.0f") + " |";
+  return row;
+#else
+  (void)b, (void)c, (void)stream;
+  return "";
+#endif
+}
+
 // no_io: time only the no-IO call (fused/split/ceiling stay NaN).
 Result RunConfig(const Buffers& b, const Config& c, int reps, Events& ev, std::mt19937_64& rng,
                  cudaStream_t stream, bool no_io = false) {
@@ -309,6 +402,12 @@ Result RunConfig(const Buffers& b, const Config& c, int reps, Events& ev, std::m
     r.us_no_io = TimeResolve(b, c, ResolveLaunchPlan::kFused, false, reps, ev, stream);
     r.us_no_io_min = ev.min_us;
     r.us_no_io_max = ev.max_us;
+    if (g_floor) {
+      r.us_floor = TimeFloor(c, hisparse::ResolveSharedBytes(k, B), reps, ev, stream);
+      r.us_floor_no_smem = TimeFloor(c, 0, reps, ev, stream);
+      r.us_floor_cluster = TimeFloor(c, hisparse::ResolveSharedBytes(k, B), reps, ev, stream, true);
+    }
+    if (g_phases) r.phases = PhaseRow(b, c, stream);
     return r;
   }
   if (!src.empty()) {
@@ -329,7 +428,7 @@ const char* PlanName(ResolveLaunchPlan p) {
   return p == ResolveLaunchPlan::kSplit ? "split" : p == ResolveLaunchPlan::kFused ? "fused" : "auto";
 }
 
-std::string Num(double v, const char* fmt = "%.1f") {
+std::string Num(double v, const char* fmt) {
   if (std::isnan(v)) return "-";
   char buf[64];
   std::snprintf(buf, sizeof(buf), fmt, v);
@@ -417,7 +516,8 @@ bool ParseList(const char* text, std::vector<T>& out) {
 
 int main(int argc, char** argv) {
   constexpr const char* kUsage =
-      "usage: %s OUT.json [--quick] [--reps N] [--no-io] [--no-sweep] [--host-bound] [--hot-slots LIST]\n"
+      "usage: %s OUT.json [--quick] [--reps N] [--no-io] [--no-sweep] [--host-bound] [--floor] [--phases]\n"
+      "       [--hot-slots LIST]\n"
       "       [--streams LIST] [--miss LIST] [--record-bytes LIST]   (LIST: comma-separated)\n";
   if (argc < 2) {
     std::fprintf(stderr, kUsage, argv[0]);
@@ -436,6 +536,15 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (a == "--host-bound") {
       g_host_bound = true;
+    } else if (a == "--floor") {
+      g_floor = true;
+    } else if (a == "--phases") {
+#ifdef HISPARSE_RESOLVE_PHASE_CLOCK
+      g_phases = true;
+#else
+      std::fprintf(stderr, "--phases needs a build with EXTRA=-DHISPARSE_RESOLVE_PHASE_CLOCK\n");
+      return 2;
+#endif
     } else if (a == "--no-io") {
       no_io = true;
       sweep_on = false;
@@ -474,9 +583,21 @@ int main(int argc, char** argv) {
               "k = %lld, R = %lld records per stream, %d reps (median)\n\n",
               prop.name, prop.major, prop.minor, prop.multiProcessorCount, runtime, driver,
               (long long)kTopK, (long long)kPoolRecords, reps);
-  std::printf("resolve blocks: %d threads when streams > SMs and B <= %lld, else %d\n\n",
+  std::printf("resolve blocks: %d threads when streams > SMs and B <= %lld, else %d\n",
               hisparse::kResolveThreadsSmall, (long long)hisparse::kResolveSmallBlockMaxSlots,
               hisparse::kResolveThreads);
+  {
+    // Blocks per stream by stream count (k = 2048, B = 8192, this bench's pool).
+    std::printf("blocks per stream (clusters), k = %lld, B = 8192:", (long long)kTopK);
+    int prev = -1;
+    for (int64_t S = 1; S <= 256; ++S) {
+      const int blocks = hisparse::ResolveClusterBlocks(
+          ResolveDims{1, S, kTopK, 8192, kPoolRecords, 1152});
+      if (blocks != prev) std::printf(" %d from %lld streams;", blocks, (long long)S);
+      prev = blocks;
+    }
+    std::printf("\n\n");
+  }
 
   auto pick = [](const auto& arg, auto fallback) { return arg.empty() ? fallback : arg; };
   const std::vector<int64_t> hot_slots = pick(
@@ -577,6 +698,25 @@ int main(int argc, char** argv) {
                 (long long)r.config.record_bytes, (long long)r.config.streams,
                 100 * r.config.miss_rate, Num(r.us_no_io_min, "%.2f").c_str(),
                 Num(r.us_no_io, "%.2f").c_str(), Num(r.us_no_io_max, "%.2f").c_str());
+
+  if (g_floor) {
+    std::printf("\n## Launch floor (--floor): an empty kernel with the resolve launch's grid and block\n\n"
+                "| B | S | no-IO us | empty, resolve's shared memory, us | empty, no shared memory, us | "
+                "empty, 2-block clusters, resolve's shared memory, us |\n"
+                "|---|---|---|---|---|---|\n");
+    for (const Result& r : results)
+      std::printf("| %5lld | %3lld | %s | %s | %s | %s |\n", (long long)r.config.hot_slots,
+                  (long long)r.config.streams, Num(r.us_no_io, "%.2f").c_str(),
+                  Num(r.us_floor, "%.2f").c_str(), Num(r.us_floor_no_smem, "%.2f").c_str(),
+                  Num(r.us_floor_cluster, "%.2f").c_str());
+  }
+  if (g_phases) {
+    std::printf("\n## Resolve kernel phases (--phases): median over blocks of one no-IO call, SM cycles from "
+                "the previous mark (resolve_phase_clock.h)\n\n"
+                "| B | S | miss | bar 1 | bar 2 | bar 3 | lru | bar 4 | exit | block cycles | block ns | "
+                "span ns |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const Result& r : results) std::printf("%s\n", r.phases.c_str());
+  }
 
   std::vector<Result> sweep;
   int64_t recommended = 0;

@@ -467,6 +467,10 @@ bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint6
     layer.Upload(&in.layer);
     for (auto* out : {&slots, &miss_records, &miss_slots, &misses, &invalid, &malformed})
       out->Poison(0x5A);
+    // The poison is queued on the legacy stream, which the launch's non-blocking stream does
+    // not wait for: without this, a late memset overwrote outputs the kernel had written
+    // (seen with three checkers sharing the GPU) and the split plan's copy read a poisoned count.
+    CUDA_OK(cudaDeviceSynchronize());
 
     // CPU reference.
     std::fill(cpu_slots.begin(), cpu_slots.end(), 0x7b7b7b7b);
@@ -760,6 +764,49 @@ std::vector<Case> ResolveCases(bool quick) {
     add_malformed("k_4096_b_16384", MakeShape(1, 3, 4096, 16384, 30000, 8), 3, Fault::kAny);
     add_malformed("many_layers", MakeShape(4, 5, 128, 256, 600, 40), 12, Fault::kAny);
   }
+  // Few streams resolve on clusters of four blocks, more on pairs, up to the
+  // clusters the device runs at once (resolve_cluster_kernel.cuh,
+  // ResolveClusterBlocks), while 4096 < B <= 8192, k <= 4096 and the record
+  // bitmap fits; one block per stream past any of these. Both sides of each
+  // boundary, healthy and malformed, random full caches so every part of lru
+  // holds hits and evictables. (A build with
+  // -DHISPARSE_RESOLVE_CLUSTER_MIN_SLOTS=0 runs every other case with few
+  // streams on quads too, one that adds -DHISPARSE_RESOLVE_NO_WIDE_CLUSTER
+  // on pairs, one with -DHISPARSE_RESOLVE_NO_CLUSTER on single blocks.)
+  std::vector<int64_t> boundary;  // the last stream count of each cluster size, and the next
+  {
+    int prev = 0;
+    for (int64_t S = 1; S <= 200; ++S) {
+      const int blocks = hisparse::ResolveClusterBlocks(ResolveDims{1, S, 2048, 6144, 9000, 16});
+      if (prev != 0 && blocks != prev) {
+        boundary.push_back(S - 1);
+        boundary.push_back(S);
+      }
+      prev = blocks;
+    }
+  }
+  for (int64_t S : boundary) {
+    const std::string s = "_s" + std::to_string(S);
+    add("cluster_boundary" + s, MakeShape(1, S, 2048, 6144, 9000, 16), 2, MixGenerator(plain))
+        .random_initial_state = true;
+    add_malformed("cluster_boundary" + s, MakeShape(1, S, 256, 4608, 6000, 8), 2, Fault::kAny);
+  }
+  add("cluster_k_4096_b_8192", MakeShape(1, 3, 4096, 8192, 20000, 8), 3, MixGenerator(plain))
+      .random_initial_state = true;
+  add_malformed("cluster_k_4096_b_8192", MakeShape(1, 3, 4096, 8192, 20000, 8), 3, Fault::kAny);
+  add("cluster_k_4097_b_8192", MakeShape(1, 2, 4097, 8192, 20000, 8), 2, MixGenerator(plain))
+      .random_initial_state = true;
+  if (!quick) {
+    add("k_4096_b_8192_s34", MakeShape(1, 34, 4096, 8192, 9000, 8), 2, MixGenerator(plain))
+        .random_initial_state = true;
+    Mix m;
+    m.dup = 0.5;
+    m.pad = 0.1;
+    m.invalid = 0.1;
+    add("duplicate_ids_s40", MakeShape(2, 40, 256, 300, 400, 32), 4, MixGenerator(m));
+  }
+  add_malformed("cluster_odd_b_k_7_b_9", MakeShape(2, 5, 7, 9, 40, 8), quick ? 3 : 6,
+                Fault::kAny);
   for (int64_t S : quick ? std::vector<int64_t>{1, 17} : std::vector<int64_t>{1, 2, 17, 64, 300}) {
     add("streams_" + std::to_string(S), MakeShape(2, S, 64, 96, 300, 24), quick ? 3 : 5,
         MixGenerator(plain));
