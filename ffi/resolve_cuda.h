@@ -72,7 +72,8 @@ static_assert(kResolveSmallBlockMaxSlots <= 8 * kResolveThreadsSmall,
 // resolve_device.cuh). Building with -DHISPARSE_RESOLVE_NO_CLUSTER keeps one
 // block per stream everywhere, with -DHISPARSE_RESOLVE_NO_WIDE_CLUSTER pairs
 // at most (A/B comparisons).
-// Only B > kResolveClusterMinSlots: on an H200 (benchmarks/results, issue 22)
+// Off unless built with -DHISPARSE_RESOLVE_CLUSTER (resolve_launch.cuh says
+// why; the checker builds with it). Only B > kResolveClusterMinSlots: on an H200 (benchmarks/results, issue 22)
 // the cluster kernel was slower at B = 2048 and 4096 (13.8 vs 11.7 and 14.9
 // vs 14.3 us at 64 streams, k = 2048, 13% misses: its table is built in
 // every block and its cluster barriers cost more than the split saves) and
