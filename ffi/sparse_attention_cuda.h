@@ -28,6 +28,14 @@ inline int64_t SparseAttentionWorkspaceBytes(const SparseAttentionShape& s) {
   return s.batch * s.heads * kSparseAttentionChunks * (kSparseAttentionValueWidth + 2) * 4;
 }
 
+// Which launch plan (sparse_attention_kernels.cu): both give the same bits (the checker compares
+// them); kAuto is the deployed choice, the others are for the checker and the benchmark.
+//   kCombine: chunk kernel (partials to the workspace) + combine kernel.
+//   kCluster: one launch, the 16 chunk blocks of a (heads, request) as a cluster merging on chip;
+//             cudaErrorNotSupported where a cluster of 16 blocks cannot run.
+//   kAuto: kCluster when every cluster fits one wave (small batches), else kCombine.
+enum class SparseAttentionPlan { kAuto, kCombine, kCluster };
+
 // q [b, H, 576] bf16; source [L, b, N, P, 576] bf16 (L = shape.layers) with layer [] int32 on
 // the device; index [b, k] int32; tail [b, P, 576] bf16;
 // tail_valid [b, P] uint8 (bool); out [b, H, 512] float32; workspace as above. All bf16 tensors
@@ -35,7 +43,11 @@ inline int64_t SparseAttentionWorkspaceBytes(const SparseAttentionShape& s) {
 cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale, const uint16_t* q,
                                   const uint16_t* source, const int32_t* layer, const int32_t* index, const uint16_t* tail,
                                   const uint8_t* tail_valid, float* out, float* workspace,
-                                  cudaStream_t stream);
+                                  cudaStream_t stream, SparseAttentionPlan plan = SparseAttentionPlan::kAuto);
+
+// Clusters of 16 blocks with `groups` (1, 2, 4) head groups each that run at once on the current
+// device (0: the cluster plan cannot run; -1: the query failed). For the benchmark's record.
+int SparseAttentionClustersAtOnce(int groups);
 
 }  // namespace hisparse
 

@@ -1,5 +1,6 @@
 // Sparse MLA decode attention kernels (sparse_attention_cuda.h has the plan, sparse_attention.h
 // the arithmetic). Shapes are fixed by the model family: W = 576, value 512, head tile 64.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -62,8 +63,16 @@ struct Smem {
   float red_sum[4][kHt];            // each token quarter's row sum of p
   float alpha[2][kHt];              // the pass's two stage rescales
   uint8_t valid[2][kPass];
+  // The cluster plan's merge (kMerge): this chunk's (m, l) per head, and the open page's scores of
+  // the heads this block merges. The chunk's o goes to the KV buffers, free by then (OStride).
+  float2 ml[kHt];
+  float tail_s[4][kSparseAttentionMaxPage];
 };
+// A head's o row in the cluster plan, floats: 8 past 512 so the fragment stores of rows g and g + 4
+// fall in other banks; 64 rows fit in the KV buffers.
+constexpr int kOStride = kDv + 8;
 
+static_assert(kHt * kOStride * 4 <= sizeof(Smem::kv), "the cluster plan's o rows must fit in the KV buffers");
 static_assert(sizeof(Smem) <= 227 * 1024, "the chunk kernel's shared memory exceeds sm_90's 227 KB a block");
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -137,8 +146,11 @@ struct ChunkArgs {
   int64_t layer_stride;
   int layers;
   const int32_t* index;
-  float* o_part;  // [b, H, C, 512]
-  float* ml;      // [b, H, C, 2]
+  float* o_part;  // [b, H, C, 512] (combine plan)
+  float* ml;      // [b, H, C, 2] (combine plan)
+  const uint16_t* tail;      // the cluster plan's merge: the open page [b, P, 576]
+  const uint8_t* tail_valid; // [b, P]
+  float* out;                // [b, H, 512]
   int heads, top_k, page, records, chunk_tokens;
   int units;  // (chunk, head block, request) work units; block i runs units i, i + gridDim.x, ...
   float scale;
@@ -224,12 +236,51 @@ __device__ __forceinline__ float TailScore(const uint16_t* qh, const uint16_t* k
   return d * scale;
 }
 
+constexpr int kCombineThreads = kDv / 4;  // 4 value columns a thread
+
+// The merge of sparse_attention.h for 4 value columns of one head: its chunks' (m, l) and o
+// columns in chunk order, then the open page's tokens in order (scores -inf where masked). The one
+// arithmetic of both plans (the combine kernel, the cluster's merge), so a request's bits do not
+// depend on which plan its batch got.
+__device__ __forceinline__ float4 MergeColumns(const float2 (&mls)[kChunks], const float4 (&vals)[kChunks],
+                                               const float* tail_s, int page, const uint16_t* tail_v) {
+  float big = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) big = fmaxf(big, mls[c].x);
+  for (int t = 0; t < page; ++t) big = fmaxf(big, tail_s[t]);
+  float total = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const float w = mls[c].x == -INFINITY ? 0.f : expf(mls[c].x - big);
+    total = fmaf(w, mls[c].y, total);
+    acc[0] = fmaf(w, vals[c].x, acc[0]);
+    acc[1] = fmaf(w, vals[c].y, acc[1]);
+    acc[2] = fmaf(w, vals[c].z, acc[2]);
+    acc[3] = fmaf(w, vals[c].w, acc[3]);
+  }
+  for (int t = 0; t < page; ++t) {
+    const float p = tail_s[t] == -INFINITY ? 0.f : expf(tail_s[t] - big);
+    total += p;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[r] = fmaf(p, Bf16ToFloat(tail_v[t * kW + r]), acc[r]);
+  }
+  float res[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) res[r] = total > 0.f ? acc[r] / total : 0.f;
+  return make_float4(res[0], res[1], res[2], res[3]);
+}
+
 // kGroups head groups of 16 per block (64 heads: 4; small batches split the 64 into 4 blocks of
 // 1 group, so that 4x the blocks share the GPU). A head's bits do not depend on kGroups: its
 // scores, softmax and P @ V are the same instructions on the same values in every variant (the
 // same warp roles per group, the same row of the same m16 tile), so the choice may follow the
 // batch without breaking batch invariance (the checker compares batch 17 with batch 1).
-template <int kGroups>
+//
+// kMerge (the cluster plan): the 16 blocks of a (heads, request) are one cluster, one chunk each
+// (block rank = chunk); each keeps its chunk's (m, l, o) in its own shared memory and merges
+// kGroups of the heads from all 16 through distributed shared memory, so the partials never leave
+// the chip and no second launch waits behind this one. The chunk's arithmetic is the same code.
+template <int kGroups, bool kMerge>
 __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   constexpr int kHeads = 16 * kGroups;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -267,6 +318,17 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();  // barriers ready
+  if constexpr (kMerge) {
+    // The open page's scores of the heads this block merges, by the warps idle until the first
+    // records land (warp 0 issues them); read at the merge, many barriers later.
+    const Unit x = unit_of(0);
+    for (int i = warp - 1; warp > 0 && i < kGroups * a.page; i += kWarps - 1) {
+      const int hh = i / a.page, t = i % a.page;
+      const int64_t tok = static_cast<int64_t>(x.req) * a.page + t;
+      const float sc = TailScore(a.q + (x.head0 + x.chunk * kGroups + hh) * kW, a.tail + tok * kW, lane, a.scale);
+      if (lane == 0) sm.tail_s[hh][t] = a.tail_valid[tok] ? sc : -INFINITY;
+    }
+  }
   int2 next_ids = make_int2(-1, -1);  // warp 0: the ids of the next pass to issue
   if (warp == 0) {
     const Unit x = unit_of(0), x1 = unit_of(1);
@@ -455,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       }
     }
 
-    if (t == passes - 1) {  // the unit's partial: (m, l, o) of its chunk
+    if (!kMerge && t == passes - 1) {  // the unit's partial: (m, l, o) of its chunk
       const Unit x = unit_of(f);
 #pragma unroll
       for (int mt = 0; mt < kGroups; ++mt)
@@ -473,9 +535,45 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       }
     }
   }
-}
 
-constexpr int kCombineThreads = kDv / 4;  // 4 value columns a thread
+  if constexpr (kMerge) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    const Unit x = unit_of(0);
+    __syncthreads();  // every warp's last P @ V done (and no copy in flight): the KV buffers hold o now
+    float* os = reinterpret_cast<float*>(sm.kv);
+#pragma unroll
+    for (int mt = 0; mt < kGroups; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float* dst = os + (mt * 16 + g + half * 8) * kOStride + warp * kColsPerWarp + q4 * 2;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
+      }
+    if (scorer && tq == 0 && q4 == 0) {
+      sm.ml[rA] = make_float2(mA, lA);
+      sm.ml[rB] = make_float2(mB, lB);
+    }
+    cluster.sync();  // every chunk's (m, l, o) visible across the cluster
+    if (threadIdx.x < kGroups * kCombineThreads) {
+      const int hh = threadIdx.x / kCombineThreads, col = (threadIdx.x % kCombineThreads) * 4;
+      const int hl = x.chunk * kGroups + hh;  // of the unit's heads
+      float2 mls[kChunks];
+      float4 vals[kChunks];
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const Smem* r = cluster.map_shared_rank(&sm, c);
+        mls[c] = r->ml[hl];
+        vals[c] = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(r->kv) + hl * kOStride + col);
+      }
+      const float4 res =
+          MergeColumns(mls, vals, sm.tail_s[hh], a.page, a.tail + static_cast<int64_t>(x.req) * a.page * kW + col);
+      *reinterpret_cast<float4*>(a.out + (x.head0 + hl) * kDv + col) = res;
+    }
+    cluster.sync();  // no block leaves while another still reads its shared memory
+  }
+}
 
 // One block per (head, request), the merge of sparse_attention.h: chunks 0..C-1 in order, then
 // the open page's tokens in order. Every partial's load is issued first (float4, all 16 chunks at
@@ -504,43 +602,49 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
     }
   }
   __syncthreads();
-  float big = -INFINITY;
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) big = fmaxf(big, mls[c].x);
-  for (int t = 0; t < page; ++t) big = fmaxf(big, tail_s[t]);
-  float total = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const float w = mls[c].x == -INFINITY ? 0.f : expf(mls[c].x - big);
-    total = fmaf(w, mls[c].y, total);
-    acc[0] = fmaf(w, vals[c].x, acc[0]);
-    acc[1] = fmaf(w, vals[c].y, acc[1]);
-    acc[2] = fmaf(w, vals[c].z, acc[2]);
-    acc[3] = fmaf(w, vals[c].w, acc[3]);
-  }
-  const uint16_t* tail_v = tail + static_cast<int64_t>(req) * page * kW + col;
-  for (int t = 0; t < page; ++t) {
-    const float p = tail_s[t] == -INFINITY ? 0.f : expf(tail_s[t] - big);
-    total += p;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc[r] = fmaf(p, Bf16ToFloat(tail_v[t * kW + r]), acc[r]);
-  }
-  float res[4];
-#pragma unroll
-  for (int r = 0; r < 4; ++r) res[r] = total > 0.f ? acc[r] / total : 0.f;
-  *reinterpret_cast<float4*>(out + hq * kDv + col) = make_float4(res[0], res[1], res[2], res[3]);
+  const float4 res = MergeColumns(mls, vals, tail_s, page, tail + static_cast<int64_t>(req) * page * kW + col);
+  *reinterpret_cast<float4*>(out + hq * kDv + col) = res;
 }
 
 std::atomic<uint64_t> g_configured{0};  // devices whose chunk kernels allow the large smem
 std::atomic<int> g_sms[64];              // multiprocessors of each device (0: not asked yet)
+std::atomic<int> g_clusters[64][3];      // clusters of 16 blocks resident at once, kGroups 1, 2, 4
+
+template <int kGroups>
+cudaError_t ConfigureCluster(int dev, int bytes) {
+  auto kernel = ChunkKernel<kGroups, true>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  // 16 blocks a cluster is above the portable 8; a device without it runs the combine plan.
+  if (err == cudaSuccess && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    cudaGetLastError();
+    return cudaSuccess;
+  }
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kChunks, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(kChunks), cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = bytes;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    clusters = 0;
+  }
+  g_clusters[dev & 63][kGroups == 1 ? 0 : kGroups == 2 ? 1 : 2].store(clusters);
+  return cudaSuccess;
+}
 
 cudaError_t Configure(int dev) {
   const uint64_t bit = uint64_t{1} << (dev & 63);
   if (g_configured.load() & bit) return cudaSuccess;
   const int bytes = static_cast<int>(sizeof(Smem));
-  cudaError_t err = cudaFuncSetAttribute(ChunkKernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(ChunkKernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(ChunkKernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  cudaError_t err = cudaFuncSetAttribute(ChunkKernel<4, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(ChunkKernel<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(ChunkKernel<1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) err = ConfigureCluster<1>(dev, bytes);
+  if (err == cudaSuccess) err = ConfigureCluster<2>(dev, bytes);
+  if (err == cudaSuccess) err = ConfigureCluster<4>(dev, bytes);
   int sms = 0;
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
@@ -559,11 +663,35 @@ int GroupsFor(const SparseAttentionShape& shape, int sms) {
   return 4;
 }
 
+// The cluster plan's head groups: the fewest whose clusters all run at once (one wave), else 0
+// (the combine plan: more blocks than fit a wave of clusters would wait a whole wave).
+int ClusterGroupsFor(const SparseAttentionShape& shape, int dev) {
+  for (int i = 0; i < 3; ++i) {
+    const int groups = 1 << i;
+    const int64_t clusters = shape.batch * (shape.heads / (16 * groups));
+    if (clusters <= g_clusters[dev & 63][i].load()) return groups;
+  }
+  return 0;
+}
+
+template <int kGroups>
+cudaError_t LaunchCluster(const ChunkArgs& a, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kChunks, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(a.units)), cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = sizeof(Smem), cfg.stream = stream;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, ChunkKernel<kGroups, true>, a);
+}
+
 }  // namespace
 
 cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale, const uint16_t* q,
                                   const uint16_t* source, const int32_t* layer, const int32_t* index, const uint16_t* tail,
-                                  const uint8_t* tail_valid, float* out, float* workspace, cudaStream_t stream) {
+                                  const uint8_t* tail_valid, float* out, float* workspace, cudaStream_t stream,
+                                  SparseAttentionPlan plan) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
@@ -577,6 +705,9 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   a.index = index;
   a.o_part = workspace;
   a.ml = workspace + shape.batch * shape.heads * kChunks * kDv;
+  a.tail = tail;
+  a.tail_valid = tail_valid;
+  a.out = out;
   a.heads = static_cast<int>(shape.heads);
   a.top_k = static_cast<int>(shape.top_k);
   a.page = static_cast<int>(shape.page);
@@ -584,19 +715,37 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   a.chunk_tokens = static_cast<int>(shape.top_k * shape.page / kChunks);
   a.scale = scale;
   const int sms = g_sms[dev & 63].load();
+  int cluster_groups = plan == SparseAttentionPlan::kCombine ? 0 : ClusterGroupsFor(shape, dev);
+  if (plan == SparseAttentionPlan::kCluster && cluster_groups == 0) {
+    if (g_clusters[dev & 63][2].load() < 1) return cudaErrorNotSupported;  // no cluster of 16 fits this device
+    cluster_groups = 4;  // asked for: clusters in waves
+  }
+  if (kHeadGroupsOverride > 0 && cluster_groups > 0) cluster_groups = kHeadGroupsOverride;
+  if (cluster_groups > 0) {
+    a.units = static_cast<int>(shape.batch * (shape.heads / (16 * cluster_groups)) * kChunks);
+    if (cluster_groups == 1) return LaunchCluster<1>(a, stream);
+    if (cluster_groups == 2) return LaunchCluster<2>(a, stream);
+    return LaunchCluster<4>(a, stream);
+  }
   const int groups = kHeadGroupsOverride > 0 ? kHeadGroupsOverride : GroupsFor(shape, sms);
   a.units = static_cast<int>(shape.batch * (shape.heads / (16 * groups)) * kChunks);
   // More units than multiprocessors: one block per multiprocessor runs them in turn (a unit's
   // loads then start during the previous unit's last pass); else one block per unit.
   const dim3 grid(static_cast<unsigned>(kPersistent ? std::min(a.units, sms) : a.units));
-  if (groups == 1) ChunkKernel<1><<<grid, kThreads, sizeof(Smem), stream>>>(a);
-  else if (groups == 2) ChunkKernel<2><<<grid, kThreads, sizeof(Smem), stream>>>(a);
-  else ChunkKernel<4><<<grid, kThreads, sizeof(Smem), stream>>>(a);
+  if (groups == 1) ChunkKernel<1, false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
+  else if (groups == 2) ChunkKernel<2, false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
+  else ChunkKernel<4, false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   CombineKernel<<<dim3(static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch)), kCombineThreads, 0,
                   stream>>>(q, tail, tail_valid, a.o_part, a.ml, out, a.heads, a.page, scale);
   return cudaGetLastError();
+}
+
+int SparseAttentionClustersAtOnce(int groups) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || Configure(dev) != cudaSuccess) return -1;
+  return g_clusters[dev & 63][groups == 1 ? 0 : groups == 2 ? 1 : 2].load();
 }
 
 }  // namespace hisparse

@@ -4,8 +4,9 @@
 // k = 2048, P = 1. Two sources: "hot" (hot buffer, 4096 slots per request) and "kv" (device KV,
 // one row per record of the context: 128K, or 32K at b = 41). The L2 is flushed (a 256 MB write)
 // before every timed call, so the records come from HBM as in a decode step.
-// Usage: sparse_attention_bench [out.json [BATCH HEADS]]   (one shape, hot source only: what a
-// profiler run of one configuration wants)
+// Usage: sparse_attention_bench [out.json [BATCH HEADS [PLAN]]]   (one shape, hot source only: what
+// a profiler run of one configuration wants; PLAN auto (default), combine or cluster: an A/B of the
+// launch plans, sparse_attention_cuda.h)
 #include <numeric>
 
 #include "../tests/harness.h"
@@ -28,8 +29,19 @@ int main(int argc, char** argv) {
   const char* json_path = argc > 1 ? argv[1] : nullptr;
   const bool one = argc > 3;
   const int64_t only_b = one ? std::atoll(argv[2]) : 0, only_h = one ? std::atoll(argv[3]) : 0;
+  const std::string plan_name = argc > 4 ? argv[4] : "auto";
+  const hisparse::SparseAttentionPlan plan = plan_name == "combine"   ? hisparse::SparseAttentionPlan::kCombine
+                                             : plan_name == "cluster" ? hisparse::SparseAttentionPlan::kCluster
+                                                                      : hisparse::SparseAttentionPlan::kAuto;
+  if (plan_name != "auto" && plan_name != "combine" && plan_name != "cluster") {
+    std::fprintf(stderr, "PLAN: %s is not one of auto, combine, cluster\n", plan_name.c_str());
+    return 2;
+  }
   const harness::DeviceInfo dev = harness::QueryDevice();
   std::printf("%s\n", harness::DeviceLine(dev).c_str());
+  std::printf("plan %s; clusters of 16 blocks at once: %d (16 heads a block), %d (32), %d (64)\n", plan_name.c_str(),
+              hisparse::SparseAttentionClustersAtOnce(1), hisparse::SparseAttentionClustersAtOnce(2),
+              hisparse::SparseAttentionClustersAtOnce(4));
   const double hbm_tbs = 4.3;  // H200 HBM3e, the roofline's bandwidth
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -77,9 +89,9 @@ int main(int argc, char** argv) {
         CUDA_OK(cudaStreamSynchronize(stream));
         const float scale = 0.0722f;
         auto launch = [&](int) {
-          CUDA_OK(hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream));
+          CUDA_OK(hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream, plan));
         };
-        if (const cudaError_t err = hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream);
+        if (const cudaError_t err = hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream, plan);
             err != cudaSuccess) {
           std::printf("%-3s b=%-3lld H=%-4lld does not launch: %s\n", mode, (long long)b, (long long)H,
                       cudaGetErrorString(err));
@@ -106,10 +118,10 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         if (json) {
           std::fprintf(json,
-                       "%s{\"source\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"top_k\": %lld, \"cold_min_us\": %.3f, "
+                       "%s{\"plan\": \"%s\", \"source\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"top_k\": %lld, \"cold_min_us\": %.3f, "
                        "\"cold_median_us\": %.3f, \"cold_max_us\": %.3f, \"warm_median_us\": %.3f, \"roofline_us\": %.3f, "
                        "\"roofline_fraction\": %.4f}",
-                       first_row ? "" : ",\n", mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us,
+                       first_row ? "" : ",\n", plan_name.c_str(), mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us,
                        w.median_us, roof_us, roof_us / c.median_us);
           first_row = false;
         }
