@@ -49,6 +49,13 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
 // device (0: the cluster plan cannot run; -1: the query failed). For the benchmark's record.
 int SparseAttentionClustersAtOnce(int groups);
 
+#ifdef HISPARSE_SPARSE_ATTENTION_TRACE
+// Diagnosis builds only (sparse_attention_kernels.cu, Stamp): the phase stamps of the last launch.
+cudaError_t SparseAttentionReadTrace(unsigned long long* ns, unsigned long long* clk, unsigned long long* combine_ns,
+                                     int blocks);
+cudaError_t SparseAttentionClearTrace();
+#endif
+
 }  // namespace hisparse
 
 #endif  // HISPARSE_FFI_SPARSE_ATTENTION_CUDA_H_

@@ -135,6 +135,33 @@ __device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0, ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Diagnosis only, never in a shipped build: -DHISPARSE_SPARSE_ATTENTION_TRACE makes thread 0 of
+// each block stamp %globaltimer (ns, comparable across blocks) and clock64 at the phases of its
+// first unit; sparse_attention_bench --trace prints where a launch's time goes.
+#ifdef HISPARSE_SPARSE_ATTENTION_TRACE
+constexpr int kTraceBlocks = 4096, kTraceSlots = 8;
+__device__ unsigned long long g_trace_ns[kTraceBlocks][kTraceSlots];
+__device__ unsigned long long g_trace_clk[kTraceBlocks][kTraceSlots];
+__device__ unsigned long long g_trace_combine_ns[kTraceBlocks][2];
+__device__ __forceinline__ void Stamp(int slot) {
+  if (threadIdx.x != 0 || blockIdx.x >= kTraceBlocks) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  g_trace_ns[blockIdx.x][slot] = t;
+  g_trace_clk[blockIdx.x][slot] = clock64();
+}
+__device__ __forceinline__ void StampCombine(int slot) {
+  const unsigned block = blockIdx.y * gridDim.x + blockIdx.x;
+  if (threadIdx.x != 0 || block >= kTraceBlocks) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  g_trace_combine_ns[block][slot] = t;
+}
+#else
+__device__ __forceinline__ void Stamp(int) {}
+__device__ __forceinline__ void StampCombine(int) {}
+#endif
+
 __device__ __forceinline__ float Bf16ToFloat(uint16_t v) {
   return __uint_as_float(static_cast<uint32_t>(v) << 16);
 }
@@ -285,6 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   constexpr int kHeads = 16 * kGroups;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  Stamp(0);  // entry
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q4 = lane & 3;
   // Score role: head group hg (16 heads) x token quarter tq (16 of the pass's 64 tokens), all of
   // d, so no partial score crosses warps (warps of groups >= kGroups have no score role). P @ V
@@ -329,15 +357,25 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       if (lane == 0) sm.tail_s[hh][t] = a.tail_valid[tok] ? sc : -INFINITY;
     }
   }
+  // Warp 0 asks for the rope query's line of each of a unit's heads (128 B, read by __ldg in every
+  // pass) when it issues the unit's first pass, so that pass finds it in L1 / L2 instead of waiting
+  // a round trip to HBM after its records landed.
+  auto prefetch_rope = [&](const Unit& x) {
+#pragma unroll
+    for (int h = lane; h < kHeads; h += 32) asm volatile("prefetch.global.L1 [%0];" ::"l"(a.q + (x.head0 + h) * kW + kDv));
+  };
   int2 next_ids = make_int2(-1, -1);  // warp 0: the ids of the next pass to issue
   if (warp == 0) {
     const Unit x = unit_of(0), x1 = unit_of(1);
+    prefetch_rope(x);
+    if (passes == 1 && flat_passes > 1) prefetch_rope(x1);
     const int2 ids0 = PassIds(a, x, 0, lane);
     const int2 ids1 = flat_passes > 1 ? PassIds(a, x1, 1 % passes, lane) : ids0;
     IssuePass(a, source, layer_ok, sm, x, 0, 0, lane, ids0);
     if (flat_passes > 1) IssuePass(a, source, layer_ok, sm, x1, 1 % passes, 1, lane, ids1);
     if (flat_passes > 2) next_ids = PassIds(a, unit_of(2), 2 % passes, lane);
   }
+  Stamp(1);  // ids read, first copies issued
 
   const int rA = hg * 16 + g, rB = rA + 8;
   float mA, mB, lA, lB;  // l: kept by the tq = 0 warps
@@ -363,9 +401,12 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
           for (int r = 0; r < 4; ++r) o[i][j][r] = 0.f;
       CpAsyncWaitAll();  // this thread's query pieces; the barrier below shows them to all
     }
+    if (f == 1) Stamp(3);  // pass 0 computed
     MbarWait(&sm.bar[buf], (f >> 1) & 1);
     __syncthreads();  // pass f landed (and warp 0's zero rows and flags); pass f - 1 fully consumed
+    if (f <= 1) Stamp(f == 0 ? 2 : 4);  // pass 0 / 1 landed
     if (warp == 0 && f >= 1 && f + 1 < flat_passes) {
+      if ((f + 1) % passes == 0) prefetch_rope(unit_of(f + 1));
       IssuePass(a, source, layer_ok, sm, unit_of(f + 1), (f + 1) % passes, buf ^ 1, lane, next_ids);
       if (f + 2 < flat_passes) next_ids = PassIds(a, unit_of(f + 2), (f + 2) % passes, lane);
     }
@@ -536,6 +577,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     }
   }
 
+  Stamp(5);  // the unit's passes done
   if constexpr (kMerge) {
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
@@ -556,6 +598,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       sm.ml[rB] = make_float2(mB, lB);
     }
     cluster.sync();  // every chunk's (m, l, o) visible across the cluster
+    Stamp(6);
     if (threadIdx.x < kGroups * kCombineThreads) {
       const int hh = threadIdx.x / kCombineThreads, col = (threadIdx.x % kCombineThreads) * 4;
       const int hl = x.chunk * kGroups + hh;  // of the unit's heads
@@ -573,6 +616,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     }
     cluster.sync();  // no block leaves while another still reads its shared memory
   }
+  Stamp(7);  // exit
 }
 
 // One block per (head, request), the merge of sparse_attention.h: chunks 0..C-1 in order, then
@@ -583,6 +627,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
     const float* __restrict__ o_part, const float* __restrict__ ml, float* __restrict__ out, int heads,
     int page, float scale) {
   __shared__ float tail_s[kSparseAttentionMaxPage];
+  StampCombine(0);
   const int h = blockIdx.x, req = blockIdx.y;
   const int64_t hq = static_cast<int64_t>(req) * heads + h;
   const int col = threadIdx.x * 4;
@@ -604,6 +649,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
   __syncthreads();
   const float4 res = MergeColumns(mls, vals, tail_s, page, tail + static_cast<int64_t>(req) * page * kW + col);
   *reinterpret_cast<float4*>(out + hq * kDv + col) = res;
+  StampCombine(1);
 }
 
 std::atomic<uint64_t> g_configured{0};  // devices whose chunk kernels allow the large smem
@@ -741,6 +787,25 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
                   stream>>>(q, tail, tail_valid, a.o_part, a.ml, out, a.heads, a.page, scale);
   return cudaGetLastError();
 }
+
+#ifdef HISPARSE_SPARSE_ATTENTION_TRACE
+// The trace of the last launch (see Stamp): ns and clk [blocks][8], combine_ns [blocks][2].
+cudaError_t SparseAttentionReadTrace(unsigned long long* ns, unsigned long long* clk, unsigned long long* combine_ns,
+                                     int blocks) {
+  const size_t n = static_cast<size_t>(std::min(blocks, kTraceBlocks));
+  cudaError_t err = cudaMemcpyFromSymbol(ns, g_trace_ns, n * kTraceSlots * 8);
+  if (err == cudaSuccess) err = cudaMemcpyFromSymbol(clk, g_trace_clk, n * kTraceSlots * 8);
+  if (err == cudaSuccess) err = cudaMemcpyFromSymbol(combine_ns, g_trace_combine_ns, n * 2 * 8);
+  return err;
+}
+cudaError_t SparseAttentionClearTrace() {
+  static unsigned long long zeros[kTraceBlocks * kTraceSlots] = {};
+  cudaError_t err = cudaMemcpyToSymbol(g_trace_ns, zeros, sizeof(zeros));
+  if (err == cudaSuccess) err = cudaMemcpyToSymbol(g_trace_clk, zeros, sizeof(zeros));
+  if (err == cudaSuccess) err = cudaMemcpyToSymbol(g_trace_combine_ns, zeros, kTraceBlocks * 2 * 8);
+  return err;
+}
+#endif
 
 int SparseAttentionClustersAtOnce(int groups) {
   int dev = 0;

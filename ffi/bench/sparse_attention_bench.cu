@@ -23,6 +23,48 @@ __global__ void FillBf16(uint16_t* p, int64_t n, uint64_t seed) {
   }
 }
 
+#ifdef HISPARSE_SPARSE_ATTENTION_TRACE
+// The trace build (-DHISPARSE_SPARSE_ATTENTION_TRACE, diagnosis only): where one cold launch's
+// time goes, from thread 0 of every block (sparse_attention_kernels.cu, Stamp): per phase, us
+// after the first block started (min / median / max over blocks), and the combine kernel's blocks.
+void PrintTrace(const char* what, int blocks) {
+  std::vector<unsigned long long> ns(blocks * 8), clk(blocks * 8), comb(4096 * 2);
+  CUDA_OK(hisparse::SparseAttentionReadTrace(ns.data(), clk.data(), comb.data(), blocks));
+  unsigned long long t0 = ~0ull;
+  for (int b = 0; b < blocks; ++b)
+    if (ns[b * 8]) t0 = std::min(t0, ns[b * 8]);
+  static const char* names[8] = {"entry", "ids read, copies issued", "pass 0 landed", "pass 0 computed",
+                                 "pass 1 landed", "passes done", "cluster: partials shared", "exit"};
+  std::printf("trace %s (%d blocks), us after the first block's entry: min / median / max; cycles after the block's own entry (median)\n",
+              what, blocks);
+  for (int slot = 0; slot < 8; ++slot) {
+    std::vector<double> us, cy;
+    for (int b = 0; b < blocks; ++b)
+      if (ns[b * 8] && ns[b * 8 + slot]) {
+        us.push_back((ns[b * 8 + slot] - t0) * 1e-3);
+        cy.push_back(double(clk[b * 8 + slot] - clk[b * 8]));
+      }
+    if (us.empty()) continue;
+    std::sort(us.begin(), us.end());
+    std::sort(cy.begin(), cy.end());
+    std::printf("  %-26s %8.2f %8.2f %8.2f   %9.0f cycles\n", names[slot], us.front(), us[us.size() / 2], us.back(),
+                cy[cy.size() / 2]);
+  }
+  std::vector<double> in, out;
+  for (int b = 0; b < 4096; ++b)
+    if (comb[b * 2] && comb[b * 2] >= t0) {
+      in.push_back((comb[b * 2] - t0) * 1e-3);
+      out.push_back((comb[b * 2 + 1] - t0) * 1e-3);
+    }
+  if (!in.empty()) {
+    std::sort(in.begin(), in.end());
+    std::sort(out.begin(), out.end());
+    std::printf("  combine entry %8.2f %8.2f %8.2f | exit %8.2f %8.2f %8.2f (%zu blocks)\n", in.front(),
+                in[in.size() / 2], in.back(), out.front(), out[out.size() / 2], out.back(), in.size());
+  }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,6 +150,17 @@ int main(int argc, char** argv) {
           cold.push_back(t[0]);
         }
         const harness::Stats c = harness::Summarize(cold);
+#ifdef HISPARSE_SPARSE_ATTENTION_TRACE
+        for (int rep = 0; rep < 2; ++rep) {  // the second: code and TLBs warm, records cold
+          CUDA_OK(cudaMemsetAsync(flush, rep, flush_bytes, stream));
+          CUDA_OK(cudaStreamSynchronize(stream));
+          CUDA_OK(hisparse::SparseAttentionClearTrace());
+          CUDA_OK(cudaDeviceSynchronize());
+          auto t = harness::EventTimes(stream, 1, 0, 0, 0, launch);
+          CUDA_OK(cudaDeviceSynchronize());
+          PrintTrace(harness::Format("b=%lld H=%lld cold, event %.2f us", (long long)b, (long long)H, t[0]).c_str(), 4096);
+        }
+#endif
         const harness::Stats w = harness::TimeLaunches(stream, 50, launch);
         const double bytes = double(b) * k * W * 2;
         const double roof_us = bytes / (hbm_tbs * 1e12) * 1e6;
