@@ -48,6 +48,13 @@ constexpr int kHeadGroupsOverride = HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS;
 #define HISPARSE_SPARSE_ATTENTION_PERSISTENT 1
 #endif
 constexpr bool kPersistent = HISPARSE_SPARSE_ATTENTION_PERSISTENT != 0;
+// Diagnosis only, never in a shipped build (wrong outputs): what a pass costs without a part of
+// its work, for the benchmark. Bits: 1 = no score mma, 2 = no P @ V mma, 4 = no record copies
+// (the buffers keep whatever they held).
+#ifndef HISPARSE_SPARSE_ATTENTION_DIAG
+#define HISPARSE_SPARSE_ATTENTION_DIAG 0
+#endif
+constexpr int kDiag = HISPARSE_SPARSE_ATTENTION_DIAG;
 constexpr int kColsPerWarp = kDv / kWarps;      // 32 value columns of all 64 heads per warp in P @ V
 static_assert(kHt == 64 && kPass == 64 && kWarps == 16, "warp roles assume 4 head groups x 4 token quarters");
 
@@ -166,6 +173,22 @@ __device__ __forceinline__ float Bf16ToFloat(uint16_t v) {
   return __uint_as_float(static_cast<uint32_t>(v) << 16);
 }
 
+// n / d and n % d for 0 <= n < 2^31 by a multiply-high and a shift (d fixed at launch): the
+// chunk kernel's per-pass bookkeeping (unit, pass, page token) without the ~20-instruction integer
+// division, which warp 0 ran on the critical path of every pass.
+struct FastDiv {
+  uint32_t d = 1, mul = 0, shift = 0;
+  FastDiv() = default;
+  explicit FastDiv(uint32_t divisor) : d(divisor) {
+    while ((uint32_t{1} << shift) < d) ++shift;
+    mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ int Div(int n) const {
+    return static_cast<int>((__umulhi(static_cast<uint32_t>(n), mul) + static_cast<uint32_t>(n)) >> shift);
+  }
+  __device__ __forceinline__ int Mod(int n) const { return n - Div(n) * static_cast<int>(d); }
+};
+
 struct ChunkArgs {
   const uint16_t* q;
   const uint16_t* source;  // layer 0's rows; layer l's start l * layer_stride further
@@ -181,6 +204,7 @@ struct ChunkArgs {
   int heads, top_k, page, records, chunk_tokens;
   int units;  // (chunk, head block, request) work units; block i runs units i, i + gridDim.x, ...
   float scale;
+  FastDiv by_page, by_passes, by_blocks;  // P; passes a chunk; head blocks a request
 };
 
 // A work unit: one chunk of one request for one block of 16 kGroups heads. Its bits do not depend
@@ -192,64 +216,53 @@ struct Unit {
 };
 template <int kGroups>
 __device__ __forceinline__ Unit UnitAt(const ChunkArgs& a, int u) {
-  const int blocks = a.heads / (16 * kGroups);
   Unit x;
   x.chunk = u % kChunks;
   const int rest = u / kChunks;
-  x.req = rest / blocks;
-  x.head0 = static_cast<int64_t>(x.req) * a.heads + (rest % blocks) * (16 * kGroups);
+  x.req = a.by_blocks.Div(rest);
+  x.head0 = static_cast<int64_t>(x.req) * a.heads + (rest - x.req * static_cast<int>(a.by_blocks.d)) * (16 * kGroups);
   return x;
 }
 
-// The record ids of pass t of a unit's chunk for rows lane and lane + 32 (warp 0's issue rows);
-// -1 past the chunk's end. Loaded a pass ahead of their issue, so no issue waits on them.
-__device__ __forceinline__ int2 PassIds(const ChunkArgs& a, const Unit& x, int t, int lane) {
-  const int tok_end = (x.chunk + 1) * a.chunk_tokens, tok0 = x.chunk * a.chunk_tokens + t * kPass;
-  const int32_t* ids = a.index + static_cast<int64_t>(x.req) * a.top_k;
-  int id[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int j = tok0 + lane + 32 * h;
-    id[h] = j < tok_end ? __ldg(ids + (a.page == 1 ? j : j / a.page)) : -1;
-  }
-  return make_int2(id[0], id[1]);
+// Every warp issues kPass / kWarps rows of each pass (lanes 0..3), so that no warp carries the
+// whole issue on the critical path of the pass (one warp issuing all 64 rows held every other
+// warp at the next barrier).
+constexpr int kRowsPerWarp = kPass / kWarps;
+static_assert(kRowsPerWarp * kWarps == kPass && kRowsPerWarp <= 32, "a pass's rows split evenly over the warps");
+
+// The record id of this lane's issue row (warp * 4 + lane, lanes < 4) in pass t of a unit's chunk;
+// -1 past the chunk's end or for other lanes. Loaded a pass ahead of its issue, so no issue waits.
+__device__ __forceinline__ int RowId(const ChunkArgs& a, const Unit& x, int t, int warp, int lane) {
+  const int j = x.chunk * a.chunk_tokens + t * kPass + warp * kRowsPerWarp + lane;
+  if (lane >= kRowsPerWarp || j >= (x.chunk + 1) * a.chunk_tokens) return -1;
+  return __ldg(a.index + static_cast<int64_t>(x.req) * a.top_k + (a.page == 1 ? j : a.by_page.Div(j)));
 }
 
-// Warp 0 issues pass `t` of unit `x` into buffer `buf`: lane l owns rows l and l + 32 (their ids
-// from PassIds). A row with a record is one bulk copy; a row without (id invalid, layer outside,
-// past the chunk's end) is zero-filled (its p is 0; 0 * a stale NaN would not be) and marked
-// invalid.
-__device__ __forceinline__ void IssuePass(const ChunkArgs& a, const uint16_t* source, bool layer_ok, Smem& sm,
-                                          const Unit& x, int t, int buf, int lane, int2 ids) {
-  const int tok0 = x.chunk * a.chunk_tokens + t * kPass;
-  const uint16_t* src[2];
-  bool ok[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = lane + 32 * h, j = tok0 + row, id = h == 0 ? ids.x : ids.y;
-    const int tok = a.page == 1 ? 0 : j % a.page;
-    ok[h] = layer_ok && id >= 0 && id < a.records;
-    src[h] = ok[h] ? source + ((static_cast<int64_t>(x.req) * a.records + id) * a.page + tok) * kW : source;
-    sm.valid[buf][row] = ok[h];
-  }
-  const uint32_t got0 = __ballot_sync(0xffffffffu, ok[0]), got1 = __ballot_sync(0xffffffffu, ok[1]);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    uint32_t empty = ~(h == 0 ? got0 : got1);
-    while (empty) {
-      const int row = __ffs(empty) - 1 + 32 * h;
-      empty &= empty - 1;
-      uint4* dst = reinterpret_cast<uint4*>(&sm.kv[buf][row * kRow]);
-      for (int piece = lane; piece < kRecordBytes / 16; piece += 32) dst[piece] = make_uint4(0, 0, 0, 0);
-    }
+// This warp issues its rows of pass `t` of unit `x` into buffer `buf` (the id from RowId). A row
+// with a record is one bulk copy; a row without (id invalid, layer outside, past the chunk's end)
+// is zero-filled (its p is 0; 0 * a stale NaN would not be) and marked invalid. Each warp arrives
+// once on the buffer's barrier with its rows' bytes (the barrier counts kWarps arrivals).
+__device__ __forceinline__ void IssueRows(const ChunkArgs& a, const uint16_t* source, bool layer_ok, Smem& sm,
+                                          const Unit& x, int t, int buf, int warp, int lane, int id) {
+  const int row = warp * kRowsPerWarp + lane, j = x.chunk * a.chunk_tokens + t * kPass + row;
+  const bool mine = lane < kRowsPerWarp;
+  const bool ok = mine && layer_ok && id >= 0 && id < a.records && (kDiag & 4) == 0;
+  const int tok = a.page == 1 ? 0 : a.by_page.Mod(j);
+  const uint16_t* src = ok ? source + ((static_cast<int64_t>(x.req) * a.records + id) * a.page + tok) * kW : source;
+  if (mine) sm.valid[buf][row] = ok;
+  const uint32_t got = __ballot_sync(0xffffffffu, ok);
+  uint32_t empty = (kDiag & 4) ? 0u : ~got & ((1u << kRowsPerWarp) - 1);
+  while (empty) {
+    const int r = __ffs(empty) - 1;
+    empty &= empty - 1;
+    uint4* dst = reinterpret_cast<uint4*>(&sm.kv[buf][(warp * kRowsPerWarp + r) * kRow]);
+    for (int piece = lane; piece < kRecordBytes / 16; piece += 32) dst[piece] = make_uint4(0, 0, 0, 0);
   }
   FenceProxyAsync();
   __syncwarp();
-  if (lane == 0) MbarArriveExpectTx(&sm.bar[buf], (__popc(got0) + __popc(got1)) * kRecordBytes);
+  if (lane == 0) MbarArriveExpectTx(&sm.bar[buf], __popc(got) * kRecordBytes);
   __syncwarp();
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    if (ok[h]) BulkCopy(&sm.kv[buf][(lane + 32 * h) * kRow], src[h], kRecordBytes, &sm.bar[buf]);
+  if (ok) BulkCopy(&sm.kv[buf][row * kRow], src, kRecordBytes, &sm.bar[buf]);
 }
 
 // The open page's score for one head: lane sums d = lane, lane + 32, ... in order, then a fixed
@@ -319,11 +332,11 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   // role: all the unit's heads x 32 value columns.
   const int hg = warp & 3, tq = warp >> 2;
   const bool scorer = hg < kGroups;
-  const int passes = (a.chunk_tokens + kPass - 1) / kPass;
+  const int passes = static_cast<int>(a.by_passes.d);
   // This block's units, one after another: one pipeline of passes across them ("flat" passes).
   const int my_units = (a.units - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
   const int flat_passes = my_units * passes;
-  auto unit_of = [&](int f) { return UnitAt<kGroups>(a, static_cast<int>(blockIdx.x) + (f / passes) * gridDim.x); };
+  auto unit_of = [&](int f) { return UnitAt<kGroups>(a, static_cast<int>(blockIdx.x) + a.by_passes.Div(f) * gridDim.x); };
   // A layer outside [0, layers) reads no record (sparse_attention.h): only the open page counts.
   const int layer = *a.layer;
   const bool layer_ok = layer >= 0 && layer < a.layers;
@@ -341,22 +354,11 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   };
   load_query(unit_of(0));
   if (threadIdx.x == 0) {
-    MbarInit(&sm.bar[0], 1);
-    MbarInit(&sm.bar[1], 1);
+    MbarInit(&sm.bar[0], kWarps);
+    MbarInit(&sm.bar[1], kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();  // barriers ready
-  if constexpr (kMerge) {
-    // The open page's scores of the heads this block merges, by the warps idle until the first
-    // records land (warp 0 issues them); read at the merge, many barriers later.
-    const Unit x = unit_of(0);
-    for (int i = warp - 1; warp > 0 && i < kGroups * a.page; i += kWarps - 1) {
-      const int hh = i / a.page, t = i % a.page;
-      const int64_t tok = static_cast<int64_t>(x.req) * a.page + t;
-      const float sc = TailScore(a.q + (x.head0 + x.chunk * kGroups + hh) * kW, a.tail + tok * kW, lane, a.scale);
-      if (lane == 0) sm.tail_s[hh][t] = a.tail_valid[tok] ? sc : -INFINITY;
-    }
-  }
   // Warp 0 asks for the rope query's line of each of a unit's heads (128 B, read by __ldg in every
   // pass) when it issues the unit's first pass, so that pass finds it in L1 / L2 instead of waiting
   // a round trip to HBM after its records landed.
@@ -364,16 +366,29 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
 #pragma unroll
     for (int h = lane; h < kHeads; h += 32) asm volatile("prefetch.global.L1 [%0];" ::"l"(a.q + (x.head0 + h) * kW + kDv));
   };
-  int2 next_ids = make_int2(-1, -1);  // warp 0: the ids of the next pass to issue
-  if (warp == 0) {
+  int next_id = -1;  // this lane's id in the next pass to issue
+  {
     const Unit x = unit_of(0), x1 = unit_of(1);
-    prefetch_rope(x);
-    if (passes == 1 && flat_passes > 1) prefetch_rope(x1);
-    const int2 ids0 = PassIds(a, x, 0, lane);
-    const int2 ids1 = flat_passes > 1 ? PassIds(a, x1, 1 % passes, lane) : ids0;
-    IssuePass(a, source, layer_ok, sm, x, 0, 0, lane, ids0);
-    if (flat_passes > 1) IssuePass(a, source, layer_ok, sm, x1, 1 % passes, 1, lane, ids1);
-    if (flat_passes > 2) next_ids = PassIds(a, unit_of(2), 2 % passes, lane);
+    if (warp == 0) {
+      prefetch_rope(x);
+      if (passes == 1 && flat_passes > 1) prefetch_rope(x1);
+    }
+    const int id0 = RowId(a, x, 0, warp, lane);
+    const int id1 = flat_passes > 1 ? RowId(a, x1, a.by_passes.Mod(1), warp, lane) : -1;
+    IssueRows(a, source, layer_ok, sm, x, 0, 0, warp, lane, id0);
+    if (flat_passes > 1) IssueRows(a, source, layer_ok, sm, x1, a.by_passes.Mod(1), 1, warp, lane, id1);
+    if (flat_passes > 2) next_id = RowId(a, unit_of(2), a.by_passes.Mod(2), warp, lane);
+  }
+  if constexpr (kMerge) {
+    // The open page's scores of the heads this block merges, by warps 1..15 while the first
+    // records are on their way; read at the merge, many barriers later.
+    const Unit x = unit_of(0);
+    for (int i = warp - 1; warp > 0 && i < kGroups * a.page; i += kWarps - 1) {
+      const int hh = i / a.page, t = i % a.page;
+      const int64_t tok = static_cast<int64_t>(x.req) * a.page + t;
+      const float sc = TailScore(a.q + (x.head0 + x.chunk * kGroups + hh) * kW, a.tail + tok * kW, lane, a.scale);
+      if (lane == 0) sm.tail_s[hh][t] = a.tail_valid[tok] ? sc : -INFINITY;
+    }
   }
   Stamp(1);  // ids read, first copies issued
 
@@ -389,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   // fragment of m16n8k16: rows g and g + 8, columns 2 q4 (+1) and 2 q4 + 8 (+9).
 
   for (int f = 0; f < flat_passes; ++f) {
-    const int t = f % passes, buf = f & 1;
+    const int t = a.by_passes.Mod(f), buf = f & 1;
     if (t == 0) {  // a new unit: its query (copied during the previous unit's last pass), fresh state
       mA = mB = -INFINITY;
       lA = lB = 0.f;
@@ -405,10 +420,12 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     MbarWait(&sm.bar[buf], (f >> 1) & 1);
     __syncthreads();  // pass f landed (and warp 0's zero rows and flags); pass f - 1 fully consumed
     if (f <= 1) Stamp(f == 0 ? 2 : 4);  // pass 0 / 1 landed
-    if (warp == 0 && f >= 1 && f + 1 < flat_passes) {
-      if ((f + 1) % passes == 0) prefetch_rope(unit_of(f + 1));
-      IssuePass(a, source, layer_ok, sm, unit_of(f + 1), (f + 1) % passes, buf ^ 1, lane, next_ids);
-      if (f + 2 < flat_passes) next_ids = PassIds(a, unit_of(f + 2), (f + 2) % passes, lane);
+    if (f >= 1 && f + 1 < flat_passes) {
+      const int t1 = t + 1 == passes ? 0 : t + 1;
+      const Unit x1 = unit_of(f + 1);
+      if (warp == 0 && t1 == 0) prefetch_rope(x1);
+      IssueRows(a, source, layer_ok, sm, x1, t1, buf ^ 1, warp, lane, next_id);
+      if (f + 2 < flat_passes) next_id = RowId(a, unit_of(f + 2), t1 + 1 == passes ? 0 : t1 + 1, warp, lane);
     }
     const bool two = (t + 1) * kPass <= a.chunk_tokens;  // the pass holds both stages (else only the first)
     const uint16_t* kv = sm.kv[buf];
@@ -432,7 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
         for (int r = 0; r < 4; ++r) acc[j][r] = 0.f;
       const uint32_t kbase = SmemAddr(kv + krow * kRow + kcol);
 #pragma unroll kLatentUnroll
-      for (int ks = 0; ks < kLatentSteps; ++ks) {
+      for (int ks = 0; ks < ((kDiag & 1) ? 0 : kLatentSteps); ++ks) {
         uint32_t qa[4], kb[4];
         Ldm4(qa, qbase + (((2 * ks + qhi) ^ qswz) * 16));
         Ldm4(kb, kbase + ks * 32);
@@ -440,7 +457,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
         Mma(acc[1], qa, kb[2], kb[3]);
       }
 #pragma unroll
-      for (int ks = 0; ks < kRopeSteps; ++ks) {
+      for (int ks = 0; ks < ((kDiag & 1) ? 0 : kRopeSteps); ++ks) {
         uint32_t kb[4];
         Ldm4(kb, kbase + (kDv + ks * 16) * 2);
         Mma(acc[0], qr[ks], kb[0], kb[1]);
@@ -526,19 +543,28 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
       if (st == 1 && !two) break;
+      // o *= alpha, skipped where every alpha of the warp's rows is 1 (the running max held, the
+      // common case after the first stages): o * 1 == o bit for bit.
+      float al[kGroups][2];
+      bool ones = true;
 #pragma unroll
       for (int mt = 0; mt < kGroups; ++mt) {
-        const float x0 = sm.alpha[st][mt * 16 + g], x1 = sm.alpha[st][mt * 16 + g + 8];
+        al[mt][0] = sm.alpha[st][mt * 16 + g], al[mt][1] = sm.alpha[st][mt * 16 + g + 8];
+        ones &= al[mt][0] == 1.f && al[mt][1] == 1.f;
+      }
+      if (!__all_sync(0xffffffffu, ones)) {
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          o[mt][nt][0] *= x0;
-          o[mt][nt][1] *= x0;
-          o[mt][nt][2] *= x1;
-          o[mt][nt][3] *= x1;
-        }
+        for (int mt = 0; mt < kGroups; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            o[mt][nt][0] *= al[mt][0];
+            o[mt][nt][1] *= al[mt][0];
+            o[mt][nt][2] *= al[mt][1];
+            o[mt][nt][3] *= al[mt][1];
+          }
       }
 #pragma unroll
-      for (int kk = 0; kk < kStage / 16; ++kk) {
+      for (int kk = 0; kk < ((kDiag & 2) ? 0 : kStage / 16); ++kk) {
         const int ks = st * (kStage / 16) + kk;
         uint32_t vb[2][4];
 #pragma unroll
@@ -760,6 +786,8 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   a.records = static_cast<int>(shape.records);
   a.chunk_tokens = static_cast<int>(shape.top_k * shape.page / kChunks);
   a.scale = scale;
+  a.by_page = FastDiv(static_cast<uint32_t>(shape.page));
+  a.by_passes = FastDiv(static_cast<uint32_t>((a.chunk_tokens + kPass - 1) / kPass));
   const int sms = g_sms[dev & 63].load();
   int cluster_groups = plan == SparseAttentionPlan::kCombine ? 0 : ClusterGroupsFor(shape, dev);
   if (plan == SparseAttentionPlan::kCluster && cluster_groups == 0) {
@@ -769,12 +797,14 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   if (kHeadGroupsOverride > 0 && cluster_groups > 0) cluster_groups = kHeadGroupsOverride;
   if (cluster_groups > 0) {
     a.units = static_cast<int>(shape.batch * (shape.heads / (16 * cluster_groups)) * kChunks);
+    a.by_blocks = FastDiv(static_cast<uint32_t>(shape.heads / (16 * cluster_groups)));
     if (cluster_groups == 1) return LaunchCluster<1>(a, stream);
     if (cluster_groups == 2) return LaunchCluster<2>(a, stream);
     return LaunchCluster<4>(a, stream);
   }
   const int groups = kHeadGroupsOverride > 0 ? kHeadGroupsOverride : GroupsFor(shape, sms);
   a.units = static_cast<int>(shape.batch * (shape.heads / (16 * groups)) * kChunks);
+  a.by_blocks = FastDiv(static_cast<uint32_t>(shape.heads / (16 * groups)));
   // More units than multiprocessors: one block per multiprocessor runs them in turn (a unit's
   // loads then start during the previous unit's last pass); else one block per unit.
   const dim3 grid(static_cast<unsigned>(kPersistent ? std::min(a.units, sms) : a.units));
