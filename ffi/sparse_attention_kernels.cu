@@ -55,6 +55,13 @@ constexpr bool kPersistent = HISPARSE_SPARSE_ATTENTION_PERSISTENT != 0;
 #define HISPARSE_SPARSE_ATTENTION_DIAG 0
 #endif
 constexpr int kDiag = HISPARSE_SPARSE_ATTENTION_DIAG;
+// How a pass's record rows reach shared memory: 0, one TMA bulk copy per row (warp lanes 0..3,
+// the barrier counts a warp's bytes); 1, 16-byte cp.async by all 32 lanes of the warp (8 lanes a
+// row, 9 pieces each; every thread arrives on the barrier when its copies land). A/B: -D.
+#ifndef HISPARSE_SPARSE_ATTENTION_CPASYNC
+#define HISPARSE_SPARSE_ATTENTION_CPASYNC 0
+#endif
+constexpr bool kCpAsyncRows = HISPARSE_SPARSE_ATTENTION_CPASYNC != 0;
 constexpr int kColsPerWarp = kDv / kWarps;      // 32 value columns of all 64 heads per warp in P @ V
 static_assert(kHt == 64 && kPass == 64 && kWarps == 16, "warp roles assume 4 head groups x 4 token quarters");
 
@@ -92,6 +99,11 @@ __device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
+// This thread's arrival on `bar` once its earlier cp.async copies have landed (counts as one of the
+// barrier's expected arrivals).
+__device__ __forceinline__ void CpAsyncArrive(unsigned long long* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
+}
 __device__ __forceinline__ void MbarInit(unsigned long long* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(count) : "memory");
 }
@@ -250,6 +262,23 @@ __device__ __forceinline__ void IssueRows(const ChunkArgs& a, const uint16_t* so
   const int tok = a.page == 1 ? 0 : a.by_page.Mod(j);
   const uint16_t* src = ok ? source + ((static_cast<int64_t>(x.req) * a.records + id) * a.page + tok) * kW : source;
   if (mine) sm.valid[buf][row] = ok;
+  if constexpr (kCpAsyncRows) {
+    // Lanes 8r..8r+7 copy the warp's row r: 128 contiguous bytes a step, 9 steps.
+    const int r = lane >> 3, piece0 = lane & 7;
+    const bool rok = __shfl_sync(0xffffffffu, ok, r);
+    const uint16_t* rsrc = reinterpret_cast<const uint16_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(src), r));
+    uint16_t* dst = &sm.kv[buf][(warp * kRowsPerWarp + r) * kRow];
+    if (rok) {
+#pragma unroll
+      for (int s = 0; s < kRecordBytes / 128; ++s) CpAsync16(dst + (piece0 + 8 * s) * 8, rsrc + (piece0 + 8 * s) * 8);
+    } else if ((kDiag & 4) == 0) {
+#pragma unroll
+      for (int s = 0; s < kRecordBytes / 128; ++s)
+        *reinterpret_cast<uint4*>(dst + (piece0 + 8 * s) * 8) = make_uint4(0, 0, 0, 0);
+    }
+    CpAsyncArrive(&sm.bar[buf]);
+    return;
+  }
   const uint32_t got = __ballot_sync(0xffffffffu, ok);
   uint32_t empty = (kDiag & 4) ? 0u : ~got & ((1u << kRowsPerWarp) - 1);
   while (empty) {
@@ -354,8 +383,8 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   };
   load_query(unit_of(0));
   if (threadIdx.x == 0) {
-    MbarInit(&sm.bar[0], kWarps);
-    MbarInit(&sm.bar[1], kWarps);
+    MbarInit(&sm.bar[0], kCpAsyncRows ? kThreads : kWarps);
+    MbarInit(&sm.bar[1], kCpAsyncRows ? kThreads : kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();  // barriers ready
