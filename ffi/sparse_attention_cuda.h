@@ -1,17 +1,23 @@
 // Sparse MLA decode attention on a CUDA device (sparse_attention.h is the contract): launchers on
 // raw pointers, no XLA types.
 //
-// Plan: kernel 1, one block per (chunk, heads, request), 16 warps: 64 heads a block, or 16 / 32
-// where that many more blocks still fit one wave (small batches); the block's latent query
+// Plan: a chunk kernel, one block per (chunk, heads, request), 16 warps: 64 heads a block, or
+// 16 / 32 where that many more blocks still fit one wave (small batches); the block's latent query
 // (heads x 512) sits in shared memory, the rope part is read into registers each pass; its
 // chunk's tokens are fetched straight from the source by index, one bulk copy (TMA) per token row
-// onto an mbarrier,
-// 64 tokens (two of the contract's stages) a pass, two passes in flight; scores and P @ V run on
-// the tensor cores (mma.sync m16n8k16, bf16 in, float32 accumulate) with the online softmax
-// between them, stage by stage; the block writes its chunk's (m, l, o) to the workspace.
-// Kernel 2, one block per (head, request): merges chunks 0..15 in order with the open page.
-// Batch invariance: the chunks are fixed, and a head's instructions and values are the same
-// whatever the batch and the head split (the same warp roles, the same row of the same m16 tile).
+// onto an mbarrier, every warp issuing 4 of a pass's rows, 64 tokens (two of the contract's
+// stages) a pass, two passes in flight; scores and P @ V run on the tensor cores (mma.sync
+// m16n8k16, bf16 in, float32 accumulate) with the online softmax between them, stage by stage.
+// Then the merge of chunks 0..15 in order with the open page, by one of two launch plans:
+//   cluster (small batches, when every cluster fits one wave): the 16 chunk blocks of a (heads,
+//     request) are one thread-block cluster; each keeps its chunk's (m, l, o) in its shared
+//     memory and merges 1/16 of the heads from all 16 through distributed shared memory. One
+//     launch, nothing through HBM.
+//   combine (larger batches): the blocks write (m, l, o) to the workspace, and a second kernel,
+//     one block per (head, request), merges them.
+// Both merge with the same code (the same bits). Batch invariance: the chunks are fixed, and a
+// head's instructions and values are the same whatever the batch, the head split and the plan
+// (the same warp roles, the same row of the same m16 tile, the same merge).
 #ifndef HISPARSE_FFI_SPARSE_ATTENTION_CUDA_H_
 #define HISPARSE_FFI_SPARSE_ATTENTION_CUDA_H_
 
