@@ -22,8 +22,15 @@ constexpr int kStage = static_cast<int>(kSparseAttentionStage);
 // A pass covers two of the contract's stages (64 tokens): the block's barriers and the max
 // exchange run once per pass, while the online softmax still steps stage by stage (two alphas).
 constexpr int kPass = 2 * kStage;
-constexpr int kThreads = 512;                   // 16 warps: 4 per scheduler hide the mma latency
-constexpr int kWarps = kThreads / 32;
+// Warps a block: 16 (4 per scheduler hide the mma latency; 128 registers a thread), or 8 (255
+// registers: each warp scores 32 tokens and multiplies 64 value columns, so every Q and P
+// fragment is read from shared memory half as often, and the rope query stays in registers).
+// A head's arithmetic is the same in both (the same mma per element, the same sums): A/B by -D.
+#ifndef HISPARSE_SPARSE_ATTENTION_WARPS
+#define HISPARSE_SPARSE_ATTENTION_WARPS 16
+#endif
+constexpr int kWarps = HISPARSE_SPARSE_ATTENTION_WARPS;
+constexpr int kThreads = 32 * kWarps;
 constexpr int kRow = kW + 8;                    // KV smem row in bf16: 1168 B, ldmatrix's 8 rows hit 8 bank groups
 constexpr int kRecordBytes = kW * 2;            // one token: 1152 B, one bulk copy
 constexpr int kProw = kPass + 8;                // P tile row: 144 B, conflict-free for the same reason
@@ -62,8 +69,14 @@ constexpr int kDiag = HISPARSE_SPARSE_ATTENTION_DIAG;
 #define HISPARSE_SPARSE_ATTENTION_CPASYNC 0
 #endif
 constexpr bool kCpAsyncRows = HISPARSE_SPARSE_ATTENTION_CPASYNC != 0;
-constexpr int kColsPerWarp = kDv / kWarps;      // 32 value columns of all 64 heads per warp in P @ V
-static_assert(kHt == 64 && kPass == 64 && kWarps == 16, "warp roles assume 4 head groups x 4 token quarters");
+constexpr int kColsPerWarp = kDv / kWarps;      // value columns of all the heads per warp in P @ V (32 or 64)
+constexpr int kPvTiles = kColsPerWarp / 8;      // their n8 tiles
+constexpr int kTokParts = kWarps / 4;           // score role: 4 head groups x this many token parts
+constexpr int kTokPerWarp = kPass / kTokParts;  // 16 or 32 tokens a score warp
+constexpr int kScoreTiles = kTokPerWarp / 8;    // their n8 tiles
+constexpr int kQuartersPerWarp = kTokPerWarp / 16;  // the contract's sums run per 16-token quarter
+static_assert(kHt == 64 && kPass == 64 && (kWarps == 16 || kWarps == 8),
+              "warp roles assume 4 head groups x 2 or 4 token parts of a 64-token pass");
 
 // Shared memory of the chunk kernel: two 64-token KV buffers (bulk-copied rows, padded), the
 // latent query swizzled (16-byte piece p of head h at p ^ (h & 7): conflict-free ldmatrix with no
@@ -263,18 +276,21 @@ __device__ __forceinline__ void IssueRows(const ChunkArgs& a, const uint16_t* so
   const uint16_t* src = ok ? source + ((static_cast<int64_t>(x.req) * a.records + id) * a.page + tok) * kW : source;
   if (mine) sm.valid[buf][row] = ok;
   if constexpr (kCpAsyncRows) {
-    // Lanes 8r..8r+7 copy the warp's row r: 128 contiguous bytes a step, 9 steps.
-    const int r = lane >> 3, piece0 = lane & 7;
+    // 32 / kRowsPerWarp lanes copy each of the warp's rows, 16 bytes each a step.
+    constexpr int kLanesPerRow = 32 / kRowsPerWarp;
+    static_assert(kRecordBytes % (16 * kLanesPerRow) == 0, "a row splits evenly over its lanes");
+    const int r = lane / kLanesPerRow, piece0 = lane % kLanesPerRow;
     const bool rok = __shfl_sync(0xffffffffu, ok, r);
     const uint16_t* rsrc = reinterpret_cast<const uint16_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(src), r));
     uint16_t* dst = &sm.kv[buf][(warp * kRowsPerWarp + r) * kRow];
     if (rok) {
 #pragma unroll
-      for (int s = 0; s < kRecordBytes / 128; ++s) CpAsync16(dst + (piece0 + 8 * s) * 8, rsrc + (piece0 + 8 * s) * 8);
+      for (int s = 0; s < kRecordBytes / (16 * kLanesPerRow); ++s)
+        CpAsync16(dst + (piece0 + kLanesPerRow * s) * 8, rsrc + (piece0 + kLanesPerRow * s) * 8);
     } else if ((kDiag & 4) == 0) {
 #pragma unroll
-      for (int s = 0; s < kRecordBytes / 128; ++s)
-        *reinterpret_cast<uint4*>(dst + (piece0 + 8 * s) * 8) = make_uint4(0, 0, 0, 0);
+      for (int s = 0; s < kRecordBytes / (16 * kLanesPerRow); ++s)
+        *reinterpret_cast<uint4*>(dst + (piece0 + kLanesPerRow * s) * 8) = make_uint4(0, 0, 0, 0);
     }
     CpAsyncArrive(&sm.bar[buf]);
     return;
@@ -356,9 +372,9 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   Stamp(0);  // entry
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q4 = lane & 3;
-  // Score role: head group hg (16 heads) x token quarter tq (16 of the pass's 64 tokens), all of
-  // d, so no partial score crosses warps (warps of groups >= kGroups have no score role). P @ V
-  // role: all the unit's heads x 32 value columns.
+  // Score role: head group hg (16 heads) x token part tq (kTokPerWarp of the pass's 64 tokens),
+  // all of d, so no partial score crosses warps (warps of groups >= kGroups have no score role).
+  // P @ V role: all the unit's heads x kColsPerWarp value columns.
   const int hg = warp & 3, tq = warp >> 2;
   const bool scorer = hg < kGroups;
   const int passes = static_cast<int>(a.by_passes.d);
@@ -423,9 +439,9 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
 
   const int rA = hg * 16 + g, rB = rA + 8;
   float mA, mB, lA, lB;  // l: kept by the tq = 0 warps
-  float o[kGroups][4][4];
-  // ldmatrix rows of this lane: K (token rows of the quarter), Q (head rows), V (token rows).
-  const int krow = tq * 16 + (lane & 7) + ((lane >> 4) << 3), kcol = ((lane >> 3) & 1) * 8;
+  float o[kGroups][kPvTiles][4];
+  // ldmatrix rows of this lane: K (token rows of the part, 16 a load), Q (head rows), V (token rows).
+  const int krow = tq * kTokPerWarp + (lane & 7) + ((lane >> 4) << 3), kcol = ((lane >> 3) & 1) * 8;
   const int qrow = hg * 16 + (lane & 15), qhi = lane >> 4;
   const uint32_t qbase = SmemAddr(sm.q + qrow * kDv), qswz = qrow & 7;
   // The rope query (4 k-steps) is read into registers at each pass (8 KB a block, L1 holds it):
@@ -440,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
 #pragma unroll
       for (int i = 0; i < kGroups; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < kPvTiles; ++j)
 #pragma unroll
           for (int r = 0; r < 4; ++r) o[i][j][r] = 0.f;
       CpAsyncWaitAll();  // this thread's query pieces; the barrier below shows them to all
@@ -459,9 +475,9 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     const bool two = (t + 1) * kPass <= a.chunk_tokens;  // the pass holds both stages (else only the first)
     const uint16_t* kv = sm.kv[buf];
 
-    float acc[2][4];
+    float acc[kScoreTiles][4];
     if (scorer) {
-      // S = Q K^T for 16 heads x 16 tokens, d in order 0..575.
+      // S = Q K^T for 16 heads x kTokPerWarp tokens, d in order 0..575.
       const unsigned int* rope =
           reinterpret_cast<const unsigned int*>(a.q + (unit_of(f).head0 + hg * 16 + g) * kW + kDv + q4 * 2);
       uint32_t qr[kRopeSteps][4];  // loads issued first, used last
@@ -473,45 +489,55 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
         qr[ks][3] = __ldg(rope + 4 * kW + ks * 8 + 4);
       }
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < kScoreTiles; ++j)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[j][r] = 0.f;
       const uint32_t kbase = SmemAddr(kv + krow * kRow + kcol);
 #pragma unroll kLatentUnroll
       for (int ks = 0; ks < ((kDiag & 1) ? 0 : kLatentSteps); ++ks) {
-        uint32_t qa[4], kb[4];
+        uint32_t qa[4];
         Ldm4(qa, qbase + (((2 * ks + qhi) ^ qswz) * 16));
-        Ldm4(kb, kbase + ks * 32);
-        Mma(acc[0], qa, kb[0], kb[1]);
-        Mma(acc[1], qa, kb[2], kb[3]);
+#pragma unroll
+        for (int h16 = 0; h16 < kQuartersPerWarp; ++h16) {
+          uint32_t kb[4];
+          Ldm4(kb, kbase + (h16 * 16 * kRow + ks * 16) * 2);
+          Mma(acc[2 * h16], qa, kb[0], kb[1]);
+          Mma(acc[2 * h16 + 1], qa, kb[2], kb[3]);
+        }
       }
 #pragma unroll
       for (int ks = 0; ks < ((kDiag & 1) ? 0 : kRopeSteps); ++ks) {
-        uint32_t kb[4];
-        Ldm4(kb, kbase + (kDv + ks * 16) * 2);
-        Mma(acc[0], qr[ks], kb[0], kb[1]);
-        Mma(acc[1], qr[ks], kb[2], kb[3]);
+#pragma unroll
+        for (int h16 = 0; h16 < kQuartersPerWarp; ++h16) {
+          uint32_t kb[4];
+          Ldm4(kb, kbase + (h16 * 16 * kRow + kDv + ks * 16) * 2);
+          Mma(acc[2 * h16], qr[ks], kb[0], kb[1]);
+          Mma(acc[2 * h16 + 1], qr[ks], kb[2], kb[3]);
+        }
       }
 
-      // Scores, and this quarter's row max (the stage max is exact in any order).
-      float maxA = -INFINITY, maxB = -INFINITY;
+      // Scores, and each quarter's row max (the stage max is exact in any order).
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int h16 = 0; h16 < kQuartersPerWarp; ++h16) {
+        float maxA = -INFINITY, maxB = -INFINITY;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int tok = tq * 16 + j * 8 + q4 * 2 + (r & 1);
-          acc[j][r] = sm.valid[buf][tok] ? acc[j][r] * a.scale : -INFINITY;
-          if (r < 2) maxA = fmaxf(maxA, acc[j][r]);
-          else maxB = fmaxf(maxB, acc[j][r]);
+        for (int j = 2 * h16; j < 2 * h16 + 2; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int tok = tq * kTokPerWarp + j * 8 + q4 * 2 + (r & 1);
+            acc[j][r] = sm.valid[buf][tok] ? acc[j][r] * a.scale : -INFINITY;
+            if (r < 2) maxA = fmaxf(maxA, acc[j][r]);
+            else maxB = fmaxf(maxB, acc[j][r]);
+          }
+#pragma unroll
+        for (int x = 1; x <= 2; x <<= 1) {
+          maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, x));
+          maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, x));
         }
-#pragma unroll
-      for (int x = 1; x <= 2; x <<= 1) {
-        maxA = fmaxf(maxA, __shfl_xor_sync(0xffffffffu, maxA, x));
-        maxB = fmaxf(maxB, __shfl_xor_sync(0xffffffffu, maxB, x));
-      }
-      if (q4 == 0) {
-        sm.red_max[tq][rA] = maxA;
-        sm.red_max[tq][rB] = maxB;
+        if (q4 == 0) {
+          sm.red_max[tq * kQuartersPerWarp + h16][rA] = maxA;
+          sm.red_max[tq * kQuartersPerWarp + h16][rB] = maxB;
+        }
       }
     }
     __syncthreads();  // the quarters' maxima visible (and every warp done with the query)
@@ -526,34 +552,38 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       const float n2B = two ? fmaxf(n1B, fmaxf(sm.red_max[2][rB], sm.red_max[3][rB])) : n1B;
       a1A = mA == -INFINITY ? 0.f : expf(mA - n1A), a1B = mB == -INFINITY ? 0.f : expf(mB - n1B);
       a2A = n1A == -INFINITY ? 0.f : expf(n1A - n2A), a2B = n1B == -INFINITY ? 0.f : expf(n1B - n2B);
-      const float subA = tq < 2 ? n1A : n2A, subB = tq < 2 ? n1B : n2B;
-      float sumA = 0.f, sumB = 0.f;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int tok = tq * 16 + j * 8 + q4 * 2;
-        __nv_bfloat16 p[4];
+      for (int h16 = 0; h16 < kQuartersPerWarp; ++h16) {
+        const int quarter = tq * kQuartersPerWarp + h16;  // quarters 0, 1: stage 1; 2, 3: stage 2
+        const float subA = quarter < 2 ? n1A : n2A, subB = quarter < 2 ? n1B : n2B;
+        float sumA = 0.f, sumB = 0.f;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float n = r < 2 ? subA : subB;
-          p[r] = __float2bfloat16_rn(acc[j][r] == -INFINITY ? 0.f : expf(acc[j][r] - n));
+        for (int j = 2 * h16; j < 2 * h16 + 2; ++j) {
+          const int tok = tq * kTokPerWarp + j * 8 + q4 * 2;
+          __nv_bfloat16 p[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float n = r < 2 ? subA : subB;
+            p[r] = __float2bfloat16_rn(acc[j][r] == -INFINITY ? 0.f : expf(acc[j][r] - n));
+          }
+          sumA += __bfloat162float(p[0]) + __bfloat162float(p[1]);
+          sumB += __bfloat162float(p[2]) + __bfloat162float(p[3]);
+          *reinterpret_cast<__nv_bfloat162*>(&sm.p[rA * kProw + tok]) = __nv_bfloat162(p[0], p[1]);
+          *reinterpret_cast<__nv_bfloat162*>(&sm.p[rB * kProw + tok]) = __nv_bfloat162(p[2], p[3]);
         }
-        sumA += __bfloat162float(p[0]) + __bfloat162float(p[1]);
-        sumB += __bfloat162float(p[2]) + __bfloat162float(p[3]);
-        *reinterpret_cast<__nv_bfloat162*>(&sm.p[rA * kProw + tok]) = __nv_bfloat162(p[0], p[1]);
-        *reinterpret_cast<__nv_bfloat162*>(&sm.p[rB * kProw + tok]) = __nv_bfloat162(p[2], p[3]);
-      }
 #pragma unroll
-      for (int x = 1; x <= 2; x <<= 1) {
-        sumA += __shfl_xor_sync(0xffffffffu, sumA, x);
-        sumB += __shfl_xor_sync(0xffffffffu, sumB, x);
-      }
-      if (q4 == 0) {
-        sm.red_sum[tq][rA] = sumA;
-        sm.red_sum[tq][rB] = sumB;
-        if (tq == 0) {
-          sm.alpha[0][rA] = a1A, sm.alpha[0][rB] = a1B;
-          sm.alpha[1][rA] = a2A, sm.alpha[1][rB] = a2B;
+        for (int x = 1; x <= 2; x <<= 1) {
+          sumA += __shfl_xor_sync(0xffffffffu, sumA, x);
+          sumB += __shfl_xor_sync(0xffffffffu, sumB, x);
         }
+        if (q4 == 0) {
+          sm.red_sum[quarter][rA] = sumA;
+          sm.red_sum[quarter][rB] = sumB;
+        }
+      }
+      if (q4 == 0 && tq == 0) {
+        sm.alpha[0][rA] = a1A, sm.alpha[0][rB] = a1B;
+        sm.alpha[1][rA] = a2A, sm.alpha[1][rB] = a2B;
       }
       mA = n2A;
       mB = n2B;
@@ -568,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       }
     }
 
-    // O = alpha * O + P V, stage by stage, for the block's heads x this warp's 32 value columns.
+    // O = alpha * O + P V, stage by stage, for the block's heads x this warp's value columns.
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
       if (st == 1 && !two) break;
@@ -585,7 +615,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
 #pragma unroll
         for (int mt = 0; mt < kGroups; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
+          for (int nt = 0; nt < kPvTiles; ++nt) {
             o[mt][nt][0] *= al[mt][0];
             o[mt][nt][1] *= al[mt][0];
             o[mt][nt][2] *= al[mt][1];
@@ -595,9 +625,9 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
 #pragma unroll
       for (int kk = 0; kk < ((kDiag & 2) ? 0 : kStage / 16); ++kk) {
         const int ks = st * (kStage / 16) + kk;
-        uint32_t vb[2][4];
+        uint32_t vb[kPvTiles / 2][4];
 #pragma unroll
-        for (int np = 0; np < 2; ++np)
+        for (int np = 0; np < kPvTiles / 2; ++np)
           Ldm4T(vb[np], SmemAddr(&kv[(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow + warp * kColsPerWarp +
                                      np * 16 + (lane >> 4) * 8]));
 #pragma unroll
@@ -605,7 +635,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
           uint32_t pa[4];
           Ldm4(pa, SmemAddr(&sm.p[(mt * 16 + (lane & 15)) * kProw + ks * 16 + (lane >> 4) * 8]));
 #pragma unroll
-          for (int np = 0; np < 2; ++np) {
+          for (int np = 0; np < kPvTiles / 2; ++np) {
             Mma(o[mt][2 * np], pa, vb[np][0], vb[np][1]);
             Mma(o[mt][2 * np + 1], pa, vb[np][2], vb[np][3]);
           }
@@ -622,7 +652,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
           const int64_t h = x.head0 + mt * 16 + g + half * 8;
           float* dst = a.o_part + (h * kChunks + x.chunk) * kDv + warp * kColsPerWarp + q4 * 2;
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt)
+          for (int nt = 0; nt < kPvTiles; ++nt)
             *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
         }
       if (scorer && tq == 0 && q4 == 0) {
@@ -645,7 +675,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       for (int half = 0; half < 2; ++half) {
         float* dst = os + (mt * 16 + g + half * 8) * kOStride + warp * kColsPerWarp + q4 * 2;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < kPvTiles; ++nt)
           *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][half * 2], o[mt][nt][half * 2 + 1]);
       }
     if (scorer && tq == 0 && q4 == 0) {
@@ -654,8 +684,9 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     }
     cluster.sync();  // every chunk's (m, l, o) visible across the cluster
     Stamp(6);
-    if (threadIdx.x < kGroups * kCombineThreads) {
-      const int hh = threadIdx.x / kCombineThreads, col = (threadIdx.x % kCombineThreads) * 4;
+#pragma unroll 1
+    for (int e = threadIdx.x; e < kGroups * kCombineThreads; e += kThreads) {
+      const int hh = e / kCombineThreads, col = (e % kCombineThreads) * 4;
       const int hl = x.chunk * kGroups + hh;  // of the unit's heads
       float2 mls[kChunks];
       float4 vals[kChunks];
