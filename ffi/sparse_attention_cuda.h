@@ -1,11 +1,11 @@
 // Sparse MLA decode attention on a CUDA device (sparse_attention.h is the contract): launchers on
 // raw pointers, no XLA types.
 //
-// Plan: a chunk kernel, one block per (chunk, heads, request), 16 warps: 64 heads a block, or
+// Plan: a chunk kernel, one block per (chunk, heads, request), 8 warps: 64 heads a block, or
 // 16 / 32 where that many more blocks still fit one wave (small batches); the block's latent query
 // (heads x 512) sits in shared memory, the rope part is read into registers each pass; its
 // chunk's tokens are fetched straight from the source by index, one bulk copy (TMA) per token row
-// onto an mbarrier, every warp issuing 4 of a pass's rows, 64 tokens (two of the contract's
+// onto an mbarrier, every warp issuing 8 of a pass's rows, 64 tokens (two of the contract's
 // stages) a pass, two passes in flight; scores and P @ V run on the tensor cores (mma.sync
 // m16n8k16, bf16 in, float32 accumulate) with the online softmax between them, stage by stage.
 // Then the merge of chunks 0..15 in order with the open page, by one of two launch plans:

@@ -22,12 +22,14 @@ constexpr int kStage = static_cast<int>(kSparseAttentionStage);
 // A pass covers two of the contract's stages (64 tokens): the block's barriers and the max
 // exchange run once per pass, while the online softmax still steps stage by stage (two alphas).
 constexpr int kPass = 2 * kStage;
-// Warps a block: 16 (4 per scheduler hide the mma latency; 128 registers a thread), or 8 (255
-// registers: each warp scores 32 tokens and multiplies 64 value columns, so every Q and P
-// fragment is read from shared memory half as often, and the rope query stays in registers).
+// Warps a block: 8 (255 registers a thread: each warp scores 32 tokens and multiplies 64 value
+// columns, so every Q and P fragment is read from shared memory half as often as with 16, and
+// ptxas keeps the next k-step's fragments in flight), or 16 (128 registers; 4 warps a scheduler).
 // A head's arithmetic is the same in both (the same mma per element, the same sums): A/B by -D.
+// H200, 64 heads, k = 2048 (run 1 of issue 22): 8 warps 72.7 / 129.7 us at batch 17 / 41, 16
+// warps 77.7 / 137.3; the same output bits.
 #ifndef HISPARSE_SPARSE_ATTENTION_WARPS
-#define HISPARSE_SPARSE_ATTENTION_WARPS 16
+#define HISPARSE_SPARSE_ATTENTION_WARPS 8
 #endif
 constexpr int kWarps = HISPARSE_SPARSE_ATTENTION_WARPS;
 constexpr int kThreads = 32 * kWarps;
@@ -38,7 +40,7 @@ constexpr int kQPieces = kDv * 2 / 16;          // 64 16-byte pieces of a head's
 constexpr int kRopeSteps = (kW - kDv) / 16;     // 4 k-steps of the rope query, read into registers
 constexpr int kLatentSteps = kDv / 16;          // 32 k-steps of the latent query, read from smem
 // The latent score loop unrolls by this much: fully (32), ptxas hoists the ldmatrix loads past the
-// 128-register cap of 512 threads and spills; 16 fits with none (-Xptxas -v). A/B: -D.
+// 128-register cap of 16 warps and spills; 16 fits with none (-Xptxas -v). A/B: -D.
 #ifndef HISPARSE_SPARSE_ATTENTION_LATENT_UNROLL
 #define HISPARSE_SPARSE_ATTENTION_LATENT_UNROLL 16
 #endif
@@ -148,7 +150,7 @@ __device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t by
 __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // ldmatrix at a 32-bit shared address (smem pointers kept as 32-bit offsets: fewer registers
-// than generic 64-bit pointers, under the 128 a thread of 512 gets).
+// than generic 64-bit pointers, under the 128 a thread of 16 warps gets).
 __device__ __forceinline__ void Ldm4(uint32_t* r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -297,13 +299,20 @@ __device__ __forceinline__ void IssueRows(const ChunkArgs& a, const uint16_t* so
   }
   const uint32_t got = __ballot_sync(0xffffffffu, ok);
   uint32_t empty = (kDiag & 4) ? 0u : ~got & ((1u << kRowsPerWarp) - 1);
-  while (empty) {
-    const int r = __ffs(empty) - 1;
-    empty &= empty - 1;
-    uint4* dst = reinterpret_cast<uint4*>(&sm.kv[buf][(warp * kRowsPerWarp + r) * kRow]);
-    for (int piece = lane; piece < kRecordBytes / 16; piece += 32) dst[piece] = make_uint4(0, 0, 0, 0);
+  if (empty) {
+    while (empty) {
+      const int r = __ffs(empty) - 1;
+      empty &= empty - 1;
+      uint4* dst = reinterpret_cast<uint4*>(&sm.kv[buf][(warp * kRowsPerWarp + r) * kRow]);
+      for (int piece = lane; piece < kRecordBytes / 16; piece += 32) dst[piece] = make_uint4(0, 0, 0, 0);
+    }
+    // The zero rows (generic proxy) before any later bulk copy into them (async proxy). Only
+    // here: the fence waits for the thread's memory operations in flight (the query's copies,
+    // the next ids), ~1000 cycles that every warp paid on every pass when it ran unconditionally
+    // (ncu: membar stalls). The bulk copies' own reads-before-writes need no fence: the barrier
+    // before the issue orders the ldmatrix reads of the buffer's last pass.
+    FenceProxyAsync();
   }
-  FenceProxyAsync();
   __syncwarp();
   if (lane == 0) MbarArriveExpectTx(&sm.bar[buf], __popc(got) * kRecordBytes);
   __syncwarp();
@@ -424,17 +433,24 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     if (flat_passes > 1) IssueRows(a, source, layer_ok, sm, x1, a.by_passes.Mod(1), 1, warp, lane, id1);
     if (flat_passes > 2) next_id = RowId(a, unit_of(2), a.by_passes.Mod(2), warp, lane);
   }
-  if constexpr (kMerge) {
-    // The open page's scores of the heads this block merges, by warps 1..15 while the first
-    // records are on their way; read at the merge, many barriers later.
+  // The cluster plan's open-page scores of the heads this block merges (read at the merge, many
+  // barriers later), by `workers` warps from warp `first`: where some warps have no score role
+  // (kGroups < 4), those, during the first pass's scores, which they would wait out at the next
+  // barrier anyway; else warps 1.. while the first records are on their way. (Before the first
+  // pass, their loads from HBM held every warp at its barrier: 1.4 us at batch 1.) The open
+  // page's value rows are asked into L2 for the merge.
+  auto tail_scores = [&](int rank, int workers) {
     const Unit x = unit_of(0);
-    for (int i = warp - 1; warp > 0 && i < kGroups * a.page; i += kWarps - 1) {
+    const int64_t tok0 = static_cast<int64_t>(x.req) * a.page;
+    for (int i = rank; i < kGroups * a.page; i += workers) {
       const int hh = i / a.page, t = i % a.page;
-      const int64_t tok = static_cast<int64_t>(x.req) * a.page + t;
-      const float sc = TailScore(a.q + (x.head0 + x.chunk * kGroups + hh) * kW, a.tail + tok * kW, lane, a.scale);
-      if (lane == 0) sm.tail_s[hh][t] = a.tail_valid[tok] ? sc : -INFINITY;
+      const float sc = TailScore(a.q + (x.head0 + x.chunk * kGroups + hh) * kW, a.tail + (tok0 + t) * kW, lane, a.scale);
+      if (lane == 0) sm.tail_s[hh][t] = a.tail_valid[tok0 + t] ? sc : -INFINITY;
     }
-  }
+    for (int i = rank * 32 + lane; i < a.page * (kDv * 2 / 128); i += workers * 32)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(a.tail + (tok0 + i / (kDv * 2 / 128)) * kW + (i % (kDv * 2 / 128)) * 64));
+  };
+  if (kMerge && kGroups == 4 && warp > 0) tail_scores(warp - 1, kWarps - 1);
   Stamp(1);  // ids read, first copies issued
 
   const int rA = hg * 16 + g, rB = rA + 8;
@@ -465,6 +481,8 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     MbarWait(&sm.bar[buf], (f >> 1) & 1);
     __syncthreads();  // pass f landed (and warp 0's zero rows and flags); pass f - 1 fully consumed
     if (f <= 1) Stamp(f == 0 ? 2 : 4);  // pass 0 / 1 landed
+    if (kMerge && kGroups < 4 && f == 0 && !scorer)
+      tail_scores(tq * (4 - kGroups) + (hg - kGroups), kTokParts * (4 - kGroups));
     if (f >= 1 && f + 1 < flat_passes) {
       const int t1 = t + 1 == passes ? 0 : t + 1;
       const Unit x1 = unit_of(f + 1);
@@ -795,15 +813,14 @@ int GroupsFor(const SparseAttentionShape& shape, int sms) {
   return 4;
 }
 
-// The cluster plan's head groups: the fewest whose clusters all run at once (one wave), else 0
-// (the combine plan: more blocks than fit a wave of clusters would wait a whole wave).
-int ClusterGroupsFor(const SparseAttentionShape& shape, int dev) {
-  for (int i = 0; i < 3; ++i) {
-    const int groups = 1 << i;
-    const int64_t clusters = shape.batch * (shape.heads / (16 * groups));
-    if (clusters <= g_clusters[dev & 63][i].load()) return groups;
-  }
-  return 0;
+// The cluster plan's head groups: the combine plan's (GroupsFor) when its clusters all run at once
+// (one wave), else 0 (the combine plan). Fewer blocks of more heads to make the clusters fit
+// lost to the combine plan's one wave of smaller blocks (H200, 7 clusters of 16 at once: batch 2
+// at 32 heads a block, 23.8 us; the combine plan at 16, 21.3 us).
+int ClusterGroupsFor(const SparseAttentionShape& shape, int dev, int sms) {
+  const int groups = GroupsFor(shape, sms);
+  const int64_t clusters = shape.batch * (shape.heads / (16 * groups));
+  return clusters <= g_clusters[dev & 63][groups == 1 ? 0 : groups == 2 ? 1 : 2].load() ? groups : 0;
 }
 
 template <int kGroups>
@@ -849,7 +866,7 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   a.by_page = FastDiv(static_cast<uint32_t>(shape.page));
   a.by_passes = FastDiv(static_cast<uint32_t>((a.chunk_tokens + kPass - 1) / kPass));
   const int sms = g_sms[dev & 63].load();
-  int cluster_groups = plan == SparseAttentionPlan::kCombine ? 0 : ClusterGroupsFor(shape, dev);
+  int cluster_groups = plan == SparseAttentionPlan::kCombine ? 0 : ClusterGroupsFor(shape, dev, sms);
   if (plan == SparseAttentionPlan::kCluster && cluster_groups == 0) {
     if (g_clusters[dev & 63][2].load() < 1) return cudaErrorNotSupported;  // no cluster of 16 fits this device
     cluster_groups = 4;  // asked for: clusters in waves
