@@ -230,6 +230,8 @@ struct ChunkArgs {
   float* out;                // [b, H, 512]
   int heads, top_k, page, records, chunk_tokens;
   int units;  // (chunk, head block, request) work units; block i runs units i, i + gridDim.x, ...
+  int big_units;   // units [0, big_units) have 16 kGroups heads; the rest split_groups x 16 (SplitTail)
+  int split_groups;
   float scale;
   FastDiv by_page, by_passes, by_blocks;  // P; passes a chunk; head blocks a request
 };
@@ -240,14 +242,26 @@ struct ChunkArgs {
 struct Unit {
   int chunk, req;
   int64_t head0;  // the unit's first head of [b, H]
+  int groups;     // its heads / 16: kGroups, or fewer for a split unit of the last round
 };
+// The units past big_units are the last round's units split into kGroups / split_groups pieces
+// (the launcher's SplitTail): unit big_units + v is piece v % pieces of unit big_units + v / pieces.
 template <int kGroups>
 __device__ __forceinline__ Unit UnitAt(const ChunkArgs& a, int u) {
+  int piece = 0, groups = kGroups;
+  if (u >= a.big_units) {
+    const int pieces = kGroups / a.split_groups, v = u - a.big_units;
+    u = a.big_units + v / pieces;
+    piece = v % pieces;
+    groups = a.split_groups;
+  }
   Unit x;
   x.chunk = u % kChunks;
   const int rest = u / kChunks;
   x.req = a.by_blocks.Div(rest);
-  x.head0 = static_cast<int64_t>(x.req) * a.heads + (rest - x.req * static_cast<int>(a.by_blocks.d)) * (16 * kGroups);
+  x.head0 = static_cast<int64_t>(x.req) * a.heads + (rest - x.req * static_cast<int>(a.by_blocks.d)) * (16 * kGroups) +
+            piece * 16 * groups;
+  x.groups = groups;
   return x;
 }
 
@@ -376,7 +390,6 @@ __device__ __forceinline__ float4 MergeColumns(const float2 (&mls)[kChunks], con
 // the chip and no second launch waits behind this one. The chunk's arithmetic is the same code.
 template <int kGroups, bool kMerge>
 __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
-  constexpr int kHeads = 16 * kGroups;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   Stamp(0);  // entry
@@ -385,7 +398,8 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   // all of d, so no partial score crosses warps (warps of groups >= kGroups have no score role).
   // P @ V role: all the unit's heads x kColsPerWarp value columns.
   const int hg = warp & 3, tq = warp >> 2;
-  const bool scorer = hg < kGroups;
+  bool scorer = hg < kGroups;  // of the current unit's head groups (fewer in a split unit)
+  int ngroups = kGroups;
   const int passes = static_cast<int>(a.by_passes.d);
   // This block's units, one after another: one pipeline of passes across them ("flat" passes).
   const int my_units = (a.units - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
@@ -400,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   auto load_query = [&](const Unit& x) {
     const uint16_t* qg = a.q + x.head0 * kW;
 #pragma unroll 1  // unrolled, its addresses spill the P @ V accumulators around it
-    for (int e = threadIdx.x; e < kHeads * kQPieces; e += kThreads) {
+    for (int e = threadIdx.x; e < x.groups * 16 * kQPieces; e += kThreads) {
       const int h = e / kQPieces, piece = e % kQPieces;
       CpAsync16(&sm.q[h * kDv + ((piece ^ (h & 7)) * 8)], qg + h * kW + piece * 8);
     }
@@ -418,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   // a round trip to HBM after its records landed.
   auto prefetch_rope = [&](const Unit& x) {
 #pragma unroll
-    for (int h = lane; h < kHeads; h += 32) asm volatile("prefetch.global.L1 [%0];" ::"l"(a.q + (x.head0 + h) * kW + kDv));
+    for (int h = lane; h < x.groups * 16; h += 32) asm volatile("prefetch.global.L1 [%0];" ::"l"(a.q + (x.head0 + h) * kW + kDv));
   };
   int next_id = -1;  // this lane's id in the next pass to issue
   {
@@ -476,6 +490,8 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
 #pragma unroll
           for (int r = 0; r < 4; ++r) o[i][j][r] = 0.f;
       CpAsyncWaitAll();  // this thread's query pieces; the barrier below shows them to all
+      ngroups = unit_of(f).groups;
+      scorer = hg < ngroups;
     }
     if (f == 1) Stamp(3);  // pass 0 computed
     MbarWait(&sm.bar[buf], (f >> 1) & 1);
@@ -627,13 +643,14 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
 #pragma unroll
       for (int mt = 0; mt < kGroups; ++mt) {
         al[mt][0] = sm.alpha[st][mt * 16 + g], al[mt][1] = sm.alpha[st][mt * 16 + g + 8];
-        ones &= al[mt][0] == 1.f && al[mt][1] == 1.f;
+        if (mt < ngroups) ones &= al[mt][0] == 1.f && al[mt][1] == 1.f;
       }
       if (!__all_sync(0xffffffffu, ones)) {
 #pragma unroll
         for (int mt = 0; mt < kGroups; ++mt)
 #pragma unroll
           for (int nt = 0; nt < kPvTiles; ++nt) {
+            if (mt >= ngroups) break;
             o[mt][nt][0] *= al[mt][0];
             o[mt][nt][1] *= al[mt][0];
             o[mt][nt][2] *= al[mt][1];
@@ -650,6 +667,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
                                      np * 16 + (lane >> 4) * 8]));
 #pragma unroll
         for (int mt = 0; mt < kGroups; ++mt) {
+          if (mt >= ngroups) break;
           uint32_t pa[4];
           Ldm4(pa, SmemAddr(&sm.p[(mt * 16 + (lane & 15)) * kProw + ks * 16 + (lane >> 4) * 8]));
 #pragma unroll
@@ -667,6 +685,7 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
       for (int mt = 0; mt < kGroups; ++mt)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
+          if (mt >= ngroups) break;
           const int64_t h = x.head0 + mt * 16 + g + half * 8;
           float* dst = a.o_part + (h * kChunks + x.chunk) * kDv + warp * kColsPerWarp + q4 * 2;
 #pragma unroll
@@ -823,6 +842,27 @@ int ClusterGroupsFor(const SparseAttentionShape& shape, int dev, int sms) {
   return clusters <= g_clusters[dev & 63][groups == 1 ? 0 : groups == 2 ? 1 : 2].load() ? groups : 0;
 }
 
+// The combine plan's last round of units, when it would leave most blocks idle: each of its units
+// splits into pieces of fewer heads (16, else 32), one piece a block, so the round's heads spread
+// over that many more blocks. At batch 17 (272 units of 64 heads on 132 blocks) 8 blocks ran a
+// third unit while 124 waited for them; split, 32 blocks run a quarter of one. A head's
+// arithmetic does not depend on its unit's size (the kGroups argument), so neither do the bits.
+#ifndef HISPARSE_SPARSE_ATTENTION_SPLIT_TAIL
+#define HISPARSE_SPARSE_ATTENTION_SPLIT_TAIL 1
+#endif
+void SplitTail(ChunkArgs& a, int groups, int grid) {
+  const int rem = a.units % grid;
+  if (!HISPARSE_SPARSE_ATTENTION_SPLIT_TAIL || rem == 0) return;
+  for (int split = 1; split < groups; split *= 2) {
+    if (rem * (groups / split) <= grid) {
+      a.big_units = a.units - rem;
+      a.split_groups = split;
+      a.units = a.big_units + rem * (groups / split);
+      return;
+    }
+  }
+}
+
 template <int kGroups>
 cudaError_t LaunchCluster(const ChunkArgs& a, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
@@ -874,6 +914,7 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   if (kHeadGroupsOverride > 0 && cluster_groups > 0) cluster_groups = kHeadGroupsOverride;
   if (cluster_groups > 0) {
     a.units = static_cast<int>(shape.batch * (shape.heads / (16 * cluster_groups)) * kChunks);
+    a.big_units = a.units, a.split_groups = cluster_groups;
     a.by_blocks = FastDiv(static_cast<uint32_t>(shape.heads / (16 * cluster_groups)));
     if (cluster_groups == 1) return LaunchCluster<1>(a, stream);
     if (cluster_groups == 2) return LaunchCluster<2>(a, stream);
@@ -881,10 +922,12 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   }
   const int groups = kHeadGroupsOverride > 0 ? kHeadGroupsOverride : GroupsFor(shape, sms);
   a.units = static_cast<int>(shape.batch * (shape.heads / (16 * groups)) * kChunks);
+  a.big_units = a.units, a.split_groups = groups;
   a.by_blocks = FastDiv(static_cast<uint32_t>(shape.heads / (16 * groups)));
   // More units than multiprocessors: one block per multiprocessor runs them in turn (a unit's
   // loads then start during the previous unit's last pass); else one block per unit.
   const dim3 grid(static_cast<unsigned>(kPersistent ? std::min(a.units, sms) : a.units));
+  SplitTail(a, groups, static_cast<int>(grid.x));
   if (groups == 1) ChunkKernel<1, false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
   else if (groups == 2) ChunkKernel<2, false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
   else ChunkKernel<4, false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
