@@ -851,9 +851,8 @@ int ClusterGroupsFor(const SparseAttentionShape& shape, int dev, int sms) {
 #define HISPARSE_SPARSE_ATTENTION_SPLIT_TAIL 1
 #endif
 void SplitTail(ChunkArgs& a, int groups, int grid) {
-  const int rem = a.units % grid;
-  if (!HISPARSE_SPARSE_ATTENTION_SPLIT_TAIL || rem == 0) return;
-  for (int split = 1; split < groups; split *= 2) {
+  const int rem = HISPARSE_SPARSE_ATTENTION_SPLIT_TAIL ? a.units % grid : 0;
+  for (int split = 1; rem > 0 && split < groups; split *= 2) {
     if (rem * (groups / split) <= grid) {
       a.big_units = a.units - rem;
       a.split_groups = split;
