@@ -397,7 +397,10 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   // Score role: head group hg (16 heads) x token part tq (kTokPerWarp of the pass's 64 tokens),
   // all of d, so no partial score crosses warps (warps of groups >= kGroups have no score role).
   // P @ V role: all the unit's heads x kColsPerWarp value columns.
-  const int hg = warp & 3, tq = warp >> 2;
+  // Consecutive warps share a head group, so the score warps of fewer than 4 groups (small
+  // batches) sit on different schedulers (warp w issues on scheduler w % 4; with hg = w % 4, the
+  // 16-head blocks of batch 1 ran every score mma on one of the four).
+  const int hg = warp / kTokParts, tq = warp % kTokParts;
   bool scorer = hg < kGroups;  // of the current unit's head groups (fewer in a split unit)
   int ngroups = kGroups;
   const int passes = static_cast<int>(a.by_passes.d);
