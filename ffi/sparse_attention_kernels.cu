@@ -481,6 +481,21 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   // in shared memory too the block would not fit, and held across passes it would spill. A
   // fragment of m16n8k16: rows g and g + 8, columns 2 q4 (+1) and 2 q4 + 8 (+9).
 
+  // With 8 warps (255 registers) a unit's rope query stays in registers from its first pass on;
+  // with 16, it is read again each pass (from L1).
+  constexpr bool kKeepRope = kWarps == 8;
+  auto LoadRope = [&](uint32_t (&qr)[kRopeSteps][4], const Unit& x) {
+    const unsigned int* rope = reinterpret_cast<const unsigned int*>(a.q + (x.head0 + hg * 16 + g) * kW + kDv + q4 * 2);
+#pragma unroll
+    for (int ks = 0; ks < kRopeSteps; ++ks) {
+      qr[ks][0] = __ldg(rope + ks * 8);
+      qr[ks][1] = __ldg(rope + 4 * kW + ks * 8);
+      qr[ks][2] = __ldg(rope + ks * 8 + 4);
+      qr[ks][3] = __ldg(rope + 4 * kW + ks * 8 + 4);
+    }
+  };
+  uint32_t qr_kept[kRopeSteps][4];
+
   for (int f = 0; f < flat_passes; ++f) {
     const int t = a.by_passes.Mod(f), buf = f & 1;
     if (t == 0) {  // a new unit: its query (copied during the previous unit's last pass), fresh state
@@ -493,8 +508,10 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
 #pragma unroll
           for (int r = 0; r < 4; ++r) o[i][j][r] = 0.f;
       CpAsyncWaitAll();  // this thread's query pieces; the barrier below shows them to all
-      ngroups = unit_of(f).groups;
+      const Unit x = unit_of(f);
+      ngroups = x.groups;
       scorer = hg < ngroups;
+      if (kKeepRope && scorer) LoadRope(qr_kept, x);  // lands while the pass's records do
     }
     if (f == 1) Stamp(3);  // pass 0 computed
     MbarWait(&sm.bar[buf], (f >> 1) & 1);
@@ -515,15 +532,14 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
     float acc[kScoreTiles][4];
     if (scorer) {
       // S = Q K^T for 16 heads x kTokPerWarp tokens, d in order 0..575.
-      const unsigned int* rope =
-          reinterpret_cast<const unsigned int*>(a.q + (unit_of(f).head0 + hg * 16 + g) * kW + kDv + q4 * 2);
       uint32_t qr[kRopeSteps][4];  // loads issued first, used last
+      if constexpr (kKeepRope) {
 #pragma unroll
-      for (int ks = 0; ks < kRopeSteps; ++ks) {
-        qr[ks][0] = __ldg(rope + ks * 8);
-        qr[ks][1] = __ldg(rope + 4 * kW + ks * 8);
-        qr[ks][2] = __ldg(rope + ks * 8 + 4);
-        qr[ks][3] = __ldg(rope + 4 * kW + ks * 8 + 4);
+        for (int ks = 0; ks < kRopeSteps; ++ks)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) qr[ks][i] = qr_kept[ks][i];
+      } else {
+        LoadRope(qr, unit_of(f));
       }
 #pragma unroll
       for (int j = 0; j < kScoreTiles; ++j)
