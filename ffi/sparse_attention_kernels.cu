@@ -145,6 +145,20 @@ __device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t by
       "l"(src), "r"(bytes), "r"(SmemAddr(bar))
       : "memory");
 }
+// The same copy with an L2 eviction policy (createpolicy): the A/B of evict-first records below.
+__device__ __forceinline__ void BulkCopyHint(void* dst, const void* src, uint32_t bytes, unsigned long long* bar,
+                                             uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
+          SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar)), "l"(policy)
+      : "memory");
+}
+// The records stream through L2 once a call: evicted first (-DHISPARSE_SPARSE_ATTENTION_EVICT_FIRST=1),
+// they would displace the combine plan's partials (read back right after) last. An A/B, off.
+#ifndef HISPARSE_SPARSE_ATTENTION_EVICT_FIRST
+#define HISPARSE_SPARSE_ATTENTION_EVICT_FIRST 0
+#endif
 // Generic-proxy accesses of this thread (zero fills; reads ordered before it by a barrier) before
 // the async proxy's next writes of the same shared memory.
 __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -330,7 +344,13 @@ __device__ __forceinline__ void IssueRows(const ChunkArgs& a, const uint16_t* so
   __syncwarp();
   if (lane == 0) MbarArriveExpectTx(&sm.bar[buf], __popc(got) * kRecordBytes);
   __syncwarp();
-  if (ok) BulkCopy(&sm.kv[buf][row * kRow], src, kRecordBytes, &sm.bar[buf]);
+  if (HISPARSE_SPARSE_ATTENTION_EVICT_FIRST) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    if (ok) BulkCopyHint(&sm.kv[buf][row * kRow], src, kRecordBytes, &sm.bar[buf], policy);
+  } else if (ok) {
+    BulkCopy(&sm.kv[buf][row * kRow], src, kRecordBytes, &sm.bar[buf]);
+  }
 }
 
 // The open page's score for one head: lane sums d = lane, lane + 32, ... in order, then a fixed
