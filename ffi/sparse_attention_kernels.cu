@@ -365,6 +365,13 @@ __device__ __forceinline__ float TailScore(const uint16_t* qh, const uint16_t* k
 }
 
 constexpr int kCombineThreads = kDv / 4;  // 4 value columns a thread
+// The combine kernel as a programmatic dependent launch of the chunk kernel (A/B, off): its
+// launch and the open page's score overlap the chunk kernel's end instead of following it (the
+// trace at batch 1: 2 us between the last chunk block's exit and the first combine block).
+#ifndef HISPARSE_SPARSE_ATTENTION_PDL
+#define HISPARSE_SPARSE_ATTENTION_PDL 0
+#endif
+constexpr bool kDependentLaunch = HISPARSE_SPARSE_ATTENTION_PDL != 0;
 
 // The merge of sparse_attention.h for 4 value columns of one head: its chunks' (m, l) and o
 // columns in chunk order, then the open page's tokens in order (scores -inf where masked). The one
@@ -489,6 +496,8 @@ __global__ void __launch_bounds__(kThreads, 1) ChunkKernel(ChunkArgs a) {
   };
   if (kMerge && kGroups == 4 && warp > 0) tail_scores(warp - 1, kWarps - 1);
   Stamp(1);  // ids read, first copies issued
+  // The combine kernel may launch now (it waits for this grid's completion before its partials).
+  if (kDependentLaunch && !kMerge) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   const int rA = hg * 16 + g, rB = rA + 8;
   float mA, mB, lA, lB;  // l: kept by the tq = 0 warps
@@ -797,12 +806,23 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
   const float* oh = o_part + hq * kChunks * kDv + col;
   float2 mls[kChunks];
   float4 vals[kChunks];
+  if (kDependentLaunch) {
+    // Launched early (programmatic dependent launch): the open page's score needs nothing of the
+    // chunk kernel, so it runs first; the partials only after the chunk kernel's grid completed.
+    if (threadIdx.x < 32) {
+      for (int t = 0; t < page; ++t) {
+        const float sc = TailScore(q + hq * kW, tail + (static_cast<int64_t>(req) * page + t) * kW, threadIdx.x, scale);
+        if (threadIdx.x == 0) tail_s[t] = tail_valid[static_cast<int64_t>(req) * page + t] ? sc : -INFINITY;
+      }
+    }
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  }
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     mls[c] = mlh[c];
     vals[c] = *reinterpret_cast<const float4*>(oh + c * kDv);
   }
-  if (threadIdx.x < 32) {
+  if (!kDependentLaunch && threadIdx.x < 32) {
     for (int t = 0; t < page; ++t) {
       const float sc = TailScore(q + hq * kW, tail + (static_cast<int64_t>(req) * page + t) * kW, threadIdx.x, scale);
       if (threadIdx.x == 0) tail_s[t] = tail_valid[static_cast<int64_t>(req) * page + t] ? sc : -INFINITY;
@@ -971,6 +991,17 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   else ChunkKernel<4, false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
+  if (kDependentLaunch) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3(static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch));
+    cfg.blockDim = dim3(kCombineThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, CombineKernel, q, tail, tail_valid, static_cast<const float*>(a.o_part),
+                              static_cast<const float*>(a.ml), out, a.heads, a.page, scale);
+  }
   CombineKernel<<<dim3(static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch)), kCombineThreads, 0,
                   stream>>>(q, tail, tail_valid, a.o_part, a.ml, out, a.heads, a.page, scale);
   return cudaGetLastError();
