@@ -4,8 +4,9 @@
 // k = 2048, P = 1. Two sources: "hot" (hot buffer, 4096 slots per request) and "kv" (device KV,
 // one row per record of the context: 128K, or 32K at b = 41). The L2 is flushed (a 256 MB write)
 // before every timed call, so the records come from HBM as in a decode step.
-// Usage: sparse_attention_bench [out.json [BATCH HEADS]]   (one shape, hot source only: what a
-// profiler run of one configuration wants)
+// Usage: sparse_attention_bench [out.json [BATCH HEADS [PLAN]]]   (one shape, hot source only: what
+// a profiler run of one configuration wants; PLAN auto (default), combine or cluster: an A/B of the
+// launch plans, sparse_attention_cuda.h)
 #include <numeric>
 
 #include "../tests/harness.h"
@@ -22,14 +23,67 @@ __global__ void FillBf16(uint16_t* p, int64_t n, uint64_t seed) {
   }
 }
 
+#ifdef HISPARSE_SPARSE_ATTENTION_TRACE
+// The trace build (-DHISPARSE_SPARSE_ATTENTION_TRACE, diagnosis only): where one cold launch's
+// time goes, from thread 0 of every block (sparse_attention_kernels.cu, Stamp): per phase, us
+// after the first block started (min / median / max over blocks), and the combine kernel's blocks.
+void PrintTrace(const char* what, int blocks) {
+  std::vector<unsigned long long> ns(blocks * 8), clk(blocks * 8), comb(4096 * 2);
+  CUDA_OK(hisparse::SparseAttentionReadTrace(ns.data(), clk.data(), comb.data(), blocks));
+  unsigned long long t0 = ~0ull;
+  for (int b = 0; b < blocks; ++b)
+    if (ns[b * 8]) t0 = std::min(t0, ns[b * 8]);
+  static const char* names[8] = {"entry", "ids read, copies issued", "pass 0 landed", "pass 0 computed",
+                                 "pass 1 landed", "passes done", "cluster: partials shared", "exit"};
+  std::printf("trace %s (%d blocks), us after the first block's entry: min / median / max; cycles after the block's own entry (median)\n",
+              what, blocks);
+  for (int slot = 0; slot < 8; ++slot) {
+    std::vector<double> us, cy;
+    for (int b = 0; b < blocks; ++b)
+      if (ns[b * 8] && ns[b * 8 + slot]) {
+        us.push_back((ns[b * 8 + slot] - t0) * 1e-3);
+        cy.push_back(double(clk[b * 8 + slot] - clk[b * 8]));
+      }
+    if (us.empty()) continue;
+    std::sort(us.begin(), us.end());
+    std::sort(cy.begin(), cy.end());
+    std::printf("  %-26s %8.2f %8.2f %8.2f   %9.0f cycles\n", names[slot], us.front(), us[us.size() / 2], us.back(),
+                cy[cy.size() / 2]);
+  }
+  std::vector<double> in, out;
+  for (int b = 0; b < 4096; ++b)
+    if (comb[b * 2] && comb[b * 2] >= t0) {
+      in.push_back((comb[b * 2] - t0) * 1e-3);
+      out.push_back((comb[b * 2 + 1] - t0) * 1e-3);
+    }
+  if (!in.empty()) {
+    std::sort(in.begin(), in.end());
+    std::sort(out.begin(), out.end());
+    std::printf("  combine entry %8.2f %8.2f %8.2f | exit %8.2f %8.2f %8.2f (%zu blocks)\n", in.front(),
+                in[in.size() / 2], in.back(), out.front(), out[out.size() / 2], out.back(), in.size());
+  }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* json_path = argc > 1 ? argv[1] : nullptr;
   const bool one = argc > 3;
   const int64_t only_b = one ? std::atoll(argv[2]) : 0, only_h = one ? std::atoll(argv[3]) : 0;
+  const std::string plan_name = argc > 4 ? argv[4] : "auto";
+  const hisparse::SparseAttentionPlan plan = plan_name == "combine"   ? hisparse::SparseAttentionPlan::kCombine
+                                             : plan_name == "cluster" ? hisparse::SparseAttentionPlan::kCluster
+                                                                      : hisparse::SparseAttentionPlan::kAuto;
+  if (plan_name != "auto" && plan_name != "combine" && plan_name != "cluster") {
+    std::fprintf(stderr, "PLAN: %s is not one of auto, combine, cluster\n", plan_name.c_str());
+    return 2;
+  }
   const harness::DeviceInfo dev = harness::QueryDevice();
   std::printf("%s\n", harness::DeviceLine(dev).c_str());
+  std::printf("plan %s; clusters of 16 blocks at once: %d (16 heads a block), %d (32), %d (64)\n", plan_name.c_str(),
+              hisparse::SparseAttentionClustersAtOnce(1), hisparse::SparseAttentionClustersAtOnce(2),
+              hisparse::SparseAttentionClustersAtOnce(4));
   const double hbm_tbs = 4.3;  // H200 HBM3e, the roofline's bandwidth
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -77,9 +131,9 @@ int main(int argc, char** argv) {
         CUDA_OK(cudaStreamSynchronize(stream));
         const float scale = 0.0722f;
         auto launch = [&](int) {
-          CUDA_OK(hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream));
+          CUDA_OK(hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream, plan));
         };
-        if (const cudaError_t err = hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream);
+        if (const cudaError_t err = hisparse::LaunchSparseAttention(s, scale, q, src, layer, idx, tail, tv, out, ws, stream, plan);
             err != cudaSuccess) {
           std::printf("%-3s b=%-3lld H=%-4lld does not launch: %s\n", mode, (long long)b, (long long)H,
                       cudaGetErrorString(err));
@@ -96,20 +150,37 @@ int main(int argc, char** argv) {
           cold.push_back(t[0]);
         }
         const harness::Stats c = harness::Summarize(cold);
+#ifdef HISPARSE_SPARSE_ATTENTION_TRACE
+        for (int rep = 0; rep < 2; ++rep) {  // the second: code and TLBs warm, records cold
+          CUDA_OK(cudaMemsetAsync(flush, rep, flush_bytes, stream));
+          CUDA_OK(cudaStreamSynchronize(stream));
+          CUDA_OK(hisparse::SparseAttentionClearTrace());
+          CUDA_OK(cudaDeviceSynchronize());
+          auto t = harness::EventTimes(stream, 1, 0, 0, 0, launch);
+          CUDA_OK(cudaDeviceSynchronize());
+          PrintTrace(harness::Format("b=%lld H=%lld cold, event %.2f us", (long long)b, (long long)H, t[0]).c_str(), 4096);
+        }
+#endif
         const harness::Stats w = harness::TimeLaunches(stream, 50, launch);
+        // The outputs' bits (FNV-1a): two builds given the same shape must print the same hash
+        // where their arithmetic is the same (an A/B of kernels that should not change the bits).
+        std::vector<uint32_t> bits(b * H * 512);
+        CUDA_OK(cudaMemcpy(bits.data(), out, bits.size() * 4, cudaMemcpyDeviceToHost));
+        uint64_t hash = 1469598103934665603ull;
+        for (uint32_t v : bits) hash = (hash ^ v) * 1099511628211ull;
         const double bytes = double(b) * k * W * 2;
         const double roof_us = bytes / (hbm_tbs * 1e12) * 1e6;
         std::printf("%-3s b=%-3lld H=%-4lld cold us min %7.2f med %7.2f max %7.2f | %5.1f%% of byte roofline (%.2f us) "
-                    "| warm(L2) med %7.2f\n",
+                    "| warm(L2) med %7.2f | out %016llx\n",
                     mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us, 100 * roof_us / c.median_us,
-                    roof_us, w.median_us);
+                    roof_us, w.median_us, (unsigned long long)hash);
         std::fflush(stdout);
         if (json) {
           std::fprintf(json,
-                       "%s{\"source\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"top_k\": %lld, \"cold_min_us\": %.3f, "
+                       "%s{\"plan\": \"%s\", \"source\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"top_k\": %lld, \"cold_min_us\": %.3f, "
                        "\"cold_median_us\": %.3f, \"cold_max_us\": %.3f, \"warm_median_us\": %.3f, \"roofline_us\": %.3f, "
                        "\"roofline_fraction\": %.4f}",
-                       first_row ? "" : ",\n", mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us,
+                       first_row ? "" : ",\n", plan_name.c_str(), mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us,
                        w.median_us, roof_us, roof_us / c.median_us);
           first_row = false;
         }

@@ -4,6 +4,8 @@
 //   - batch invariance: request i alone (b = 1) == request i inside batch b, bit for bit;
 //   - source invariance: the same records read from a hot buffer by slot == from the device KV by
 //     record id, bit for bit (hisparse == full-KV);
+//   - plan invariance: the combine plan (two launches) == the cluster plan (merge on chip) == the
+//     automatic choice, bit for bit (the choice follows the batch, the bits must not);
 //   - invalid ids (-1, out of range) and the open page's mask; nothing valid gives zeros;
 //   - guard bytes around the output and the workspace stay untouched.
 // Usage: sparse_attention_cuda_check [--quick] [--quiet] [--seed N] [--only SUBSTRING]
@@ -17,6 +19,7 @@
 
 namespace {
 
+using hisparse::SparseAttentionPlan;
 using hisparse::SparseAttentionShape;
 constexpr int64_t W = hisparse::kSparseAttentionWidth, Dv = hisparse::kSparseAttentionValueWidth;
 
@@ -86,7 +89,8 @@ T* Upload(const std::vector<T>& v) {
 }
 
 // Runs the kernels on `h` (request offset `first`, `count` requests), output between guards.
-std::vector<float> RunGpu(const Case& c, const Host& h, int64_t first, int64_t count, bool* guards_ok) {
+std::vector<float> RunGpu(const Case& c, const Host& h, int64_t first, int64_t count, bool* guards_ok,
+                          SparseAttentionPlan plan = SparseAttentionPlan::kAuto) {
   SparseAttentionShape s = c.shape;
   s.batch = count;
   const auto& f = c.shape;
@@ -107,7 +111,7 @@ std::vector<float> RunGpu(const Case& c, const Host& h, int64_t first, int64_t c
   uint8_t* tv = Upload(slice(h.tail_valid, f.page));
   harness::DeviceBuffer<float> out(s.batch * s.heads * Dv);
   harness::DeviceBuffer<float> ws(hisparse::SparseAttentionWorkspaceBytes(s) / 4);
-  CUDA_OK(hisparse::LaunchSparseAttention(s, c.scale, q, src, layer, idx, tail, tv, out.get(), ws.get(), 0));
+  CUDA_OK(hisparse::LaunchSparseAttention(s, c.scale, q, src, layer, idx, tail, tv, out.get(), ws.get(), 0, plan));
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> r(s.batch * s.heads * Dv);
   CUDA_OK(cudaMemcpy(r.data(), out.get(), r.size() * 4, cudaMemcpyDeviceToHost));
@@ -129,6 +133,17 @@ void Report(const harness::CheckOptions& o, const std::string& name, bool ok, co
   if (!ok || o.verbose) std::printf("%s %s: %s\n", ok ? "ok  " : "FAIL", name.c_str(), what.c_str());
 }
 
+// Both launch plans give the automatic choice's bits, for the whole batch.
+void CheckPlans(const harness::CheckOptions& o, const Case& c, const Host& h, const std::vector<float>& auto_bits) {
+  for (const auto& [plan, name] : {std::pair{SparseAttentionPlan::kCombine, "combine"},
+                                   std::pair{SparseAttentionPlan::kCluster, "cluster"}}) {
+    bool g = false;
+    const std::vector<float> bits = RunGpu(c, h, 0, c.shape.batch, &g, plan);
+    Report(o, c.name + "/plan-" + name, g && std::memcmp(bits.data(), auto_bits.data(), bits.size() * 4) == 0,
+           std::string("the ") + name + " plan gives the automatic plan's bits");
+  }
+}
+
 // CUDA vs CPU to rounding: |gpu - cpu| <= 2e-3 * max |cpu| of the head + 1e-6.
 void CheckVsCpu(const harness::CheckOptions& o, const Case& c, harness::Rng& rng) {
   if (o.Skips(c.name)) return;
@@ -146,6 +161,7 @@ void CheckVsCpu(const harness::CheckOptions& o, const Case& c, harness::Rng& rng
     Report(o, c.name + "/rerun", g && std::memcmp(again.data(), gpu.data(), gpu.size() * 4) == 0,
            "same bits from a second run");
   }
+  CheckPlans(o, c, h, gpu);
   std::vector<float> cpu(gpu.size());
   hisparse::SparseAttentionCpu(c.shape, c.scale, h.q.data(), h.source.data(), c.layer, h.index.data(), h.tail.data(),
                                h.tail_valid.data(), cpu.data());
@@ -178,6 +194,7 @@ void CheckInvariance(const harness::CheckOptions& o, const Case& c, harness::Rng
   const Host h = Make(c, rng);
   bool guards = false;
   const std::vector<float> full = RunGpu(c, h, 0, c.shape.batch, &guards);
+  CheckPlans(o, c, h, full);
   const int64_t per = c.shape.heads * Dv;
   int64_t differing = 0;
   std::vector<int64_t> probe = {0, c.shape.batch - 1, c.shape.batch / 2};
@@ -255,12 +272,23 @@ int main(int argc, char** argv) {
   if (!o.quick) cases.push_back({"units-b9-k2048", shape(9, 64, 2048, 1, 2100), 0.0722f, 0.02});
   cases.push_back({"page4-k1024-4passes", shape(1, 64, 1024, 4, 1500), 0.0722f, 0.05});
   if (!o.quick) cases.push_back({"h64-k2048-b3", shape(3, 64, 2048, 1, 8192), 0.0722f, 0.01});
+  // The plans' boundary at 64 heads: the largest batch whose clusters (64 heads a block) all fit
+  // one wave (auto: cluster) and one request more (auto: combine).
+  const int fit = hisparse::SparseAttentionClustersAtOnce(4);
+  std::printf("clusters of 16 blocks at once: %d (16 heads a block), %d (64 heads a block)\n",
+              hisparse::SparseAttentionClustersAtOnce(1), fit);
+  if (fit >= 1) {
+    cases.push_back({"cluster-edge-b" + std::to_string(fit), shape(fit, 64, 512, 1, 600), 0.1f, 0.02});
+    cases.push_back({"combine-edge-b" + std::to_string(fit + 1), shape(fit + 1, 64, 512, 1, 600), 0.1f, 0.02});
+  }
   for (const Case& c : cases) CheckVsCpu(o, c, rng);
 
   std::vector<Case> inv;
   inv.push_back({"inv-b5-h64-k512", shape(5, 64, 512, 1, 1000), 0.1f, 0.05});
   if (!o.quick) {
     inv.push_back({"inv-b17-h64-k2048", shape(17, 64, 2048, 1, 4096), 0.0722f, 0.02});
+    // Batch 2 (the cluster plan at 16 heads a block) against batch 1.
+    inv.push_back({"inv-b2-h64-k2048", shape(2, 64, 2048, 1, 4096), 0.0722f, 0.02});
     inv.push_back({"inv-b4-h128-k2048-p2", shape(4, 128, 1024, 2, 2048), 0.0722f, 0.02});
     inv.push_back({"inv-b3-h64-k8192", shape(3, 64, 8192, 1, 9000), 0.0722f, 0.02});
   }
