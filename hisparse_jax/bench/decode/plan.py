@@ -27,7 +27,7 @@ import numpy as np
 from ... import _ffi
 from ..._ffi import extension_error
 from ...selection import recorded, synthetic as traces
-from ...models import get_family
+from ...models import Family, get_family
 from ...models.config import MAX_SIZE
 from .capacity import Capacity, capacity
 from .working_memory import fit_batches, program_memory, working_memory
@@ -409,16 +409,19 @@ def resolve_defaults(args):
             deployment = get_deployment(args.deployment)
         except ValueError as err:
             raise BenchError(f"argument --deployment: {err}") from None
+        # A Family value (not a name: no flag gives one) replaces the slice's family: hisparse-bench
+        # indexers runs a slice with each indexer's (bench/indexer_slice.py).
+        replaced = isinstance(args.family, Family)
         for flag, name in (("--family", "family"), ("--preset", "preset")):
             given = getattr(args, name)
-            if given is not None:
+            if given is not None and not (replaced and name == "family"):
                 raise BenchError(f"{flag} {given}: --deployment {deployment.name} sets the model "
                                  f"({deployment.family}); drop {flag}")
         try:
             derivation = deployment.derive(args.num_layers)
         except ValueError as err:
             raise BenchError(f"--num-layers: {err}") from None
-        args.family, args.preset = deployment.family, "realistic"
+        args.family, args.preset = args.family if replaced else deployment.family, "realistic"
         if args.device_budget_gib is None and args.device_budget_mib is None:
             args.device_budget_gib = derivation.device_budget / GiB
         for name, value in DEPLOYMENT_DEFAULTS.items():
@@ -463,7 +466,10 @@ def build_plan(args) -> Plan:
         raise BenchError("--prefetch times HiSparse with its copies on a stream of their own; add hisparse to --modes")
     overrides = _parse_sets(family, args)
     if derivation is not None:
-        overrides = {**derivation.overrides, **overrides}
+        # A replacing family keeps the slice's fields it has (the kit's MLA model: all but DSA's
+        # lightning indexer's; its own indexer's knobs are the indexer's).
+        fields = {f.name for f in dataclasses.fields(family.Config)}
+        overrides = {**{k: v for k, v in derivation.overrides.items() if k in fields}, **overrides}
     budget, host_budget = _device_budget(args), _host_budget(args)
     _allow_pinned_host(host_budget)  # before the backend starts
     platform = _ffi.platform_of(jax.default_backend())
