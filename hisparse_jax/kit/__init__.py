@@ -7,6 +7,8 @@ decode, the benchmarks, the selection lab and hisparse_jax.testing drive like DS
 """
 
 from .checks import IndexerError
+from .config import Config, MLAConfig
+from .family import family, make_family
 from .protocol import Indexer
 
-__all__ = ["Indexer", "IndexerError"]
+__all__ = ["Config", "Indexer", "IndexerError", "MLAConfig", "family", "make_family"]

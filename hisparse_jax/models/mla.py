@@ -1,10 +1,11 @@
-"""MLA (multi-head latent attention) in absorbed form, the attention of the DSA family.
+"""MLA (multi-head latent attention) in absorbed form: the attention of the research kit's model
+(hisparse_jax.kit), so of DSA.
 
 A token's KV record is its compressed latent c [kv_lora_rank] concatenated with a shared rope key
 [qk_rope_dim]; queries are absorbed into latent space (q_nope @ w_uk), so attention scores are
 q . record and the read-out projects the attended latent through w_uv and w_o. The decode
-(models/dsa.py) and the training forward (train/forward.py) share these pieces, so the model
-they train is the model that decodes.
+(hisparse_jax/kit/model.py) and the training forward (train/forward.py) share these pieces, so
+the model they train is the model that decodes.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import jax.numpy as jnp
 from . import layers
 
 if TYPE_CHECKING:
-    from . import dsa
+    from ..kit.config import MLAConfig
+    from ..kit.weights import LayerWeights
 
 
-def query(config: dsa.Config, w: dsa.LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
+def query(config: MLAConfig, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
     """h [..., D] at positions (broadcast to h.shape[:-1]) -> absorbed q [..., H, dc + dr] float32."""
     if config.q_lora_rank:
         latent = layers.rms_norm(layers.weight_einsum("...d,dr->...r", h, w.w_q_a), w.q_norm, config.norm_eps)
@@ -34,7 +36,7 @@ def query(config: dsa.Config, w: dsa.LayerWeights, h: jax.Array, positions: jax.
     return jnp.concatenate([q_latent, q_rope.astype(jnp.float32)], axis=-1)
 
 
-def kv_record(config: dsa.Config, w: dsa.LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
+def kv_record(config: MLAConfig, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
     """h [..., D] -> record [..., dc + dr] in config.dtype: [rms-normed latent c, rope key]."""
     kv = layers.weight_einsum("...d,dw->...w", h, w.w_kv)
     latent = layers.rms_norm(kv[..., : config.kv_lora_rank], w.kv_norm, config.norm_eps)
@@ -42,17 +44,17 @@ def kv_record(config: dsa.Config, w: dsa.LayerWeights, h: jax.Array, positions: 
     return jnp.concatenate([latent, k_rope], axis=-1).astype(config.dtype)
 
 
-def attention_out(config: dsa.Config, w: dsa.LayerWeights, latent: jax.Array) -> jax.Array:
+def attention_out(config: MLAConfig, w: LayerWeights, latent: jax.Array) -> jax.Array:
     """Attention read-out in latent space latent [..., H, dc] float32 -> [..., D]."""
     heads = layers.weight_einsum("...hc,hcv->...hv", latent.astype(config.dtype), w.w_uv)
     return layers.weight_einsum("...hv,hvd->...d", heads, w.w_o)
 
 
-def scale(config: dsa.Config) -> float:
+def scale(config: MLAConfig) -> float:
     """The softmax scale of MLA attention: 1 / sqrt of the full query-key head width (nope + rope)."""
     return 1.0 / math.sqrt(config.qk_nope_dim + config.qk_rope_dim)
 
 
-def split_record(config: dsa.Config):
+def split_record(config: MLAConfig):
     """Record tokens [..., dc + dr] -> (keys: the whole record, values: the latent c)."""
     return lambda records: (records, records[..., : config.kv_lora_rank])

@@ -120,12 +120,21 @@ def select(config, store: RecordStore, scores: Callable[[], jax.Array], forced: 
       [*S, k] int32 ids ascending, -1 padding at the end (top-k of the sealed records, ties to
       the lower id); None in "dense" mode (every sealed record, read in place).
     """
+    return select_ids(store, lambda: select_topk(scores(), store.sealed, config.top_k,
+                                                 implementation=config.implementation), forced, selector)
+
+
+def select_ids(store: RecordStore, choose: Callable[[], jax.Array], forced: ForcedSelection | None,
+               selector: int) -> jax.Array | None:
+    """`select` for any selection rule: choose() -> [*S, k] int32 ids (ascending, -1 padding,
+    every id < store.sealed), called as `select` calls its top-k (not in "dense" mode nor with
+    forced.skip_indexer; replaced by forced ids at run time when forced)."""
     if store.mode == "dense":
         ids = None
     elif forced is not None and forced.skip_indexer:
         ids = forced.ids[selector]  # the diagnostic: neither the indexer nor top-k runs
     else:
-        ids = select_topk(scores(), store.sealed, config.top_k, implementation=config.implementation)
+        ids = choose()
         if forced is not None:
             ids = jnp.where(forced.enabled, forced.ids[selector], ids)
     return ids

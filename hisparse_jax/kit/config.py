@@ -1,0 +1,120 @@
+"""The kit model's configuration: MLA shapes, index_share, and the indexer.
+
+`MLAConfig` holds every field of an MLA model that selects records with some indexer (DSA's
+Config without the lightning indexer's own fields); its `indexer` is abstract. Two kinds of
+model build on it:
+- `Config`, the research kit's: the indexer is a field (`Config.indexer`), so a sweep is a
+  `dataclasses.replace(config, indexer=PageMinMax(page=32))`; `kit.family(indexer)` gives a
+  subclass whose `indexer` defaults to that indexer, so `Config.tiny()` works unchanged;
+- hisparse_jax.models.dsa.Config, whose indexer is the lightning indexer read from its own
+  index_* fields (a property, so DSA's fields and checkpoints stay what they were).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .._dispatch import IMPLEMENTATIONS
+from ..config import CacheConfig
+from ..models import shapes
+from ..models.config import MAX_SIZE, ModelConfig, require
+from . import checks
+from .protocol import Indexer
+
+# dsa.Config's fields that belong to its lightning indexer, not to the MLA model around it.
+LIGHTNING_FIELDS = ("index_heads", "index_dim", "index_dtype", "index_rope_dim", "indexer_implementation")
+
+
+def _without_lightning(presets):
+    return {name: {k: v for k, v in fields.items() if k not in LIGHTNING_FIELDS} for name, fields in presets.items()}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MLAConfig(ModelConfig):
+    """An MLA model selecting records with an indexer (hashable: a static jit argument). Shared
+    fields: models.config.ModelConfig.
+
+    Attributes:
+      n_heads: H query heads; qk_nope_dim / qk_rope_dim / v_head_dim per head.
+      kv_lora_rank: dc, the latent width; record_width = dc + qk_rope_dim.
+      q_lora_rank: r, the query's low-rank latent width (0: a direct [D, H, qk_nope + qk_rope]
+        query projection).
+      index_share: n layers per indexer group: the group's first layer (its anchor) selects and
+        the other n - 1 reuse its ids (IndexCache); 1 = every layer selects.
+      attention_implementation: the decode attention over the selected records and the open
+        page: "auto" (the sparse attention CUDA kernel on a CUDA backend when the layer is in
+        its domain, kit.attention.attention_kernel_domain; else XLA), "ffi" (the kernel; an
+        error where it cannot run) or "reference" (XLA: a gather, then layers.attend). Kept
+        apart from `implementation`: the kernel's bits are the same in every mode, not XLA's.
+    """
+
+    n_heads: int
+    qk_nope_dim: int
+    qk_rope_dim: int
+    v_head_dim: int
+    kv_lora_rank: int
+    q_lora_rank: int = 0
+    index_share: int = 1
+    attention_implementation: str = "auto"
+
+    PRESETS = _without_lightning(shapes.FAMILY_PRESETS["dsa"])  # DSA's shapes, any indexer
+    POSITIVE = ("n_heads", "qk_nope_dim", "qk_rope_dim", "v_head_dim", "kv_lora_rank", "index_share")
+    RECORD_FIELD = "kv_lora_rank"
+    RECORD_SHAPE = "page_size x (kv_lora_rank + qk_rope_dim)"
+
+    def check(self) -> None:
+        r = self.q_lora_rank
+        require(isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_SIZE, self, "q_lora_rank",
+                f"must be an int in [0, 2^31) (0: a direct query projection), got {r!r}")
+        require(self.qk_rope_dim % 2 == 0, self, "qk_rope_dim", f"must be even, got {self.qk_rope_dim}")
+        require(self.num_layers % self.index_share == 0, self, "index_share",
+                f"index_share={self.index_share} must divide num_layers={self.num_layers}")
+        require(self.attention_implementation in IMPLEMENTATIONS, self, "attention_implementation",
+                f"must be one of {IMPLEMENTATIONS}, got {self.attention_implementation!r}")
+
+    @property
+    def indexer(self) -> Indexer:
+        """The indexer every selecting group runs (hisparse_jax.kit.Indexer)."""
+        raise NotImplementedError
+
+    @property
+    def record_width(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_dim
+
+    @property
+    def groups(self) -> int:
+        """G: indexer groups (anchor layers), each with its own indexer parameters and metadata."""
+        return self.num_layers // self.index_share
+
+    def cache_config(self, batch: int) -> CacheConfig:
+        return self.store_config(self.num_layers, (batch,))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config(MLAConfig):
+    """The research kit's model: MLAConfig plus the indexer as a field.
+
+    Attributes:
+      indexer: a hisparse_jax.kit.Indexer value (frozen, hashable); its own knobs are its
+        fields, and its `check(config)` runs here.
+    """
+
+    indexer: Indexer = None
+
+    def check(self) -> None:
+        super().check()
+        if self.indexer is None:
+            raise ValueError(f"{type(self).__name__}.indexer: no indexer; pass indexer=MyIndexer(...) or build the "
+                             "Config from kit.family(MyIndexer(...)).Config")
+        checks.check_indexer(self.indexer)
+        self.indexer.check(self)
+
+
+def config_class(indexer: Indexer) -> type:
+    """A Config subclass whose `indexer` defaults to `indexer` (its presets then work as is)."""
+    checks.check_indexer(indexer)
+    cls = dataclasses.make_dataclass(
+        "Config", [("indexer", Indexer, dataclasses.field(default=indexer, kw_only=True))], bases=(Config,),
+        frozen=True, namespace={"__doc__": f"The kit model with indexer {indexer!r} (hisparse_jax.kit.Config)."})
+    cls.__module__ = __name__
+    return cls

@@ -1,0 +1,138 @@
+"""The kit model's prefill and decode step: MLA over a RecordStore, records selected by the
+config's indexer (moved from models/dsa.py, which is now this model with the lightning indexer).
+
+Each selecting group (index_share layers) runs its indexer once at its anchor layer: `write`
+stores this step's token in the group's metadata, then `score` + the library's top-k (or the
+indexer's own `select`) picks the records, which every layer of the group locates (RESOLVE in
+"hisparse") before any of them reads. Each layer then attends to its selected records plus its
+open page (kit.attention). Every indexer call goes through kit.checks, which checks what it
+returns when the step is traced.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .. import kv_store
+from ..models import layers, mla, moe, paging
+from ..models.paging import ForcedSelection
+from ..topk import select_topk
+from . import checks
+from .attention import attend_records
+from .protocol import SCORE, selection_rule
+from .state import group_metadata, replace_metadata
+
+
+def _selection(config, params, metadata, h, pos, store, forced, group: int):
+    """The ids group `group` attends to ([b, k] int32; None in "dense" mode): the indexer's scores
+    through the library's top-k, or its own select."""
+    indexer = config.indexer
+    if selection_rule(indexer) == SCORE:
+        def choose():
+            scores = checks.score(indexer, config, params, metadata, h, pos, store.sealed)
+            return select_topk(scores, store.sealed, config.top_k, implementation=config.implementation)
+    else:
+        def choose():
+            return checks.select(indexer, config, params, metadata, h, pos, store.sealed)
+    return paging.select_ids(store, choose, forced, group)
+
+
+def _decode_layer(config, w, store, located, pos, x, tail, layer: int):
+    """One layer of one decode step, its records located: (x, tail, store, misses [b])."""
+    h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
+    with jax.named_scope("mla_project"):
+        q = mla.query(config, w, h, pos)  # [b, H, dc + dr] f32
+        tail = paging.tail_write(tail, mla.kv_record(config, w, h, pos), pos)
+    with jax.named_scope("attention"):
+        latent, misses, store = attend_records(config, store, layer, located, tail, pos, q)  # [b, H, dc]
+        x = x + mla.attention_out(config, w, latent)
+    x = moe.add_feed_forward(config, w, x)
+    return x, tail, store, misses
+
+
+def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelection | None = None,
+                record_selection: bool = False) -> paging.StepOutput:
+    """One token per stream (the family protocol's decode_step, hisparse_jax.models).
+
+    Args:
+      tokens: [b] int32, the token at position state.lengths.
+      forced: a trace's ids [G, b, k] for this step (benchmarks), or None.
+      record_selection: also return the ids each indexer group selected ([G, b, k]).
+    Returns:
+      StepOutput(state, logits [b, V] float32, misses [L, b] int32: records RESOLVE fetched per
+      layer, zeros outside "hisparse", selected).
+    """
+    c, indexer, pos = config, config.indexer, state.lengths
+    store, tails = state.store, list(state.tail)
+    metadata = [group_metadata(state, g) for g in range(c.groups)]
+    b = pos.shape[0]
+    written = jnp.ones((b, 1), bool)
+    with jax.named_scope("embed"):
+        x = layers.embed(weights.embed, tokens)
+    misses, chosen = [], []
+    for g in range(c.groups):
+        params = weights.indexers[g]
+        with jax.named_scope("indexer"):
+            h = layers.rms_norm(x, weights.layers[g * c.index_share].attn_norm, c.norm_eps)
+            # The token is written before the group selects, so a step's scores see the whole
+            # sealed prefix (the write orders itself before the read: an in-place update).
+            metadata[g] = checks.write(indexer, c, params, metadata[g], h[:, None], pos[:, None], written)
+            selection = _selection(c, params, metadata[g], h, pos, store, forced, g)
+            chosen.append(selection)
+        group = range(g * c.index_share, (g + 1) * c.index_share)
+        located = []
+        with jax.named_scope("attention"):
+            for layer in group:  # the group's RESOLVE calls first: each read then follows them all
+                where, store = paging.locate(store, layer, selection)
+                located.append(where)
+        for layer, where in zip(group, located):
+            x, tails[layer], store, m = _decode_layer(c, weights.layers[layer], store, where, pos, x,
+                                                      tails[layer], layer)
+            misses.append(m)
+    logits = layers.lm_head(weights, x, c.norm_eps)
+    misses = jnp.stack(misses)
+    with jax.named_scope("seal"):
+        store = paging.seal_full_pages(store, tails, pos + 1, misses)
+    state = replace_metadata(state, metadata, store=store, tail=tuple(tails), lengths=pos + 1)
+    return paging.StepOutput(state, logits, misses, paging.stack_selected(chosen) if record_selection else None)
+
+
+def _prefill_layer(config, w, positions, chunk, x):
+    """One layer over the whole prompt: x [b, T, D] -> (x, records [b, T, W])."""
+    h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
+    record = mla.kv_record(config, w, h, positions)
+
+    def q_fn(q_pos):
+        h_chunk = jax.lax.dynamic_slice_in_dim(h, q_pos[0], chunk, axis=1)
+        return mla.query(config, w, h_chunk, q_pos[None, :])
+
+    with jax.named_scope("attention"):
+        latent = layers.causal_attention(q_fn, record, record[..., : config.kv_lora_rank], mla.scale(config), chunk)
+        x = x + mla.attention_out(config, w, latent)
+    x = moe.add_feed_forward(config, w, x)
+    return x, record
+
+
+def prefill(config, weights, state, prompts: jax.Array, lengths: jax.Array):
+    """The protocol's prefill (hisparse_jax.models: prompts [b, T], lengths [b] -> (state, logits
+    [b, V] of each prompt's last token)), dense and causal: each indexer group first writes every
+    prompt token into its metadata, then its layers page their latent records into the store."""
+    c, indexer = config, config.indexer
+    x, lengths, positions, chunk, keep = layers.embed_prompts(c, weights.embed, prompts, lengths)
+    written = positions[:keep] < lengths[:, None]  # [b, keep]
+    token_pos = jnp.broadcast_to(positions[:keep], written.shape)
+    metadata = [group_metadata(state, g) for g in range(c.groups)]
+    records = []
+    for g in range(c.groups):
+        with jax.named_scope("indexer"):
+            h = layers.rms_norm(x, weights.layers[g * c.index_share].attn_norm, c.norm_eps)
+            metadata[g] = checks.write(indexer, c, weights.indexers[g], metadata[g], h[:, :keep], token_pos, written)
+        for i in range(c.index_share):
+            x, record = _prefill_layer(c, weights.layers[g * c.index_share + i], positions, chunk, x)
+            records.append(record[:, :keep])
+    with jax.named_scope("write_sealed"):
+        pages, count, tails = paging.prefill_pages(jnp.stack(records), lengths, c.page_size)
+        store = kv_store.write_sealed(state.store, pages, count)
+    logits = layers.lm_head(weights, layers.last_token(x, lengths), c.norm_eps)
+    return replace_metadata(state, metadata, store=store, tail=tuple(tails), lengths=lengths), logits
