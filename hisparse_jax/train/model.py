@@ -20,19 +20,14 @@ MODELS = shapes.TRAINED_MODELS  # named shapes live in hisparse_jax/models/shape
 
 
 def model_config(name: str, indexer: kit.Indexer | None = None, **overrides):
-    """The Config of the trained shape `name`: dsa.Config without an indexer (or with DSA's own
-    lightning indexer), else the kit Config of `indexer`."""
+    """The Config of the trained shape `name`: dsa.Config without an indexer, else the kit Config
+    of `indexer` (a LightningIndexer given explicitly too: its knobs are then its fields)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}")
-    if indexer is None or is_lightning(indexer):
+    if indexer is None:
         return dsa.Config(**{**MODELS[name], **overrides})
     fields = {k: v for k, v in MODELS[name].items() if k not in LIGHTNING_FIELDS}
     return kit.family(indexer).Config(**{**fields, **overrides})
-
-
-def is_lightning(indexer) -> bool:
-    """Whether `indexer` is DSA's lightning indexer (its knobs live in dsa.Config's fields)."""
-    return type(indexer) is type(dsa.Config.tiny().indexer)
 
 
 def family_of(config) -> Family:
