@@ -258,7 +258,7 @@ def indexers_arguments(sub) -> None:
     p.add_argument("--prefill", type=count, default=None,
                    help="tokens before the recorded steps (default: 512 tiny, 32768 trace-model)")
     p.add_argument("--steps", type=count, default=None,
-                   help="decode steps recorded (default: 96 tiny, 160 trace-model); misses count from a quarter on")
+                   help="decode steps recorded (default: 128 tiny, 160 trace-model); misses count from a quarter on")
     p.add_argument("--ratios", type=_ratio, nargs="+", default=list(indexers.RATIOS),
                    help="B/k values of the replay (default: 1 2 3 4)")
     p.add_argument("--policies", nargs="+", default=list(cache_policies.POLICIES), choices=cache_policies.POLICIES,

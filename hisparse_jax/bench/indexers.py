@@ -43,9 +43,10 @@ DSA = "dsa"  # --indexer dsa: DSA's lightning indexer (fit without --indexer)
 CONTEXTS = (32768, 65536, 131072, 262144)
 RATIOS = (1.0, 2.0, 3.0, 4.0)
 # What `record` decodes per trained shape: the tiny model on held-out documents a CPU decodes in
-# seconds (n/k = 32 at its k = 16, as 64K tokens are for k = 2048); the trace model as
+# seconds (n/k = 32 at its k = 16, as 64K tokens are for k = 2048; 640 tokens, a multiple of
+# page sizes up to 128); the trace model as
 # docs/training.md records it.
-RECORD = {"tiny": dict(documents=2, prefill=512, steps=96), "trace-model": dict(documents=8, prefill=32768, steps=160)}
+RECORD = {"tiny": dict(documents=2, prefill=512, steps=128), "trace-model": dict(documents=8, prefill=32768, steps=160)}
 
 
 @dataclasses.dataclass
@@ -124,8 +125,12 @@ def _misses(c: Candidate, args, corpus: Corpus, model: str, folder: Path) -> dic
     save_trace(folder / "trace.npz", trace)
     trace = load_trace(folder / "trace.npz")  # the file hisparse-bench policies replays
     warm = trace.steps // 4
+    start = time.perf_counter()
     result = cache_policies.replay(trace.ids, ratios=args.ratios, policies=args.policies, warm=warm)
-    result["step_overlap"] = [None if math.isnan(v) else round(float(v), 6) for v in cache_policies.step_overlap(trace.ids)]
+    result["replay_s"] = round(time.perf_counter() - start, 3)
+    floats = lambda values: [None if math.isnan(v) else round(float(v), 6) for v in values]
+    result["step_overlap"] = floats(cache_policies.step_overlap(trace.ids))
+    result["layer_overlap"] = floats(cache_policies.layer_overlap(trace.ids))
     result["trace"] = dict(file=str(folder / "trace.npz"), decode_loss=trace.source["decode_loss_nats_per_byte"],
                            num_records=trace.num_records, **shape)
     return result

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 
 from .decode.report import fmt_bytes
-from .policies import format_entry
 
 
 def _f(value, spec: str = ".4f") -> str:
@@ -41,15 +40,24 @@ def quality_table(report: dict) -> list[str]:
 def misses_table(report: dict) -> list[str]:
     """Miss rate per indexer and policy at each B/k (all policies replayed)."""
     ratios = report["ratios"]
-    lines = ["| indexer | policy | " + " | ".join(f"B/k = {r:g}" for r in ratios) + " | step overlap |",
-             "|---|---|" + "---|" * (len(ratios) + 1)]
+    lines = ["| indexer | policy | " + " | ".join(f"B/k = {r:g}" for r in ratios)
+             + " | step overlap | adjacent-layer overlap |", "|---|---|" + "---|" * (len(ratios) + 2)]
     for e in report["indexers"]:
-        overlap = [v for v in e["misses"]["step_overlap"] if v is not None]
+        overlaps = [_mean_known(e["misses"][key]) for key in ("step_overlap", "layer_overlap")]
         for i, policy in enumerate(report["policies"]):
-            shown = f"{np.mean(overlap):.3f}" if overlap and i == 0 else ""
+            shown = " | ".join(overlaps) if i == 0 else " | "
             lines.append(f"| {e['label'] if i == 0 else ''} | {policy} | "
                          + " | ".join(_percent(_ratio_at(e, policy, r)) for r in ratios) + f" | {shown} |")
+    t = report["indexers"][0]["misses"] if report["indexers"] else None
+    if t is not None:
+        lines += ["", f"misses / selected ids from step {t['warm']} of {t['steps']} on, {t['streams']} streams of "
+                  f"held-out text after {t['trace']['prefill']} tokens (traces under --out/NAME/trace.npz)"]
     return lines
+
+
+def _mean_known(values) -> str:
+    known = [v for v in values if v is not None]
+    return f"{np.mean(known):.3f}" if known else "-"
 
 
 def bytes_table(report: dict) -> list[str]:
@@ -83,14 +91,9 @@ def deployment_lines(report: dict) -> list[str]:
 
 
 def format_report(report: dict) -> str:
-    """Every table, then each indexer's policy table as hisparse-bench policies prints it."""
-    parts = [f"indexers compared on {report['device']}", "", *quality_table(report), "", *misses_table(report), "",
-             *bytes_table(report), "", *deployment_lines(report)]
-    for e in report["indexers"]:
-        m = e["misses"]
-        entry = dict(label=e["label"], trace=dict(kind="recorded", file=m["trace"]["file"]), replay_s=0.0, **m)
-        parts += ["", f"{e['label']}: " + format_entry(entry)]
-    return "\n".join(parts)
+    """The tables: quality, misses per policy, bytes per request, the deployment slice."""
+    return "\n".join([f"indexers compared on {report['device']}", "", *quality_table(report), "",
+                      *misses_table(report), "", *bytes_table(report), "", *deployment_lines(report)])
 
 
 def write_plot(report: dict, out: Path) -> list[Path]:
@@ -106,35 +109,35 @@ def write_plot(report: dict, out: Path) -> list[Path]:
               "(pip install 'hisparse-jax[plots]')", file=sys.stderr)
         return []
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for e in report["indexers"]:
-        m = e["misses"]
+    for i, e in enumerate(report["indexers"]):
+        m, colour = e["misses"], f"C{i}"  # one colour per indexer in every panel
         for policy, style in (("lru", "-o"), ("belady", ":s")):
             if policy in m["miss_rate"]:
                 rates = [np.nan if r is None else 100 * r for r in m["miss_rate"][policy]]
-                axes[0].plot(m["ratios"], rates, style, label=f"{e['label']} {policy}")
+                axes[0].plot(m["ratios"], rates, style, color=colour, label=f"{e['label']} {policy}")
         contexts = report["contexts"]
         b = e["bytes_per_request"]
         axes[1].plot([c / 1024 for c in contexts], [b[str(c)]["hisparse"] / 2**20 for c in contexts], "-o",
-                     label=f"{e['label']} HiSparse")
+                     color=colour, label=f"{e['label']} HiSparse")
         axes[1].plot([c / 1024 for c in contexts], [b[str(c)]["full_kv"] / 2**20 for c in contexts], ":",
-                     label=f"{e['label']} full-KV")
+                     color=colour, label=f"{e['label']} full-KV")
     axes[0].set(xlabel="B / k", ylabel="miss rate (% of selected ids)", title="recorded trace: misses")
     axes[1].set(xlabel="context (K tokens)", ylabel="device MiB per request", title="device bytes per request")
     labels = [e["label"] for e in report["indexers"]]
     gap = [e["held_out"]["sparse_minus_dense"] for e in report["indexers"]]
     mass = [100 * (e["held_out"]["captured"] or np.nan) for e in report["indexers"]]
     x = np.arange(len(labels))
-    axes[2].bar(x - 0.2, mass, 0.4, label="top-k attention mass (%)")
+    axes[2].bar(x - 0.2, mass, 0.4, color="0.55", label="top-k attention mass (%)")
     twin = axes[2].twinx()
-    twin.bar(x + 0.2, gap, 0.4, color="tab:red", label="sparse - dense loss (nats)")
+    twin.bar(x + 0.2, gap, 0.4, color="0.15", label="sparse - dense loss (nats)")
     axes[2].set_xticks(x, labels)
     axes[2].set(ylabel="top-k attention mass (%)", title="held-out quality")
     twin.set_ylabel("sparse - dense held-out loss (nats/byte)")
     for ax in axes[:2]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    axes[2].legend(loc="upper left", fontsize=7)
-    twin.legend(loc="upper right", fontsize=7)
+    axes[2].legend(loc="lower left", fontsize=7)
+    twin.legend(loc="lower right", fontsize=7)
     fig.tight_layout()
     path = out / "indexers.png"
     fig.savefig(path, dpi=110)
