@@ -71,6 +71,10 @@ def decode_arguments(sub) -> None:
     d.add_argument("--explain", action="store_true",
                    help="print the slice's derivation (with --deployment) and each run's batch, then exit")
     d.add_argument("--family", default=None, choices=known_families(), help=f"model family (default: {cpu['family']})")
+    d.add_argument("--indexer", default=None, metavar="MODULE:NAME",
+                   help="the kit's MLA model with this protocol indexer (docs/kit.md) in place of --family, or of a "
+                        "--deployment slice's family (the slice's MLA shapes kept): MODULE a dotted module or a .py "
+                        "file, NAME an Indexer or a function returning one")
     d.add_argument("--preset", default=None, help=f"family preset, tiny or realistic (default: {cpu['preset']})")
     d.add_argument("--contexts", type=_tokens, nargs="+", default=None,
                    help=f"prompt tokens per request, one measurement each (default: {cpu['contexts']}; "

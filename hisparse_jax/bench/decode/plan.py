@@ -273,7 +273,7 @@ def _check_dtype(args, dtype, platform: str) -> None:
         return  # not a dtype: the Config's own check names it
     if platform == "cpu" and dtype == jnp.bfloat16:
         raise BenchError(
-            f"the {args.family} {args.preset} config computes in bfloat16, which XLA:CPU cannot run "
+            f"the {_family_name(args)} {args.preset} config computes in bfloat16, which XLA:CPU cannot run "
             "(it has no bf16 x bf16 -> f32 dot); pass --set dtype=float32, or run on a GPU"
         )
 
@@ -409,8 +409,7 @@ def resolve_defaults(args):
             deployment = get_deployment(args.deployment)
         except ValueError as err:
             raise BenchError(f"argument --deployment: {err}") from None
-        # A Family value (not a name: no flag gives one) replaces the slice's family: hisparse-bench
-        # indexers runs a slice with each indexer's (bench/indexer_slice.py).
+        # A Family value (--indexer's, or hisparse-bench indexers's) replaces the slice's family.
         replaced = isinstance(args.family, Family)
         for flag, name in (("--family", "family"), ("--preset", "preset")):
             given = getattr(args, name)
@@ -446,13 +445,36 @@ def _with_working_memory(args, family, config, state_only: Capacity, budget: int
                     max_batch_cap=args.max_batch, working=working)
 
 
+def _indexer_family(args) -> None:
+    """--indexer MODULE:NAME: the kit's MLA model with that protocol indexer becomes the family
+    (in place of --family's, or of a deployment slice's: the slice keeps its MLA shapes)."""
+    spec = getattr(args, "indexer", None)
+    if spec is None:
+        return
+    if isinstance(args.family, str):
+        raise BenchError(f"--family {args.family}: --indexer {spec} gives the model (the kit's MLA model with that "
+                         "indexer); drop --family")
+    from ... import kit
+    from ...train.indexer_spec import load_indexer
+
+    try:
+        args.family = kit.family(load_indexer(spec))
+    except (TypeError, ValueError) as err:
+        raise BenchError(f"argument --indexer: {err}") from None
+
+
+def _family_name(args) -> str:
+    return getattr(args.family, "name", args.family)
+
+
 def build_plan(args) -> Plan:
     """Checks everything that can be checked before any compilation, then sizes every run."""
     _check_selection_flags(args)
+    _indexer_family(args)
     derivation = resolve_defaults(args)
     family = get_family(args.family)
     if args.preset not in family.Config.PRESETS:
-        raise BenchError(f"argument --preset: unknown preset {args.preset!r} for {args.family}; presets: "
+        raise BenchError(f"argument --preset: unknown preset {args.preset!r} for {_family_name(args)}; presets: "
                          f"{', '.join(family.Config.PRESETS)}")
     repeated = sorted({c for c in args.contexts if args.contexts.count(c) > 1})
     if repeated:

@@ -1,0 +1,78 @@
+"""DSA trains as it did before the training forward took any protocol indexer.
+
+The figures below were recorded from main's hisparse_jax.train (commit 186b06d, where the
+forward computed the lightning indexer's keys itself) on the machine the change was made on, by
+the code of `_golden_run` below. The forward now reaches the indexer through
+`LightningIndexer.train_scores`, once per block of queries: the next-token losses are the same
+bits (every training step, every held-out evaluation), the indexer's KL agrees to float32
+rounding (the index keys are recomputed per block, so the KL's gradient sums in another order;
+1.5e-8 at most on that machine). The tolerances below leave room for another CPU's rounding and
+nothing more: a change in the training math moves these figures by 1e-3 or more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hisparse_jax.models import dsa
+from hisparse_jax.train import fit as fit_lib
+from hisparse_jax.train.corpus import Corpus
+from hisparse_jax.train.forward import forward_loss
+
+# forward_loss(tiny, dsa.init_weights(config, 3), random tokens [2, 65] of seed 0, chunk 32):
+# (loss, lm, [KL per layer]) with dense and with sparse attention.
+FORWARD = {
+    "dense": (6.381957530975342, 6.065878868103027, [0.3705980181694031, 0.26155969500541687]),
+    "sparse": (6.2743611335754395, 6.039999485015869, [0.2856499254703522, 0.1830730140209198]),
+}
+# fit on the tiny plan, 4 steps per phase, on the synthetic corpus below: (lm, mean KL) per step,
+# and the held-out (dense lm, sparse lm) after each phase.
+HISTORY = [
+    (6.317201137542725, 0.21632501482963562), (5.890330791473389, 0.23808395862579346),
+    (5.2103190422058105, 0.21465936303138733), (4.562573432922363, 0.16968759894371033),
+    (4.049176216125488, 0.17550337314605713), (3.791736125946045, 0.1704423427581787),
+    (3.5804800987243652, 0.1595916897058487), (3.3302502632141113, 0.15384651720523834),
+    (3.416597366333008, 0.13133086264133453), (3.338656425476074, 0.11461503803730011),
+    (3.043632745742798, 0.12136326730251312), (2.824280023574829, 0.11892060935497284),
+]
+HELD_OUT = [(4.002669811248779, 4.119524955749512), (3.1842501163482666, 3.3596816062927246),
+            (2.7321338653564453, 2.8433852195739746)]
+LOSS_RTOL, KL_RTOL = 1e-6, 1e-5
+
+
+def synthetic_corpus(folder) -> Corpus:
+    """12 documents of seeded words (the same bytes on every machine, unlike the standard library)."""
+    rng = np.random.default_rng(7)
+    words = [w.encode() for w in ("the of and to in is that for it as with was on be by at this are from or an "
+                                  "which have not").split()]
+    for i in range(12):
+        (folder / f"doc{i:02d}.txt").write_bytes(b" ".join(words[j] for j in rng.integers(0, len(words), 700)))
+    return Corpus.from_roots([folder], held_out_fraction=0.25)
+
+
+@pytest.mark.parametrize("attention", ["dense", "sparse"])
+def test_the_forward_gives_mains_losses(attention):
+    config = fit_lib.model_config("tiny")
+    weights = dsa.init_weights(config, 3)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 65)), jnp.int32)
+    loss, parts = forward_loss(config, weights, tokens, sparse=attention == "sparse", chunk=32)
+    want_loss, want_lm, want_kl = FORWARD[attention]
+    np.testing.assert_allclose([float(loss), float(parts["lm"])], [want_loss, want_lm], rtol=LOSS_RTOL, atol=0)
+    np.testing.assert_allclose(np.asarray(parts["kl"]), want_kl, rtol=KL_RTOL, atol=0)
+
+
+def test_fit_gives_mains_training_history(tmp_path):
+    root = tmp_path / "text"
+    root.mkdir()
+    plan = fit_lib.PLANS["tiny"]
+    plan = dataclasses.replace(plan, log_every=1, phases=tuple(dataclasses.replace(p, steps=4) for p in plan.phases))
+    _, history, summary = fit_lib.fit(fit_lib.model_config("tiny"), plan, synthetic_corpus(root), log=lambda m: None)
+    got = np.array([(h["lm"], h["kl"]) for h in history])
+    np.testing.assert_allclose(got[:, 0], [h[0] for h in HISTORY], rtol=LOSS_RTOL, atol=0)
+    np.testing.assert_allclose(got[:, 1], [h[1] for h in HISTORY], rtol=KL_RTOL, atol=0)
+    held = [(p["evaluation"]["dense"]["lm"], p["evaluation"]["sparse"]["lm"]) for p in summary["phases"]]
+    np.testing.assert_allclose(held, HELD_OUT, rtol=LOSS_RTOL, atol=0)
