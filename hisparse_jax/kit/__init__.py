@@ -9,6 +9,7 @@ decode, the benchmarks, the selection lab and hisparse_jax.testing drive like DS
 from .checks import IndexerError
 from .config import Config, MLAConfig
 from .family import family, make_family
-from .protocol import Indexer
+from .page_minmax import PageMinMax
+from .protocol import Indexer, NoMetadata
 
-__all__ = ["Config", "Indexer", "IndexerError", "MLAConfig", "family", "make_family"]
+__all__ = ["Config", "Indexer", "IndexerError", "MLAConfig", "NoMetadata", "PageMinMax", "family", "make_family"]

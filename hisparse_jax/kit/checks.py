@@ -57,10 +57,10 @@ def check_indexer(indexer) -> Indexer:
         which = "both" if score else "neither"
         raise IndexerError(f"{cls.__name__}: defines {which} of score and select; define exactly one: score "
                            "([b, R] float32 per record; the kit's top-k picks) or select ([b, k] int32 ids)")
-    for method in ("init_metadata", "write"):
-        if not overrides(indexer, method):
-            raise IndexerError(f"{_label(indexer, method)}: not defined; every indexer defines init_metadata and "
-                               "write (a parameter-free, metadata-free one still declares what it keeps)")
+    if overrides(indexer, "init_metadata") != overrides(indexer, "write"):
+        have, lack = ("init_metadata", "write") if overrides(indexer, "init_metadata") else ("write", "init_metadata")
+        raise IndexerError(f"{_label(indexer, lack)}: not defined, but {have} is; an indexer that keeps metadata "
+                           "defines both (one that keeps nothing, neither)")
     if not isinstance(indexer.name, str) or not indexer.name:
         raise IndexerError(f"{_label(indexer, 'name')}: must be a non-empty str, got {indexer.name!r}")
     return indexer
@@ -86,12 +86,10 @@ def metadata_fields(indexer, metadata) -> tuple[dataclasses.Field, ...]:
         raise IndexerError(f"{where}: returned a {cls.__name__}; return an instance of a "
                            "jax.tree_util.register_dataclass dataclass with fields declared by "
                            "layout.field(layout.INDEXER_METADATA, batch_axis=0)")
-    if jax.tree_util.all_leaves([metadata]):
+    if any(leaf is metadata for leaf in jax.tree_util.tree_leaves(metadata)):  # not a pytree node: a leaf
         raise IndexerError(f"{where}: {cls.__name__} is not a registered pytree; decorate it with "
                            "@jax.tree_util.register_dataclass")
     fields = dataclasses.fields(metadata)
-    if not fields:
-        raise IndexerError(f"{where}: {cls.__name__} has no fields; declare what the indexer keeps")
     for f in fields:
         name = f"{cls.__name__}.{f.name}"
         lay = f.metadata.get("layout")

@@ -9,11 +9,11 @@ and recording all come from the kit. The researcher subclasses `Indexer` and wri
 - its knobs: the dataclass's own fields (`page: int = 64`). The indexer is a frozen, hashable
   dataclass because it rides in the model Config, a static jit argument;
 - `init_params`: one selecting group's parameters (a pytree of arrays, `{}` for none);
-- `init_metadata`: what it keeps on the device per request, a `jax.tree_util.register_dataclass`
+- `init_metadata` (unless it keeps nothing): what it keeps on the device per request, a `jax.tree_util.register_dataclass`
   dataclass whose every array field is declared with
   `layout.field(layout.INDEXER_METADATA, batch_axis=0)`: the byte account, the synthetic fill
   and the sharding specs read the declaration, so the kit counts, fills and shards it unasked;
-- `write`: store what it keeps for new tokens (the prompt at prefill, one token per step);
+- `write` (likewise): store what it keeps for new tokens (the prompt at prefill, one token per step);
 - exactly one of `score` (a float per record; the kit runs the library's top-k, ties to the
   lower id, so hisparse, device and every kernel choose the same ids) or `select` (the ids
   themselves, for page-level or non-top-k rules);
@@ -48,8 +48,8 @@ class Indexer:
             def write(self, config, params, metadata, h, positions, written): ...
             def score(self, config, params, metadata, h, positions, sealed): ...
 
-    The methods below document the protocol; `init_metadata`, `write` and one of `score` /
-    `select` are required, the others have defaults.
+    The methods below document the protocol; one of `score` / `select` is required, the others
+    have defaults (an indexer that keeps nothing per token needs neither init_metadata nor write).
     """
 
     @property
@@ -71,14 +71,16 @@ class Indexer:
         instance of a `jax.tree_util.register_dataclass` dataclass whose every array field is
         declared `layout.field(layout.INDEXER_METADATA, batch_axis=0)` (axis 0 is the request;
         a field may be None when a knob turns it off). The kit keeps one per selecting group: each
-        field becomes a field of the model's State holding a tuple of the groups' arrays."""
-        raise NotImplementedError
+        field becomes a field of the model's State holding a tuple of the groups' arrays.
+        Default: `NoMetadata()`, for an indexer that keeps nothing (then `write` need not exist)."""
+        return NoMetadata()
 
     def write(self, config, params, metadata, h: jax.Array, positions: jax.Array, written: jax.Array):
         """The metadata with tokens stored: h [b, T, D] at positions [b, T] int32; only where
         written [b, T] bool is True (prefill: the prompt's valid tokens; decode: T = 1, all True);
-        elsewhere the metadata stays as it was. Returns the same type, shapes and dtypes."""
-        raise NotImplementedError
+        elsewhere the metadata stays as it was. Returns the same type, shapes and dtypes.
+        Default: the metadata unchanged."""
+        return metadata
 
     def score(self, config, params, metadata, h: jax.Array, positions: jax.Array, sealed: jax.Array) -> jax.Array:
         """[b, R] float32 scores of every record for the query h [b, D] at positions [b] int32;
@@ -99,6 +101,12 @@ class Indexer:
         included). Training fits them to the head-summed attention by KL and, in its sparse
         phase, attends to their top-k. None (the default): nothing to train."""
         return None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class NoMetadata:
+    """The metadata of an indexer that keeps nothing (e.g. one selecting by position alone)."""
 
 
 SCORE, SELECT = "score", "select"
