@@ -4,7 +4,7 @@ A model with a protocol indexer (train/model.py: the kit's MLA model) also recor
 the MODULE:NAME that finds its class, the class name and its fields (train/indexer_spec.py). A
 checkpoint is untrusted bytes and does not choose code to run: `load_model` imports the recorded
 module only when it is inside hisparse_jax; for a researcher's own module the caller names it
-(`indexer="examples/my_indexer.py:DotIndexer"`, `record --indexer`), and the class and fields
+(`indexer="my_lab/indexers.py:MyIndexer"`, `record --indexer`), and the class and fields
 come from the checkpoint, checked against it."""
 
 from __future__ import annotations
