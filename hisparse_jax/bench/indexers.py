@@ -33,7 +33,7 @@ from ..train.checkpoint import load_model
 from ..train.corpus import Corpus, WindowSampler
 from ..train.fit import evaluate
 from ..train.indexer_spec import load_indexer
-from ..train.model import family_of, kit_indexer
+from ..train.model import MODELS, family_of, kit_indexer
 from ..train.record import record_trace
 from . import indexer_slice as slice_run, indexers_report, outputs
 from .decode.capacity import account
@@ -183,6 +183,10 @@ def run(args) -> int:
     if args.model is None:
         args.model = "tiny"
     candidates = _candidates(args)
+    if jax.default_backend() == "cpu" and any(c.checkpoint is None for c in candidates) \
+            and MODELS[args.model]["dtype"] == "bfloat16":
+        raise BenchError(f"--model {args.model} is bfloat16, which XLA:CPU cannot train (it has no bfloat16 dot); "
+                         "train it on a GPU, or compare --model tiny here")
     try:
         corpus = Corpus.from_roots([Path(r) for r in args.roots] if args.roots else None)
     except ValueError as err:

@@ -32,6 +32,7 @@ def test_the_example_is_a_small_file_outside_the_package():
     assert EXAMPLE.is_file() and len(EXAMPLE.read_text().splitlines()) < 60
     assert "hisparse_jax" not in EXAMPLE.parent.parts
     assert not any("DotIndexer" in p.read_text() for p in (ROOT / "hisparse_jax").rglob("*.py"))
+    assert EXAMPLE.read_text().strip() in (ROOT / "docs" / "research.md").read_text()  # the page shows this file
 
 
 @pytest.fixture(scope="module")
