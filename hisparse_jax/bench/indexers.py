@@ -75,6 +75,9 @@ def _candidates(args) -> list[Candidate]:
             config, _, _ = load_model(path, indexer=code or None)
         except ValueError as err:
             raise BenchError(f"argument --checkpoint: {err}") from None
+        if jax.default_backend() == "cpu" and str(config.dtype) == "bfloat16":
+            raise BenchError(f"argument --checkpoint: {path} is a bfloat16 model, which XLA:CPU cannot decode (its "
+                             "trace is recorded by decoding); compare it on a GPU")
         indexer = kit_indexer(config)
         found.append(Candidate("DSA" if indexer is None else indexer.name, None, Path(path), code or None))
     if not found:
