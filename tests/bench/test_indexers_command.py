@@ -3,10 +3,15 @@ whole pipeline runs in tests/kit/test_example_pipeline.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import pytest
 
+from hisparse_jax import kit
 from hisparse_jax.bench import cli
+from hisparse_jax.bench.decode.plan import build_plan
+from hisparse_jax.bench.deployments import get_deployment
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -27,3 +32,28 @@ def test_a_bad_comparison_is_one_line(argv, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and err.startswith("hisparse-bench: error:"), err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--family", "nsa", "--indexer", "hisparse_jax.kit.page_minmax:PageMinMax"], "--family nsa: --indexer"),
+    (["--indexer", "no_such_module_xyz:X"], "argument --indexer: --indexer 'no_such_module_xyz:X': no module named"),
+])
+def test_decode_refuses_a_bad_indexer_in_one_line(argv, message, tmp_path, capsys):
+    assert cli.main(["decode", *argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_deployment_slice_takes_an_indexer_and_keeps_its_mla_shapes(capsys):
+    """The slice's family replaced by the kit's model with the example indexer: the slice's MLA
+    fields kept, DSA's lightning fields dropped, the indexer's keys in the byte account."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "my_indexer.py"
+    argv = ["decode", "--deployment", "glm5-h200", "--indexer", f"{example}:INDEXER", "--contexts", "32768", "--explain"]
+    plan = build_plan(cli.parser().parse_args(argv))
+    config, dsa_slice = plan.contexts[0].config, get_deployment("glm5-h200").derive().overrides
+    assert isinstance(config, kit.Config) and type(config.indexer).__name__ == "DotIndexer"
+    assert (config.n_heads, config.kv_lora_rank, config.top_k) == (dsa_slice["n_heads"], dsa_slice["kv_lora_rank"],
+                                                                    dsa_slice["top_k"])
+    metadata = plan.contexts[0].caps["hisparse"].device_per_request_by_category["indexer metadata"]
+    assert metadata == config.num_layers * config.max_context * 8 * 2  # dim 8 bf16 keys per token and layer
+    assert cli.main(argv) == 0 and "context 32768: hisparse batch" in capsys.readouterr().out
