@@ -51,9 +51,9 @@ def _chunk_attention(config, q, keys, index, start, chunk: int, sparse: bool, me
       q: [b, T, H, W] float32 absorbed queries; keys: [b, T, W] records in config.dtype.
       index: [b, C, T] float32 the indexer's logits of the block's queries (train_scores), or None.
     Returns:
-      (latent [b, C, H, dc] float32, stats, a tuple of float32 scalars: KL summed over the block's queries,
-      queries with a target; with measure, captured mass summed over the queries where the top-k
-      drops keys, and their count).
+      (latent [b, C, H, dc] float32, stats: float32 scalars, the KL summed over the block's
+      queries and the count of queries with a target; with measure also the captured mass summed
+      over the queries where the top-k drops keys, and their count).
     """
     b, T = keys.shape[:2]
     positions = start + jnp.arange(chunk, dtype=jnp.int32)  # [C]
@@ -98,7 +98,8 @@ def _chunk_attention(config, q, keys, index, start, chunk: int, sparse: bool, me
     stats = [jnp.sum(jnp.where(has_target, kl, 0.0)), jnp.sum(has_target.astype(f32))]
     if measure:  # the dense target's mass on the top-k, where the top-k leaves keys out
         drops = jnp.broadcast_to(positions > config.top_k, has_target.shape) & has_target
-        captured = jnp.sum(jnp.where(chosen, target, 0.0), axis=-1) if chosen is not None else jnp.ones_like(kl)
+        captured = (jnp.sum(jnp.where(chosen, target, 0.0), axis=-1) if chosen is not None
+                    else jnp.full_like(kl, jnp.nan))  # no scores: no top-k to measure
         stats += [jnp.sum(jnp.where(drops, captured, 0.0)), jnp.sum(drops.astype(f32))]
     return latent, tuple(stats)
 
