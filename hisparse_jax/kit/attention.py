@@ -9,7 +9,6 @@ apart from `implementation`.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

@@ -166,13 +166,29 @@ def select(indexer, config, params, metadata, h, positions, sealed) -> jax.Array
     return out
 
 
-def train_scores(indexer, config, params, h, positions, start, chunk: int):
-    out = indexer.train_scores(config, params, h, positions, start, chunk)
+def train_features(indexer, config, params, h, positions):
+    out = indexer.train_features(config, params, h, positions)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
+        if not _is_array(leaf) or leaf.ndim < 1 or leaf.shape[0] != h.shape[0]:
+            raise IndexerError(f"{_label(indexer, 'train_features')}: leaf {jax.tree_util.keystr(path) or '(root)'} "
+                               f"is {_describe(leaf)}; return a pytree of arrays with the batch b = {h.shape[0]} on "
+                               "axis 0")
+    return out
+
+
+def train_scores(indexer, config, params, features, positions, start, chunk: int):
+    """indexer.train_scores, checked: [b, chunk, T] float32 (b from the features' axis 0, T from
+    positions), or None."""
+    out = indexer.train_scores(config, params, features, positions, start, chunk)
     if out is not None:
-        want = (h.shape[0], chunk, h.shape[1])
+        want = (jax.tree.leaves(features)[0].shape[0], chunk, positions.shape[0])
         _array(indexer, "train_scores", out, want, "[b, chunk, T]", jnp.float32,
                "a logit per query of the chunk and per token")
     return out
+
+
+def _describe(x) -> str:
+    return f"{x.dtype} {list(_shape(x))}" if _is_array(x) else f"a {type(x).__name__}"
 
 
 def params(indexer, config, seed: int):

@@ -107,24 +107,30 @@ class PageMinMax(Indexer):
         tokens = jnp.repeat(pages, self.page, axis=1)  # [b, max_context]: a token scores as its page
         return jnp.max(tokens.reshape(h.shape[0], config.num_records, config.page_size), axis=-1)
 
-    def train_scores(self, config, params, h, positions, start, chunk: int):
+    def train_features(self, config, params, h, positions):
+        """Per token, once per sequence: the closed bounds of its page, the running bounds up to
+        it (what decode sees of the query's own page) and its query terms."""
         b, T, _ = h.shape
-        P = self.page
-        n = -(-T // P)
+        P, n = self.page, -(-h.shape[1] // self.page)
         # Keys rounded to the metadata dtype, as decode stores them.
         key = layers.weight_einsum("...d,de->...e", h, params["w_k"]).astype(config.dtype).astype(jnp.float32)
         pad = lambda fill: jnp.pad(key, ((0, 0), (0, n * P - T), (0, 0)), constant_values=fill).reshape(b, n, P, -1)
-        full_max, full_min = pad(-jnp.inf).max(axis=2), pad(jnp.inf).min(axis=2)  # [b, n, dim] closed pages
-        # The query's own page as decode sees it: the bounds of its tokens up to the query.
-        run_max = jax.lax.cummax(pad(-jnp.inf), axis=2).reshape(b, n * P, -1)[:, :T]
-        run_min = jax.lax.cummin(pad(jnp.inf), axis=2).reshape(b, n * P, -1)[:, :T]
+        running = lambda scan, fill: scan(pad(fill), axis=2).reshape(b, n * P, -1)[:, :T]
+        up, down, w = self._query(params, h)  # [b, T, heads, dim], [b, T, heads]
+        return dict(full_max=pad(-jnp.inf).max(axis=2), full_min=pad(jnp.inf).min(axis=2),  # [b, n, dim]
+                    run_max=running(jax.lax.cummax, -jnp.inf), run_min=running(jax.lax.cummin, jnp.inf),  # [b, T, dim]
+                    up=up, down=down, w=w)
+
+    def train_scores(self, config, params, features, positions, start, chunk: int):
+        f = features
         take = lambda a: jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=1)
-        up, down, w = self._query(params, take(h))  # [b, C, heads, dim], [b, C, heads]
-        closed = (jnp.einsum("bcjd,bpd->bcjp", up, full_max) + jnp.einsum("bcjd,bpd->bcjp", down, full_min))
-        closed = jnp.einsum("bcjp,bcj->bcp", closed, w)  # [b, C, n]
-        own = (jnp.einsum("bcjd,bcd->bcj", up, take(run_max)) + jnp.einsum("bcjd,bcd->bcj", down, take(run_min)))
-        own = jnp.einsum("bcj,bcj->bc", own, w)  # [b, C]
-        key_page = positions // P  # [T]
-        query_page = jax.lax.dynamic_slice_in_dim(positions, start, chunk) // P  # [C]
+        up, down, w = take(f["up"]), take(f["down"]), take(f["w"])  # [b, C, heads, dim], [b, C, heads]
+        closed = (jnp.einsum("bcjd,bpd->bcjp", up, f["full_max"]) + jnp.einsum("bcjd,bpd->bcjp", down, f["full_min"]))
+        closed = jnp.einsum("bcjp,bcj->bcp", closed, w)  # [b, C, pages]
+        own = (jnp.einsum("bcjd,bcd->bcj", up, take(f["run_max"]))
+               + jnp.einsum("bcjd,bcd->bcj", down, take(f["run_min"])))
+        own = jnp.einsum("bcj,bcj->bc", own, w)  # [b, C]: the query's own page, by its bounds so far
+        key_page = positions // self.page  # [T]
+        query_page = jax.lax.dynamic_slice_in_dim(positions, start, chunk) // self.page  # [C]
         logits = jnp.take(closed, key_page, axis=2)  # [b, C, T]
         return jnp.where(key_page[None, None, :] == query_page[None, :, None], own[..., None], logits)

@@ -9,8 +9,8 @@ and recording all come from the kit. The researcher subclasses `Indexer` and wri
 - its knobs: the dataclass's own fields (`page: int = 64`). The indexer is a frozen, hashable
   dataclass because it rides in the model Config, a static jit argument;
 - `init_params`: one selecting group's parameters (a pytree of arrays, `{}` for none);
-- `init_metadata` (unless it keeps nothing): what it keeps on the device per request, a `jax.tree_util.register_dataclass`
-  dataclass whose every array field is declared with
+- `init_metadata` (unless it keeps nothing): what it keeps on the device per request, a
+  `jax.tree_util.register_dataclass` dataclass whose every array field is declared with
   `layout.field(layout.INDEXER_METADATA, batch_axis=0)`: the byte account, the synthetic fill
   and the sharding specs read the declaration, so the kit counts, fills and shards it unasked;
 - `write` (likewise): store what it keeps for new tokens (the prompt at prefill, one token per step);
@@ -18,7 +18,8 @@ and recording all come from the kit. The researcher subclasses `Indexer` and wri
   lower id, so hisparse, device and every kernel choose the same ids) or `select` (the ids
   themselves, for page-level or non-top-k rules);
 - optionally `train_scores` (token-level logits, so the kit's training can distill it from the
-  attention) and `check` (its rules against a model Config).
+  attention) with `train_features` (what they read, computed once per sequence), and `check`
+  (its rules against a model Config).
 
 Shapes: b = streams, T = tokens, D = d_model, R = config.num_records, k = config.top_k. `config`
 is the kit model's Config (MLA shapes: d_model, n_heads, num_records, top_k, page_size,
@@ -90,16 +91,26 @@ class Indexer:
 
     def select(self, config, params, metadata, h: jax.Array, positions: jax.Array, sealed: jax.Array) -> jax.Array:
         """[b, k] int32 record ids (k = config.top_k) for the query, in place of `score`:
-        ascending, -1 padding at the end, every id < sealed (the open page is always attended
-        from the tail; an id >= sealed reads a record that does not exist yet)."""
+        ascending (attention reads records in selection order; ascending is position order, the
+        order of dense attention, so selecting every record equals it bit for bit), -1 padding
+        at the end, every id < sealed (the open page is always attended from the tail; an id
+        outside [0, sealed) counts as padding everywhere, RESOLVE's rule 0: a wasted slot)."""
         raise NotImplementedError
 
-    def train_scores(self, config, params, h: jax.Array, positions: jax.Array, start, chunk: int):
+    def train_features(self, config, params, h: jax.Array, positions: jax.Array):
+        """What train_scores reads of a whole sequence, computed once per layer: training calls
+        it outside its loop over blocks of queries (and outside their rematerialization), so
+        per-token work (keys, page bounds) is done, and differentiated, once. h [b, T, D] at
+        positions [T] int32 -> any pytree whose arrays have the batch on axis 0. Default: h."""
+        return h
+
+    def train_scores(self, config, params, features, positions: jax.Array, start, chunk: int):
         """[b, chunk, T] float32 token-level logits of the queries start .. start + chunk - 1
-        against every token, from h [b, T, D] at positions [T] int32 (`start` may be traced).
-        The kit applies the causal mask (values at keys >= the query may be anything, -inf
-        included). Training fits them to the head-summed attention by KL and, in its sparse
-        phase, attends to their top-k. None (the default): nothing to train."""
+        against every token, from `features` (train_features' value; by default h [b, T, D]) at
+        positions [T] int32 (`start` may be traced). The kit applies the causal mask (values at
+        keys >= the query may be anything, -inf included). Training fits them to the
+        head-summed attention by KL and, in its sparse phase, attends to their top-k. None
+        (the default): nothing to train."""
         return None
 
 

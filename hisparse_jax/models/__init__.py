@@ -2,7 +2,8 @@
 
 A family is a value, a `Family` (models/family.py) of the functions below: each family module
 defines its `FAMILY`, `get_family` looks it up by name, and `hisparse_jax.decode`, `sharding`
-and the benchmarks drive every family the same way. A user-defined family is a `Family(...)`.
+and the benchmarks drive every family the same way. A user-defined family is a `Family(...)`;
+one around a new sparse indexer is `hisparse_jax.kit.family(MyIndexer(...))` (docs/kit.md).
 Shapes: b = batch, T = prompt length, V = vocab, L = sparse layers.
 
 `Config`

@@ -137,7 +137,8 @@ class LightningIndexer(Indexer):
         if d == 0:
             return x
         if positions is None:
-            raise ValueError("dsa: Config.index_rope_dim > 0 rotates index queries and keys by position; pass positions")
+            raise ValueError("dsa: Config.index_rope_dim > 0 rotates index queries and keys by position; "
+                             "pass positions")
         return jnp.concatenate([x[..., :-d], layers.rope(x[..., -d:], positions, config.rope_theta)], axis=-1)
 
     def key(self, config, iw: IndexerWeights, h, positions=None):
@@ -167,12 +168,17 @@ class LightningIndexer(Indexer):
     def score(self, config, params, metadata, h, positions, sealed):
         return _record_scores(self, config, params, h, metadata.index_keys, metadata.index_scale, sealed, positions)
 
-    def train_scores(self, config, params, h, positions, start, chunk: int):
-        """I [b, chunk, T] of the chunk's queries against every token (train/forward.py's math)."""
+    def train_features(self, config, params, h, positions):
+        """(keys [b, T, dI], queries [b, T, HI, dI], head weights [b, T, HI]) of every token, once
+        per layer as train/forward.py computes them (fp8 keys dequantized)."""
         keys, scale = self.key(config, params, h, positions)
         if scale is not None:
             keys = keys.astype(jnp.float32) * scale[..., None]
-        q, head = self.query(config, params, h, positions)
+        return (keys, *self.query(config, params, h, positions))
+
+    def train_scores(self, config, params, features, positions, start, chunk: int):
+        """I [b, chunk, T] of the chunk's queries against every token (train/forward.py's math)."""
+        keys, q, head = features
         take = lambda a: jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=1)
         index = jnp.einsum("bcjd,btd->bcjt", take(q), keys, preferred_element_type=jnp.float32)
         return jnp.einsum("bcjt,bcj->bct", jax.nn.relu(index), take(head))

@@ -11,6 +11,7 @@ import numpy as np
 
 from hisparse_jax import kit
 from hisparse_jax.bench.decode.capacity import account
+from hisparse_jax.kit import checks
 from hisparse_jax.kit.page_minmax import PageMinMax
 
 INDEXER = PageMinMax(page=4, dim=8, heads=3)
@@ -85,7 +86,8 @@ def test_train_scores_are_what_decode_scores():
     config = FAMILY.Config.tiny(num_layers=2, top_k=4, hot_slots=6, max_context=32)  # page_size 1
     h = _h(2)
     positions = jnp.arange(T, dtype=jnp.int32)
-    train = np.asarray(INDEXER.train_scores(config, PARAMS, h, positions, 8, 16))  # queries 8..23
+    features = checks.train_features(INDEXER, config, PARAMS, h, positions)  # once per sequence
+    train = np.asarray(checks.train_scores(INDEXER, config, PARAMS, features, positions, 8, 16))  # queries 8..23
     for t in (8, 13, 19, 23):
         written = jnp.broadcast_to(positions <= t, (B, T))
         meta = INDEXER.write(config, PARAMS, INDEXER.init_metadata(config, B), h,
@@ -101,3 +103,12 @@ def test_metadata_bytes_come_from_the_declared_layout():
     assert FAMILY.metadata_bytes_read(CONFIG, 16) == CONFIG.groups * per_token * 16
     per_request = account(FAMILY, CONFIG, 1, "device").by_category("device", per_request=True)
     assert per_request["indexer metadata"] == CONFIG.groups * per_token * CONFIG.max_context
+
+
+def test_its_parameters_count_as_indexer_weights():
+    """The family names Weights.indexers as its selection weights: weight_bytes counts W_k, W_q
+    and the head weights of every group as the "indexer" component."""
+    from hisparse_jax.models.weights import weight_bytes
+
+    D, d, H = CONFIG.d_model, INDEXER.dim, INDEXER.heads
+    assert weight_bytes(FAMILY, CONFIG)["indexer"] == CONFIG.groups * (D * d + D * H * d + D * H) * 4

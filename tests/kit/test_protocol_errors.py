@@ -79,7 +79,8 @@ def _returns(method, value):
 
 CASES = {
     "score shape": (_returns("score", lambda s, a: s[:, :-1]),
-                    r"^Bad\.score: returned shape \(2, 31\), expected \[b, R\] = \(2, 32\): one float32 score per record"),
+                    r"^Bad\.score: returned shape \(2, 31\), expected \[b, R\] = \(2, 32\): one float32 score "
+                    r"per record"),
     "score dtype": (_returns("score", lambda s, a: s.astype(jnp.bfloat16)),
                     r"^Bad\.score: returned dtype bfloat16, expected float32 \(cast with \.astype\(jnp\.float32\)\)"),
     "select floats": (_returns("select", lambda s, a: s.astype(jnp.float32)),
@@ -89,7 +90,8 @@ CASES = {
     "select not an array": (_returns("select", lambda s, a: [1, 2]), r"^Bad\.select: returned a list"),
     "write dtype": (_returns("write", lambda m, a: Norms(m.norm.astype(jnp.bfloat16))),
                     r"^Bad\.write: returned field norm bfloat16 \[2, 32\], expected float32 \[2, 32\]"),
-    "write type": (_returns("write", lambda m, a: {"norm": m.norm}), r"^Bad\.write: returned a dict, expected the Norms"),
+    "write type": (_returns("write", lambda m, a: {"norm": m.norm}),
+                   r"^Bad\.write: returned a dict, expected the Norms"),
     "init_params leaf": (_returns("init_params", lambda p, a: {**p, "size": 3}),
                          r"^Bad\.init_params: leaf \['size'\] is a int; parameters are a pytree of arrays"),
     "undeclared field": (_metadata(Undeclared), r"^Bad\.init_metadata: field Undeclared\.norm declares no layout; "
@@ -122,6 +124,11 @@ def test_train_scores_shape_is_checked():
     with pytest.raises(IndexerError, match=r"^Bad\.train_scores: returned shape \(2, 3, 5\), expected "
                                            r"\[b, chunk, T\] = \(2, 4, 16\)") as error:
         checks.train_scores(indexer, config, {}, jnp.zeros((2, 16, config.d_model)), jnp.arange(16), 0, 4)
+    _one_line(error)
+    indexer = _returns("train_features", lambda f, a: (f, 3))
+    with pytest.raises(IndexerError, match=r"^Bad\.train_features: leaf \[1\] is a int; return a pytree of arrays "
+                                           r"with the batch b = 2 on axis 0") as error:
+        checks.train_features(indexer, config, {}, jnp.zeros((2, 16, config.d_model)), jnp.arange(16))
     _one_line(error)
 
 
