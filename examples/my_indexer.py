@@ -42,9 +42,13 @@ class DotIndexer(Indexer):
         tokens = jnp.einsum("bd,btd->bt", h @ params["w_q"], metadata.keys, preferred_element_type=jnp.float32)
         return tokens.reshape(h.shape[0], config.num_records, config.page_size).max(axis=-1)  # a page: its best token
 
-    def train_scores(self, config, params, h, positions, start, chunk):
-        queries = jax.lax.dynamic_slice_in_dim(h, start, chunk, axis=1) @ params["w_q"]
-        return jnp.einsum("bcd,btd->bct", queries, h @ params["w_k"], preferred_element_type=jnp.float32)
+    def train_features(self, config, params, h, positions):  # once per sequence: every token's query and key
+        return h @ params["w_q"], h @ params["w_k"]
+
+    def train_scores(self, config, params, features, positions, start, chunk):
+        queries, keys = features
+        queries = jax.lax.dynamic_slice_in_dim(queries, start, chunk, axis=1)
+        return jnp.einsum("bcd,btd->bct", queries, keys, preferred_element_type=jnp.float32)
 
 
 INDEXER = DotIndexer()

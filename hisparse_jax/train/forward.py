@@ -4,8 +4,9 @@ protocol indexer (hisparse_jax.kit.Indexer; DSA's lightning indexer is one).
 It runs the decode model's own pieces (the MLA query and record, the read-out and the
 feed-forward branch of hisparse_jax.models.mla / moe) over every position of a [b, T] batch, with
 attention in blocks of `chunk` queries, each block rematerialized in the backward pass so that
-memory holds one block's scores at a time. The indexer enters through its `train_scores`: the
-token-level logits I [b, chunk, T] of a block's queries against every token.
+memory holds one block's scores at a time. The indexer enters through its `train_features`
+(what it reads of the whole sequence, once per layer) and `train_scores`: the token-level
+logits I [b, chunk, T] of a block's queries against every token.
 
 Two phases, as DeepSeek trained DSA (DeepSeek-V3.2 report, section 2.1):
 
@@ -16,7 +17,7 @@ Two phases, as DeepSeek trained DSA (DeepSeek-V3.2 report, section 2.1):
   hisparse_jax.topk.select_topk, ties to the lower id) plus itself (the open page of
   page_size 1); the indexer's KL is taken over the selected keys only.
 
-The indexer's input is detached from the model (train_scores reads stop_gradient(h)) and its
+The indexer's input is detached from the model (train_features reads stop_gradient(h)) and its
 target is detached too, so the KL trains the indexer alone and the next-token loss trains the
 rest. Each layer has its own indexer (index_share = 1) and page_size is 1. An indexer whose
 train_scores returns None has nothing to learn: its KL is 0 and only dense phases train it.
@@ -110,10 +111,13 @@ def _layer(config, indexer: Indexer, w, params, x, positions, chunk: int, sparse
     keys = mla.kv_record(config, w, h, positions)  # [b, T, W]
     q = mla.query(config, w, h, positions)  # [b, T, H, W] float32
     detached = jax.lax.stop_gradient(h)  # the indexer trains on the KL alone
+    # Per-token work (DSA's index keys and queries, page bounds) once per layer, outside the
+    # blocks: computed and differentiated once, as before the protocol (the same bits for DSA).
+    features = checks.train_features(indexer, config, params, detached, positions)
 
     @jax.checkpoint  # the backward pass recomputes a block's scores instead of keeping all of them
     def block(start):
-        index = checks.train_scores(indexer, config, params, detached, positions, start, chunk)
+        index = checks.train_scores(indexer, config, params, features, positions, start, chunk)
         return _chunk_attention(config, q, keys, index, start, chunk, sparse, measure)
 
     T = x.shape[1]
