@@ -174,7 +174,10 @@ def _measure(c: Candidate, args, corpus: Corpus, out: Path) -> dict:
     entry["deployment"] = None
     if args.deployment is not None and not on_cpu:
         print(f"indexers: {c.label}: capacity and throughput on the {args.deployment} slice", flush=True)
-        entry["deployment"] = slice_run.measure(c.label, config, args, out)
+        try:
+            entry["deployment"] = slice_run.measure(c.label, config, args, out)
+        except BenchError as err:  # the slice refuses this indexer: the other figures stand
+            entry["deployment"] = dict(slice=args.deployment, error=str(err), rows=[])
     entry["seconds"] = round(time.perf_counter() - start, 1)
     return entry
 

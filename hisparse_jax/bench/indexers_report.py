@@ -84,6 +84,9 @@ def deployment_lines(report: dict) -> list[str]:
     lines = ["| indexer | slice | context | full-KV batch | HiSparse batch | throughput ratio (HiSparse / full-KV) |",
              "|---|---|---|---|---|---|"]
     for e in measured:
+        if e["deployment"].get("error"):
+            lines.append(f"| {e['label']} | {e['deployment']['slice']} | not measured: {e['deployment']['error']} |"
+                         " | | |")
         for row in e["deployment"]["rows"]:
             lines.append(f"| {e['label']} | {e['deployment']['slice']} | {row['context']} | {row['full_kv_batch']} | "
                          f"{row['hisparse_batch']} | {_f(row.get('throughput_ratio'), '.2f')} |")
