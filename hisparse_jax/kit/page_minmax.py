@@ -45,7 +45,8 @@ class PageBounds:
 @dataclasses.dataclass(frozen=True)
 class PageMinMax(Indexer):
     """Attributes:
-      page: tokens per index page (a divisor of max_context; it need not match page_size).
+      page: tokens per index page (any; it need not match page_size nor divide max_context: the
+        last page is then partial).
       dim: the learned key's width.
       heads: query heads, summed with learned weights.
     """
@@ -63,8 +64,6 @@ class PageMinMax(Indexer):
             value = getattr(self, knob)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"PageMinMax.{knob}: must be a positive int, got {value!r}")
-        if config.max_context % self.page:
-            raise ValueError(f"PageMinMax.page: page={self.page} must divide max_context={config.max_context}")
 
     def init_params(self, config, seed: int) -> dict:
         D = config.d_model
@@ -72,7 +71,8 @@ class PageMinMax(Indexer):
                                   "w_head": ((D, self.heads), D)}, config.dtype)
 
     def init_metadata(self, config, batch: int) -> PageBounds:
-        shape = (batch, config.max_context // self.page, self.dim)
+        # ceil: the last page may be partial (hisparse-bench sizes max_context = context + steps + 1).
+        shape = (batch, -(-config.max_context // self.page), self.dim)
         return PageBounds(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
 
     def write(self, config, params, metadata, h, positions, written):
@@ -104,7 +104,7 @@ class PageMinMax(Indexer):
 
     def score(self, config, params, metadata, h, positions, sealed):
         pages = self.page_scores(params, h, metadata.page_max, metadata.page_min)  # [b, pages]
-        tokens = jnp.repeat(pages, self.page, axis=1)  # [b, max_context]: a token scores as its page
+        tokens = jnp.repeat(pages, self.page, axis=1)[:, :config.max_context]  # a token scores as its page
         return jnp.max(tokens.reshape(h.shape[0], config.num_records, config.page_size), axis=-1)
 
     def train_features(self, config, params, h, positions):

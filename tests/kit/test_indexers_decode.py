@@ -16,7 +16,7 @@ from hisparse_jax.kit.page_minmax import PageMinMax
 # (indexer, Config.tiny overrides): k < B < records, so LRU evicts every step; between them
 # page_size 1, 2 and 4 and index_share 1 and 2.
 CASES = {
-    "page-minmax": (PageMinMax(page=8, dim=16, heads=2),
+    "page-minmax": (PageMinMax(page=12, dim=16, heads=2),  # 64 tokens: a partial last page
                     dict(num_layers=2, index_share=2, page_size=2, top_k=6, hot_slots=8, max_context=64)),
     "recent": (Recent(sink=2), dict(num_layers=2, top_k=8, hot_slots=10, max_context=64)),
     # max_context 80: KeyNorm's [b, max_context] norms then differ in type from every activation

@@ -176,8 +176,8 @@ def test_not_an_indexer_and_a_knob_the_config_refuses():
     with pytest.raises(TypeError, match=r"^kit: the indexer must be an instance of a hisparse_jax\.kit\.Indexer "
                                         r"subclass, got str"):
         kit.family("dsa")
-    with pytest.raises(ValueError, match=r"^PageMinMax\.page: page=24 must divide max_context=32$"):
-        kit.family(PageMinMax(page=24)).Config.tiny(**TINY)
+    with pytest.raises(ValueError, match=r"^PageMinMax\.page: must be a positive int, got 0$"):
+        kit.family(PageMinMax(page=0)).Config.tiny(**TINY)
     with pytest.raises(ValueError, match=r"^Config\.indexer: no indexer; pass indexer=MyIndexer"):
         kit.Config.tiny(**TINY)
 
