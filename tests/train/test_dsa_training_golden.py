@@ -77,7 +77,7 @@ pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="recorded
 
 
 def _golden() -> dict:
-    return GOLDEN[bool(jax.config.jax_disable_most_optimizations)]
+    return GOLDEN[bool(jax.config.read("jax_disable_most_optimizations"))]
 
 
 def synthetic_corpus(folder) -> Corpus:
