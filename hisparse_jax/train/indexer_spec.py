@@ -149,8 +149,11 @@ def from_record(record, where: str, spec: str | None = None) -> Indexer:
     if not isinstance(record, dict) or not isinstance(record.get("spec"), str) \
             or not isinstance(record.get("fields"), dict) or not isinstance(record.get("class_name"), str):
         raise ValueError(f"{where}: its header's indexer is not a {{spec, class_name, fields}} record")
-    fields, recorded = record["fields"], record["spec"][:500]
-    bad = [k for k, v in fields.items() if not isinstance(k, str) or not isinstance(v, _SCALARS)]
+    fields, recorded = record["fields"], record["spec"]
+    if len(recorded) > 4096 or len(record["class_name"]) > 256:
+        raise ValueError(f"{where}: its header's indexer names a module or class over 4096 / 256 characters")
+    bad = [k for k, v in fields.items() if not isinstance(k, str) or not isinstance(v, _SCALARS)
+           or len(k) > 256 or isinstance(v, str) and len(v) > 4096]
     if bad or len(fields) > 256:
         raise ValueError(f"{where}: its header's indexer fields are not a small map of names to scalars")
     if spec is None and not _inside_package(recorded):

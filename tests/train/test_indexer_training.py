@@ -140,6 +140,8 @@ def _rewrite_header(path, change):
     (lambda h: h["indexer"]["fields"].update(page=[1]), "not a small map of names to scalars"),
     (lambda h: h["indexer"]["fields"].update(colour="red"), "fields colour are not fields of PageMinMax"),
     (lambda h: h["indexer"].update(class_name="Other"), "trained with the indexer class Other"),
+    (lambda h: h["indexer"].update(class_name="C" * 10**6), "over 4096 / 256 characters"),
+    (lambda h: h["indexer"]["fields"].update(page="x" * 10**5), "not a small map of names to scalars"),
 ])
 def test_a_changed_indexer_record_is_one_line(tmp_path, change, message, capsys):
     _saved(tmp_path, PageMinMax(page=16, dim=8, heads=2))
