@@ -247,7 +247,8 @@ def indexers_arguments(sub) -> None:
     p.add_argument("--indexer", action="append", default=None, metavar="MODULE:NAME",
                    help="an indexer to train here (python -m hisparse_jax.train fit --indexer) and compare: MODULE a "
                         "dotted module or a .py file, NAME an Indexer or a function returning one; 'dsa' for DSA's "
-                        "lightning indexer; repeat for more")
+                        "lightning indexer; repeat for more (default, without --checkpoint either: dsa and "
+                        "hisparse_jax.kit.page_minmax:PageMinMax)")
     p.add_argument("--checkpoint", action="append", default=None, type=_checkpoint, metavar="PATH[=MODULE:NAME]",
                    help="a trained model.npz to compare (=MODULE:NAME: where its indexer's code is, when outside "
                         "hisparse_jax); repeat for more")

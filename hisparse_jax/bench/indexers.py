@@ -1,7 +1,7 @@
 """`hisparse-bench indexers`: protocol indexers compared on one model, from training to capacity.
 
 For each indexer (`--indexer MODULE:NAME`, trained here on the plan of `--model`; `dsa` names
-DSA's lightning indexer) or trained checkpoint (`--checkpoint PATH`, `PATH=MODULE:NAME` for an
+DSA's lightning indexer; without any, DSA's and the kit's PageMinMax) or trained checkpoint (`--checkpoint PATH`, `PATH=MODULE:NAME` for an
 indexer outside hisparse_jax) it measures:
 - the held-out next-token loss with dense and with sparse attention (the windows fit evaluates),
   the indexer's KL to the head-summed attention, and the share of that attention's mass its
@@ -40,6 +40,9 @@ from .decode.capacity import account
 from .errors import BenchError
 
 DSA = "dsa"  # --indexer dsa: DSA's lightning indexer (fit without --indexer)
+# Without --indexer or --checkpoint: the two indexers on the kit, each trained here (tiny: about
+# 40 s each on two CPU cores).
+DEFAULT_INDEXERS = (DSA, "hisparse_jax.kit.page_minmax:PageMinMax")
 CONTEXTS = (32768, 65536, 131072, 262144)
 RATIOS = (1.0, 2.0, 3.0, 4.0)
 # What `record` decodes per trained shape: the tiny model on held-out documents a CPU decodes in
@@ -63,6 +66,8 @@ class Candidate:
 def _candidates(args) -> list[Candidate]:
     """The --indexer and --checkpoint values, each checked (imported, read) before any training."""
     found = []
+    if not args.indexer and not args.checkpoint:
+        args.indexer = list(DEFAULT_INDEXERS)
     for spec in args.indexer or []:
         try:
             label = "DSA" if spec == DSA else load_indexer(spec).name
@@ -80,9 +85,6 @@ def _candidates(args) -> list[Candidate]:
                              "trace is recorded by decoding); compare it on a GPU")
         indexer = kit_indexer(config)
         found.append(Candidate("DSA" if indexer is None else indexer.name, None, Path(path), code or None))
-    if not found:
-        raise BenchError("give indexers to compare: --indexer MODULE:NAME (trained here; `dsa` for DSA's) or "
-                         "--checkpoint PATH (trained by python -m hisparse_jax.train fit)")
     seen: dict[str, int] = {}
     for c in found:  # one folder per candidate under --out
         seen[c.label] = seen.get(c.label, 0) + 1

@@ -15,7 +15,7 @@ from hisparse_jax.bench.deployments import get_deployment
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "give indexers to compare: --indexer MODULE:NAME"),
+    (["--roots", "/no/such/folder"], "argument --roots: corpus: '/no/such/folder' is not a folder"),
     (["--indexer", "no_such_module_xyz:X"], "argument --indexer: --indexer 'no_such_module_xyz:X': no module named"),
     (["--indexer", "hisparse_jax.kit.page_minmax:NOPE"], "has no name 'NOPE'"),
     (["--checkpoint", "missing.npz"], "argument --checkpoint: checkpoint 'missing.npz': no such file"),
