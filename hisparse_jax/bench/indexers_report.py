@@ -130,17 +130,15 @@ def write_plot(report: dict, out: Path) -> list[Path]:
     gap = [e["held_out"]["sparse_minus_dense"] for e in report["indexers"]]
     mass = [100 * (e["held_out"]["captured"] or np.nan) for e in report["indexers"]]
     x = np.arange(len(labels))
-    axes[2].bar(x - 0.2, mass, 0.4, color="0.55", label="top-k attention mass (%)")
+    axes[2].bar(x - 0.2, mass, 0.4, color="0.6")
     twin = axes[2].twinx()
-    twin.bar(x + 0.2, gap, 0.4, color="0.15", label="sparse - dense loss (nats)")
+    twin.bar(x + 0.2, gap, 0.4, color="0.15")
     axes[2].set_xticks(x, labels)
-    axes[2].set(ylabel="top-k attention mass (%)", title="held-out quality")
-    twin.set_ylabel("sparse - dense held-out loss (nats/byte)")
+    axes[2].set(ylabel="top-k attention mass (%, grey)", title="held-out: top-k mass, sparse - dense loss")
+    twin.set_ylabel("sparse - dense held-out loss (nats/byte, black)")
     for ax in axes[:2]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    axes[2].legend(loc="lower left", fontsize=7)
-    twin.legend(loc="lower right", fontsize=7)
     fig.tight_layout()
     path = out / "indexers.png"
     fig.savefig(path, dpi=110)
