@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from hisparse_jax import kit
-from hisparse_jax.bench import cli
+from hisparse_jax.bench import cli, indexers_report
 from hisparse_jax.bench.decode.plan import build_plan
 from hisparse_jax.bench.deployments import get_deployment
 
@@ -57,3 +57,28 @@ def test_a_deployment_slice_takes_an_indexer_and_keeps_its_mla_shapes(capsys):
     metadata = plan.contexts[0].caps["hisparse"].device_per_request_by_category["indexer metadata"]
     assert metadata == config.num_layers * config.max_context * 8 * 2  # dim 8 bf16 keys per token and layer
     assert cli.main(argv) == 0 and "context 32768: hisparse batch" in capsys.readouterr().out
+
+
+def _entry(label: str, deployment) -> dict:
+    rates = {p: [0.5, 0.25, 0.125, 0.0625] for p in ("lru", "belady")}
+    by_context = {"32768": dict(hisparse=2 << 20, full_kv=12 << 20, hisparse_by_category={"indexer metadata": 1 << 20})}
+    return dict(label=label, top_k=16, parameters=2048, deployment=deployment,
+                held_out=dict(dense_lm=3.1, sparse_lm=3.2, sparse_minus_dense=0.1, kl_dense=0.3, kl_sparse=0.2,
+                              captured=0.5),
+                misses=dict(ratios=[1.0, 2.0, 3.0, 4.0], miss_rate=rates, step_overlap=[0.2, None],
+                            layer_overlap=[0.1], warm=8, steps=32, streams=2, trace=dict(prefill=512)),
+                bytes_per_request=by_context)
+
+
+def test_the_report_shows_a_slice_measured_and_a_slice_refused():
+    """The GPU-only slice rows (a CPU never measures them) and a refusal in its row."""
+    measured = dict(slice="glm5-h200", rows=[dict(context=131072, full_kv_batch=2, hisparse_batch=75,
+                                                  throughput_ratio=3.5)])
+    refused = dict(slice="glm5-h200", error="batch 1 does not fit", rows=[])
+    report = dict(device="NVIDIA H200", contexts=[32768], ratios=[1.0, 2.0, 3.0, 4.0], policies=["lru", "belady"],
+                  indexers=[_entry("A", measured), _entry("B", refused)])
+    text = indexers_report.format_report(report)
+    assert "| A | glm5-h200 | 131072 | 2 | 75 | 3.50 |" in text
+    assert "| B | glm5-h200 | not measured: batch 1 does not fit |" in text
+    assert "| A | lru | 50.0% | 25.0% | 12.5% | 6.2% | 0.200 | 0.100 |" in text
+    assert "| A | 16 | 3.1000 | 3.2000 | +0.1000 | 0.3000 | 0.2000 | 50.0% | 2,048 |" in text
