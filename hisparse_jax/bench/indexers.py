@@ -167,7 +167,8 @@ def _measure(c: Candidate, args, corpus: Corpus, out: Path) -> dict:
                  indexer=None if indexer is None else dict(cls=type(indexer).__qualname__,
                                                            fields=dataclasses.asdict(indexer)),
                  top_k=config.top_k, hot_slots=config.hot_slots, layers=config.num_layers,
-                 parameters=int(sum(np.size(p) for p in jax.tree.leaves(weights.indexers))))
+                 parameters=int(sum(np.size(p) for p in jax.tree.leaves(weights.indexers))),
+                 training={k: (meta.get("summary") or {}).get(k) for k in ("train_seconds", "tokens_seen")})
     print(f"indexers: {c.label}: held-out loss and KL", flush=True)
     entry["held_out"] = _held_out(config, weights, meta, corpus)
     print(f"indexers: {c.label}: recording its trace and replaying it", flush=True)
