@@ -17,7 +17,7 @@ from hisparse_jax.selection.recorded import RecordedTrace, save_trace
 from hisparse_jax.train import __main__ as train_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-_COMMAND = re.compile(r"(hisparse-bench (decode|policies|bitwise)|python3? -m hisparse_jax\.(train|bench)) ")
+_COMMAND = re.compile(r"(hisparse-bench (decode|policies|bitwise|indexers)|python3? -m hisparse_jax\.(train|bench)) ")
 
 
 def documented_commands() -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ import math
 
 from ..selection import policies as cache_policies, synthetic as traces
 from ..models import known_families
-from . import policies
+from . import indexers, policies
 from .decode import bitwise, command
 from .decode.plan import CPU_DEFAULTS, DEPLOYMENT_DEFAULTS
 from .decode.runner import FILLS
@@ -71,6 +71,10 @@ def decode_arguments(sub) -> None:
     d.add_argument("--explain", action="store_true",
                    help="print the slice's derivation (with --deployment) and each run's batch, then exit")
     d.add_argument("--family", default=None, choices=known_families(), help=f"model family (default: {cpu['family']})")
+    d.add_argument("--indexer", default=None, metavar="MODULE:NAME",
+                   help="the kit's MLA model with this protocol indexer (docs/kit.md) in place of --family, or of a "
+                        "--deployment slice's family (the slice's MLA shapes kept): MODULE a dotted module or a .py "
+                        "file, NAME an Indexer or a function returning one")
     d.add_argument("--preset", default=None, help=f"family preset, tiny or realistic (default: {cpu['preset']})")
     d.add_argument("--contexts", type=_tokens, nargs="+", default=None,
                    help=f"prompt tokens per request, one measurement each (default: {cpu['contexts']}; "
@@ -228,3 +232,52 @@ def policies_arguments(sub) -> None:
                    help="misses count from this step on (default: a quarter of the trace's steps)")
     p.add_argument("--out", default="results/policies", help="folder for policies.json and plots (default: %(default)s)")
     p.add_argument("--no-plots", action="store_true", help="write policies.json only, no PNG plots")
+
+
+def _checkpoint(text: str) -> str:
+    if not text.partition("=")[0]:
+        raise argparse.ArgumentTypeError(f"expected PATH or PATH=MODULE:NAME, got {text!r}")
+    return text
+
+
+def indexers_arguments(sub) -> None:
+    """Registers the `indexers` subcommand: protocol indexers compared, from training to capacity."""
+    p = sub.add_parser("indexers", help="protocol indexers compared: loss, KL, misses per policy, bytes, capacity",
+                       description=indexers.__doc__.split("\n\n")[0])
+    p.add_argument("--indexer", action="append", default=None, metavar="MODULE:NAME",
+                   help="an indexer to train here (python -m hisparse_jax.train fit --indexer) and compare: MODULE a "
+                        "dotted module or a .py file, NAME an Indexer or a function returning one; 'dsa' for DSA's "
+                        "lightning indexer; repeat for more (default, without --checkpoint either: dsa and "
+                        "hisparse_jax.kit.page_minmax:PageMinMax)")
+    p.add_argument("--checkpoint", action="append", default=None, type=_checkpoint, metavar="PATH[=MODULE:NAME]",
+                   help="a trained model.npz to compare (=MODULE:NAME: where its indexer's code is, when outside "
+                        "hisparse_jax); repeat for more")
+    p.add_argument("--model", default=None, choices=list(indexers.RECORD),
+                   help="the trained shape of --indexer's training (default: tiny, about 30 s each on a CPU)")
+    count = _integer(1, "a positive integer")
+    p.add_argument("--max-steps", type=count, default=None, help="cap on every training phase's steps")
+    p.add_argument("--time-scale", type=_size, default=1.0, help="factor on every training phase's time budget")
+    p.add_argument("--roots", nargs="+", default=None, help="folders of text (default: the Python standard library)")
+    p.add_argument("--documents", type=count, default=None,
+                   help="streams of the recorded trace (default: 2 tiny, 8 trace-model)")
+    p.add_argument("--prefill", type=count, default=None,
+                   help="tokens before the recorded steps (default: 512 tiny, 32768 trace-model)")
+    p.add_argument("--steps", type=count, default=None,
+                   help="decode steps recorded (default: 128 tiny, 160 trace-model); misses count from a quarter on")
+    p.add_argument("--ratios", type=_ratio, nargs="+", default=list(indexers.RATIOS),
+                   help="B/k values of the replay (default: 1 2 3 4)")
+    p.add_argument("--policies", nargs="+", default=list(cache_policies.POLICIES), choices=cache_policies.POLICIES,
+                   metavar="POLICY", help=f"some of {', '.join(cache_policies.POLICIES)} (default: all)")
+    p.add_argument("--contexts", type=_tokens, nargs="+", default=list(indexers.CONTEXTS),
+                   help="contexts of the byte account (default: 32768 65536 131072 262144)")
+    p.add_argument("--deployment", default=None, choices=list(DEPLOYMENTS),
+                   help="GPU: also each indexer's capacity batch and throughput ratio on this slice "
+                        "(skipped on a CPU with a note)")
+    p.add_argument("--slice-contexts", type=_tokens, nargs="+", default=[131072],
+                   help="contexts of the slice's runs (default: 131072)")
+    p.add_argument("--slice-steps", type=count, default=8, help="decode steps per timed call on the slice")
+    p.add_argument("--slice-reps", type=count, default=5, help="timed calls per run on the slice")
+    p.add_argument("--out", default="results/indexers",
+                   help="folder for indexers.json, indexers.png and each indexer's checkpoint and trace "
+                        "(default: %(default)s)")
+    p.add_argument("--no-plots", action="store_true", help="write indexers.json only, no PNG")

@@ -1,7 +1,8 @@
-"""`python -m hisparse_jax.train fit|record`: train the DSA model, record its selection traces.
+"""`python -m hisparse_jax.train fit|record`: train a model (DSA, or any protocol indexer), record its selection traces.
 
   python -m hisparse_jax.train fit --out results/train   # GPU: the trace model (~10 min); CPU: tiny (seconds)
   python -m hisparse_jax.train fit --model tiny --out /tmp/t   # the tiny model anywhere
+  python -m hisparse_jax.train fit --indexer examples/my_indexer.py:INDEXER --out /tmp/mine   # your indexer
   python -m hisparse_jax.train record --checkpoint results/train/model.npz --out trace.npz
 
 Every bad argument is a one-line error and exit status 2 (docs/training.md).
@@ -25,6 +26,7 @@ from ..selection.recorded import save_trace
 from . import fit as fit_lib
 from .checkpoint import load_model, save_model
 from .corpus import Corpus
+from .indexer_spec import describe, load_indexer
 from .record import record_trace
 
 
@@ -41,7 +43,11 @@ def parser() -> argparse.ArgumentParser:
     """The command line of `python -m hisparse_jax.train`: fit and record."""
     p = _Parser(prog="python -m hisparse_jax.train", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("fit", help="train the DSA model: dense warm-up, then sparse training")
+    f = sub.add_parser("fit", help="train the DSA model (or a protocol indexer's): dense warm-up, then sparse training")
+    f.add_argument("--indexer", default=None, metavar="MODULE:NAME",
+                   help="train the kit's MLA model with this protocol indexer instead of DSA's lightning indexer: "
+                        "MODULE a dotted module or a .py file, NAME an Indexer or a function returning one "
+                        "(docs/research.md)")
     f.add_argument("--model", default=None, choices=list(fit_lib.MODELS),
                    help="trace-model: the model of the recorded traces (bfloat16, ~8 minutes on an H200; XLA:CPU "
                         "cannot train bfloat16); tiny: float32, trains on a CPU in seconds "
@@ -54,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--out", required=True, help="folder for model.npz and training.json")
     r = sub.add_parser("record", help="record the model's selections while it decodes long held-out documents")
     r.add_argument("--checkpoint", required=True, help="a model.npz written by fit")
+    r.add_argument("--indexer", default=None, metavar="MODULE:NAME",
+                   help="where the checkpoint's indexer class is, when it is outside hisparse_jax (a checkpoint "
+                        "does not import code by itself); its fields come from the checkpoint")
     r.add_argument("--documents", type=int, default=8, help="streams: one held-out document each")
     r.add_argument("--prefill", type=int, default=32768, help="tokens prefilled before decoding")
     r.add_argument("--steps", type=int, default=512, help="decode steps recorded")
@@ -70,7 +79,8 @@ def _fit(args) -> None:
     cpu = jax.default_backend() == "cpu"
     if args.model is None:
         args.model = "tiny" if cpu else "trace-model"
-    config = fit_lib.model_config(args.model)
+    indexer = None if args.indexer is None else load_indexer(args.indexer)
+    config = fit_lib.model_config(args.model, indexer)
     if cpu and config.dtype == "bfloat16":
         raise ValueError(f"--model {args.model} is bfloat16, which XLA:CPU cannot train (it has no bfloat16 dot); "
                          "train it on a GPU, or give --model tiny on a CPU")
@@ -89,7 +99,8 @@ def _fit(args) -> None:
     out = Path(args.out)
     _check_output("--out", out)
     weights, history, summary = fit_lib.fit(config, plan, corpus, log=lambda m: print(m, flush=True))
-    meta = dict(model=args.model, plan=dataclasses.asdict(plan), data="byte-level; " + ", ".join(
+    meta = dict(model=args.model, **({} if indexer is None else dict(indexer=describe(indexer))),
+                plan=dataclasses.asdict(plan), data="byte-level; " + ", ".join(
         sorted({d.name.split("/")[0] for d in corpus.train})), train_documents=len(corpus.train),
         held_out_documents=len(corpus.held_out), summary=summary,
         device=str(jax.devices()[0].device_kind), jax=jax.__version__, date=time.strftime("%Y-%m-%d"))
@@ -110,10 +121,10 @@ def _check_output(flag: str, path: Path, folder: bool = True) -> None:
 
 def _record(args, argv=None) -> None:
     _check_output("--out", Path(args.out), folder=False)
-    load_model(args.checkpoint)  # a bad checkpoint is refused before the corpus is read
+    load_model(args.checkpoint, indexer=args.indexer)  # a bad checkpoint is refused before the corpus is read
     corpus = Corpus.from_roots([Path(r) for r in args.roots] if args.roots else None)
     trace = record_trace(args.checkpoint, corpus, documents=args.documents, prefill=args.prefill, steps=args.steps,
-                         mode=args.mode, top_k=args.top_k)
+                         mode=args.mode, top_k=args.top_k, indexer=args.indexer)
     command = "python -m hisparse_jax.train " + " ".join(sys.argv[1:] if argv is None else argv)
     trace = dataclasses.replace(trace, source=dict(trace.source, command=command))
     size = save_trace(args.out, trace)

@@ -1,4 +1,11 @@
-"""A trained model on disk: its Config fields and weights in one .npz (weights in Config.dtype)."""
+"""A trained model on disk: its Config fields and weights in one .npz (weights in Config.dtype).
+
+A model with a protocol indexer (train/model.py: the kit's MLA model) also records its indexer:
+the MODULE:NAME that finds its class, the class name and its fields (train/indexer_spec.py). A
+checkpoint is untrusted bytes and does not choose code to run: `load_model` imports the recorded
+module only when it is inside hisparse_jax; for a researcher's own module the caller names it
+(`indexer="my_lab/indexers.py:MyIndexer"`, `record --indexer`), and the class and fields
+come from the checkpoint, checked against it."""
 
 from __future__ import annotations
 
@@ -14,8 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models import dsa
 from ..npz_files import NpzFile
+from . import indexer_spec
+from .model import config_fields, family_of, kit_indexer, make_config
 
 FORMAT = "hisparse-dsa-checkpoint"
 # Fields a loader may change: they size the decode (cache, context, kernels), not the weights;
@@ -23,14 +31,6 @@ FORMAT = "hisparse-dsa-checkpoint"
 # bf16 dot: the same weights, computed in float32).
 DECODE_FIELDS = ("top_k", "hot_slots", "max_context", "pool_records", "prefill_chunk", "implementation",
                  "indexer_implementation", "prefetch", "dtype")
-
-
-def _config_fields(config: dsa.Config) -> dict:
-    out = {}
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        out[f.name] = str(value) if f.name == "dtype" else value
-    return out
 
 
 # What a stored weight array may be, by the config's dtype: bfloat16 is stored as its raw uint16 bits.
@@ -58,25 +58,39 @@ def _digest(config_fields: dict, arrays: list[np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def save_model(path: str | Path, config: dsa.Config, weights: dsa.Weights, meta: dict | None = None) -> int:
-    """Writes the weights (cast to config.dtype) with the config, `meta` and the content hash of
-    both (checked by load_model); returns the file's bytes."""
+def _hashed_fields(fields: dict, indexer: dict | None) -> dict:
+    """What the content hash covers besides the weights: the config, and the indexer's record
+    (a DSA checkpoint has none, and hashes as it always did)."""
+    return fields if indexer is None else {**fields, "indexer": indexer}
+
+
+def save_model(path: str | Path, config, weights, meta: dict | None = None) -> int:
+    """Writes the weights (cast to config.dtype) with the config, its protocol indexer (if any),
+    `meta` and the content hash of them all (checked by load_model); returns the file's bytes."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(weights)
     arrays = {}
     for i, (path_, leaf) in enumerate(leaves):
         a = np.asarray(jax.device_get(jnp.asarray(leaf, config.dtype)))
         arrays[f"w{i:04d}"] = a.view(np.uint16) if a.dtype == jnp.bfloat16 else a
-    fields = _config_fields(config)
+    fields = config_fields(config)
+    indexer = kit_indexer(config)
+    record = None if indexer is None else indexer_spec.describe(indexer)
     header = dict(format=FORMAT, config=fields, meta=meta or {}, leaves=[jax.tree_util.keystr(p) for p, _ in leaves],
-                  sha256=_digest(fields, list(arrays.values())))
+                  sha256=_digest(_hashed_fields(fields, record), list(arrays.values())),
+                  **({} if record is None else dict(indexer=record)))
     buffer = io.BytesIO()
     np.savez_compressed(buffer, header=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
     Path(path).write_bytes(buffer.getvalue())
     return len(buffer.getvalue())
 
 
-def load_model(path: str | Path, *, max_bytes: int = MAX_CHECKPOINT_BYTES, **decode_overrides):
+def load_model(path: str | Path, *, max_bytes: int = MAX_CHECKPOINT_BYTES, indexer: str | None = None,
+               **decode_overrides):
     """(config, weights, meta) of a saved model; decode_overrides may set DECODE_FIELDS only.
+
+    A checkpoint with a protocol indexer rebuilds it from its record (indexer_spec.from_record):
+    `indexer` (MODULE:NAME) says where its module is; without it only a module inside
+    hisparse_jax is imported (a checkpoint's bytes do not choose the code that runs).
 
     The file is read from untrusted bytes (npz_files): its config must declare at most
     `max_bytes` of weights, each weight must be stored in the dtype the config names and have
@@ -97,14 +111,25 @@ def load_model(path: str | Path, *, max_bytes: int = MAX_CHECKPOINT_BYTES, **dec
         stored = _STORED.get(fields.get("dtype"))
         if stored is None:
             f.fail(f"its config's dtype is {fields.get('dtype')!r}; checkpoints hold {', '.join(_STORED)}")
+        record = header.get("indexer")
+        found = None
+        if record is not None:
+            try:
+                found = indexer_spec.from_record(record, f"checkpoint {str(path)!r}", indexer)
+            except ValueError as err:
+                raise ValueError(str(err)) from None
+        elif indexer is not None:
+            f.fail(f"is a DSA checkpoint (its lightning indexer is in its config); drop --indexer {indexer}")
+        given = {k: v for k, v in decode_overrides.items() if k in fields or found is None}
         try:
-            config = dsa.Config(**{**fields, **decode_overrides})
+            config = make_config({**fields, **given}, found)
         except (TypeError, ValueError) as err:
             f.fail(f"its config does not make a model ({err})")
-        template = jax.eval_shape(lambda: dsa.init_weights(config, 0))
+        family = family_of(config)
+        template = jax.eval_shape(lambda: family.init_weights(config, 0))
         leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
         if [jax.tree_util.keystr(p) for p, _ in leaves] != names:
-            f.fail("holds another weight layout than this version's dsa.Weights")
+            f.fail(f"holds another weight layout than this version's {family.name} weights")
         declared = sum(math.prod(spec.shape) * stored.itemsize for _, spec in leaves)
         if declared > max_bytes:
             f.fail(f"its config declares {declared / 2**30:.1f} GiB of weights, more than max_bytes = "
@@ -119,10 +144,10 @@ def load_model(path: str | Path, *, max_bytes: int = MAX_CHECKPOINT_BYTES, **dec
                        f"dtype {fields['dtype']} and shapes need {stored} {list(spec.shape)}")
             arrays.append(a)
         if "sha256" not in header:
-            if _digest(fields, arrays) not in KNOWN_UNHASHED:
+            if record is not None or _digest(fields, arrays) not in KNOWN_UNHASHED:
                 print(f"load_model: {str(path)!r} carries no content hash (written before checkpoints had one); "
                       "its weights' integrity is not checked", file=sys.stderr)
-        elif _digest(fields, arrays) != header["sha256"]:
+        elif _digest(_hashed_fields(fields, record), arrays) != header["sha256"]:
             f.fail("its content hash does not match its config and weights (the file was changed after it was saved)")
     values = []
     for (_, spec), a in zip(leaves, arrays):

@@ -1,6 +1,7 @@
-"""Training the DSA model from scratch: a dense warm-up, then sparse training (hisparse_jax.train.forward).
+"""Training a model from scratch: a dense warm-up, then sparse training (hisparse_jax.train.forward).
 
-`fit(model, plan, corpus)` trains float32 master weights with AdamW on random windows of the
+The model is DSA or the research kit's MLA model with any protocol indexer (train/model.py):
+`fit(config, plan, corpus)` trains float32 master weights with AdamW on random windows of the
 training documents, in two phases on one learning-rate schedule: `dense_steps` with dense
 attention (the indexer learns the attention by KL), then `sparse_steps` attending to the
 indexer's top-k. It evaluates the held-out windows with both attentions at the end of each phase
@@ -18,12 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models import dsa, shapes
+from ..kit.protocol import overrides
 from . import optimizer
 from .corpus import Corpus, WindowSampler
 from .forward import check_trainable, forward_loss
-
-MODELS = shapes.TRAINED_MODELS  # named shapes live in hisparse_jax/models/shapes.py
+from .model import MODELS, family_of, model_config  # noqa: F401 (model_config: fit's public API since before)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,13 +102,7 @@ PLANS = {
 }
 
 
-def model_config(name: str, **overrides) -> dsa.Config:
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}")
-    return dsa.Config(**{**MODELS[name], **overrides})
-
-
-def _cast(config: dsa.Config, params):
+def _cast(config, params):
     return jax.tree.map(lambda p: p.astype(config.dtype), params)
 
 
@@ -128,30 +122,55 @@ def _eval_step(config, sparse, chunk, params, tokens):
     return parts
 
 
-def evaluate(config: dsa.Config, params, batches, chunk: int) -> dict:
-    """Held-out next-token loss (nats per byte) and per-layer KL with dense and sparse attention."""
+@functools.partial(jax.jit, static_argnames=("config", "chunk"))
+def _measure_step(config, chunk, params, tokens):
+    _, parts = forward_loss(config, _cast(config, params), tokens, sparse=False, chunk=chunk, measure=True)
+    return parts
+
+
+def evaluate(config, params, batches, chunk: int, measure: bool = False) -> dict:
+    """Held-out next-token loss (nats per byte) and per-layer KL with dense and sparse attention;
+    with measure, also dense.captured: per layer, the share of the dense attention mass (summed
+    over heads) that the indexer's top-k keeps, over queries with more than top_k sealed keys."""
     out = {}
     for mode, sparse in (("dense", False), ("sparse", True)):
-        parts = [jax.device_get(_eval_step(config, sparse, chunk, params, jnp.asarray(b))) for b in batches]
+        step = (lambda b: _measure_step(config, chunk, params, b)) if measure and not sparse else \
+            (lambda b: _eval_step(config, sparse, chunk, params, b))
+        parts = [jax.device_get(step(jnp.asarray(b))) for b in batches]
         out[mode] = dict(lm=float(np.mean([p["lm"] for p in parts])),
                          kl=np.mean([p["kl"] for p in parts], axis=0).round(5).tolist())
+        if "captured" in parts[0]:
+            out[mode]["captured"] = [_mean_known(column) for column in zip(*[p["captured"] for p in parts])]
     out["sparse_minus_dense_lm"] = out["sparse"]["lm"] - out["dense"]["lm"]
     return out
+
+
+def _mean_known(values) -> float | None:
+    """The mean of the values that are not NaN (a window without a query past top_k has none), or None."""
+    known = [float(v) for v in values if not np.isnan(v)]
+    return round(float(np.mean(known)), 5) if known else None
 
 
 _TIMED_STEPS = 3  # steps timed after the first (compiling) one to fit a phase in its seconds
 
 
-def fit(config: dsa.Config, plan: TrainPlan, corpus: Corpus, log: Callable[[str], None] = print):
-    """Trains from seeded random weights. Returns (weights in config.dtype, history, summary)."""
+def fit(config, plan: TrainPlan, corpus: Corpus, log: Callable[[str], None] = print):
+    """Trains from seeded random weights (config: a dsa.Config or a kit Config, train/model.py).
+    Returns (weights in config.dtype, history, summary)."""
     check_trainable(config)
+    indexer = config.indexer
+    if any(p.attention == "sparse" for p in plan.phases) and not overrides(indexer, "train_scores"):
+        raise ValueError(f"{type(indexer).__name__}.train_scores: not defined, so a sparse phase has no scores to "
+                         "select keys by; define train_scores ([b, chunk, T] float32 logits) or give a plan "
+                         "without sparse phases")
     for phase in plan.phases:
         if phase.attention == "sparse" and phase.seq_len < config.top_k:
             raise ValueError(f"phase {phase.name}: seq_len={phase.seq_len} is below the model's top_k="
                              f"{config.top_k}; sparse training selects top_k keys: use seq_len >= top_k")
     longest = max([p.seq_len for p in plan.phases] + [plan.eval_seq_len])
     config = dataclasses.replace(config, max_context=max(config.max_context, longest))
-    params = dsa.init_weights(dataclasses.replace(config, dtype="float32"), plan.seed)  # float32 master weights
+    family = family_of(config)
+    params = family.init_weights(dataclasses.replace(config, dtype="float32"), plan.seed)  # float32 master weights
     opt = optimizer.AdamW()
     state = optimizer.init(params)
     train_tokens = Corpus.packed(corpus.train)

@@ -1,9 +1,12 @@
-"""The DSA model's training forward over whole sequences: next-token loss and the indexer's KL.
+"""The training forward over whole sequences: next-token loss and the indexer's KL, for any
+protocol indexer (hisparse_jax.kit.Indexer; DSA's lightning indexer is one).
 
-It runs the decode model's own pieces (hisparse_jax.models.dsa: the MLA query and record, the
-lightning indexer's keys and queries, the read-out and the feed-forward branch) over every
-position of a [b, T] batch, with attention in blocks of `chunk` queries, each block
-rematerialized in the backward pass so that memory holds one block's scores at a time.
+It runs the decode model's own pieces (the MLA query and record, the read-out and the
+feed-forward branch of hisparse_jax.models.mla / moe) over every position of a [b, T] batch, with
+attention in blocks of `chunk` queries, each block rematerialized in the backward pass so that
+memory holds one block's scores at a time. The indexer enters through its `train_features`
+(what it reads of the whole sequence, once per layer) and `train_scores`: the token-level
+logits I [b, chunk, T] of a block's queries against every token.
 
 Two phases, as DeepSeek trained DSA (DeepSeek-V3.2 report, section 2.1):
 
@@ -14,9 +17,12 @@ Two phases, as DeepSeek trained DSA (DeepSeek-V3.2 report, section 2.1):
   hisparse_jax.topk.select_topk, ties to the lower id) plus itself (the open page of
   page_size 1); the indexer's KL is taken over the selected keys only.
 
-The indexer's input is detached from the model (its keys and queries read stop_gradient(h)) and
-its target is detached too, so the KL trains the indexer alone and the next-token loss trains
-the rest. Each layer has its own indexer (index_share = 1) and page_size is 1.
+The indexer's input is detached from the model (train_features reads stop_gradient(h)) and its
+target is detached too, so the KL trains the indexer alone and the next-token loss trains the
+rest. Each layer has its own indexer (index_share = 1) and page_size is 1. An indexer whose
+train_scores returns None has nothing to learn: its KL is 0 and only dense phases train it.
+`measure=True` also returns the share of the dense attention mass the indexer's top-k captures
+(the comparison of hisparse-bench indexers).
 """
 
 from __future__ import annotations
@@ -24,28 +30,31 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..models import dsa, layers, mla, moe
+from ..kit import checks
+from ..kit.protocol import Indexer
+from ..models import layers, mla, moe
 from ..topk import select_topk
 
 f32 = jnp.float32
 
 
-def check_trainable(config: dsa.Config) -> None:
+def check_trainable(config) -> None:
     """The shapes this forward trains: one indexer per layer, one token per record, no fp8 keys."""
-    for field, ok, want in (("index_share", config.index_share == 1, "1"), ("page_size", config.page_size == 1, "1"),
-                            ("index_dtype", config.index_dtype is None, "None")):
-        if not ok:
+    for field, want in (("index_share", 1), ("page_size", 1), ("index_dtype", None)):
+        if hasattr(config, field) and getattr(config, field) != want:
             raise ValueError(f"train: Config.{field}={getattr(config, field)!r}; training needs {field}={want}")
 
 
-def _chunk_attention(config: dsa.Config, q, keys, q_index, head, index_keys, start, chunk: int, sparse: bool):
+def _chunk_attention(config, q, keys, index, start, chunk: int, sparse: bool, measure: bool):
     """One block of `chunk` queries from position `start`.
 
     Args:
       q: [b, T, H, W] float32 absorbed queries; keys: [b, T, W] records in config.dtype.
-      q_index: [b, T, HI, dI], head: [b, T, HI] float32, index_keys: [b, T, dI] (detached).
+      index: [b, C, T] float32 the indexer's logits of the block's queries (train_scores), or None.
     Returns:
-      (latent [b, C, H, dc] float32, KL summed over the block's queries, queries with a target).
+      (latent [b, C, H, dc] float32, stats: float32 scalars, the KL summed over the block's
+      queries and the count of queries with a target; with measure also the captured mass summed
+      over the queries where the top-k drops keys, and their count).
     """
     b, T = keys.shape[:2]
     positions = start + jnp.arange(chunk, dtype=jnp.int32)  # [C]
@@ -53,16 +62,20 @@ def _chunk_attention(config: dsa.Config, q, keys, q_index, head, index_keys, sta
     take = lambda a: jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=1)
     scores = jnp.einsum("bchw,btw->bhct", take(q).astype(config.dtype), keys, preferred_element_type=f32)
     scores = scores * mla.scale(config)
-    index = jnp.einsum("bcjd,btd->bcjt", take(q_index), index_keys, preferred_element_type=f32)
-    index = jnp.einsum("bcjt,bcj->bct", jax.nn.relu(index), take(head))  # I [b, C, T]
     sealed = key_pos[None, None, :] < positions[None, :, None]  # [1, C, T]: keys s < t
-    if sparse:
+    chosen = None
+    if index is not None and (sparse or measure):
         rows = jnp.broadcast_to(positions, (b, chunk)).reshape(-1)  # each query's sealed keys
         ids = select_topk(jax.lax.stop_gradient(index).reshape(b * chunk, T), rows, config.top_k,
                           implementation=config.implementation)
         put = jnp.where(ids >= 0, ids, T)  # -1 padding goes to a dropped column
         chosen = jnp.zeros((b * chunk, T + 1), bool).at[jnp.arange(b * chunk)[:, None], put].set(True)
-        target_keys = chosen[:, :T].reshape(b, chunk, T)
+        chosen = chosen[:, :T].reshape(b, chunk, T)
+    if sparse:
+        if chosen is None:
+            raise ValueError(f"{type(config.indexer).__name__}.train_scores: returned None, so sparse attention has no "
+                             "scores to select keys by; define train_scores or train with dense attention only")
+        target_keys = chosen
         attended = target_keys | (key_pos[None, None, :] == positions[None, :, None])
     else:
         target_keys = jnp.broadcast_to(sealed, (b, chunk, T))
@@ -76,60 +89,79 @@ def _chunk_attention(config: dsa.Config, q, keys, q_index, head, index_keys, sta
     mass = jnp.sum(target, axis=-1, keepdims=True)
     has_target = mass[..., 0] > 0  # query 0 has no sealed key
     target = target / jnp.where(mass > 0, mass, 1.0)
-    log_q = jax.nn.log_softmax(jnp.where(target_keys, index, -jnp.inf), axis=-1)
-    log_q = jnp.where(target_keys, log_q, 0.0)
-    log_t = jnp.log(jnp.where(target > 0, target, 1.0))
-    kl = jnp.sum(jnp.where(target > 0, target * (log_t - log_q), 0.0), axis=-1)  # [b, C]
-    return latent, jnp.sum(jnp.where(has_target, kl, 0.0)), jnp.sum(has_target.astype(f32))
+    if index is None:
+        kl = jnp.zeros(has_target.shape, f32)
+    else:
+        log_q = jax.nn.log_softmax(jnp.where(target_keys, index, -jnp.inf), axis=-1)
+        log_q = jnp.where(target_keys, log_q, 0.0)
+        log_t = jnp.log(jnp.where(target > 0, target, 1.0))
+        kl = jnp.sum(jnp.where(target > 0, target * (log_t - log_q), 0.0), axis=-1)  # [b, C]
+    stats = [jnp.sum(jnp.where(has_target, kl, 0.0)), jnp.sum(has_target.astype(f32))]
+    if measure:  # the dense target's mass on the top-k, where the top-k leaves keys out
+        drops = jnp.broadcast_to(positions > config.top_k, has_target.shape) & has_target
+        captured = (jnp.sum(jnp.where(chosen, target, 0.0), axis=-1) if chosen is not None
+                    else jnp.full_like(kl, jnp.nan))  # no scores: no top-k to measure
+        stats += [jnp.sum(jnp.where(drops, captured, 0.0)), jnp.sum(drops.astype(f32))]
+    return latent, tuple(stats)
 
 
-def _layer(config: dsa.Config, w: dsa.LayerWeights, iw: dsa.IndexerWeights, x, positions, chunk: int, sparse: bool):
-    """One layer over the batch: (x [b, T, D], KL summed over queries, queries with a target)."""
+def _layer(config, indexer: Indexer, w, params, x, positions, chunk: int, sparse: bool, measure: bool):
+    """One layer over the batch: (x [b, T, D], stats summed over queries: see _chunk_attention)."""
     h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
     keys = mla.kv_record(config, w, h, positions)  # [b, T, W]
     q = mla.query(config, w, h, positions)  # [b, T, H, W] float32
     detached = jax.lax.stop_gradient(h)  # the indexer trains on the KL alone
-    index_keys, _ = dsa.index_key(config, iw, detached, positions)
-    q_index, head = dsa.index_query(config, iw, detached, positions)
+    # Per-token work (DSA's index keys and queries, page bounds) once per layer, outside the
+    # blocks: computed and differentiated once, as before the protocol (the same bits for DSA).
+    features = checks.train_features(indexer, config, params, detached, positions)
 
     @jax.checkpoint  # the backward pass recomputes a block's scores instead of keeping all of them
     def block(start):
-        return _chunk_attention(config, q, keys, q_index, head, index_keys, start, chunk, sparse)
+        index = checks.train_scores(indexer, config, params, features, positions, start, chunk)
+        return _chunk_attention(config, q, keys, index, start, chunk, sparse, measure)
 
     T = x.shape[1]
-    latent, kl, count = jax.lax.map(block, jnp.arange(0, T, chunk, dtype=jnp.int32))
+    latent, stats = jax.lax.map(block, jnp.arange(0, T, chunk, dtype=jnp.int32))
     latent = jnp.moveaxis(latent, 0, 1).reshape(x.shape[0], T, *latent.shape[3:])
     x = x + mla.attention_out(config, w, latent)
     x = x + moe.feed_forward(config, w, x)
-    return x, jnp.sum(kl), jnp.sum(count)
+    return x, tuple(jnp.sum(s) for s in stats)
 
 
-def forward(config: dsa.Config, weights: dsa.Weights, inputs: jax.Array, *, sparse: bool, chunk: int):
+def forward(config, weights, inputs: jax.Array, *, sparse: bool, chunk: int, measure: bool = False):
     """Logits [b, T, V] float32 of every position of inputs [b, T] int32, and the indexers' mean
     KL per layer [L]; T a multiple of chunk. sparse: attend to the indexer's top-k (config.top_k)
-    and the query itself instead of the whole causal prefix."""
+    and the query itself instead of the whole causal prefix. measure: also the share of the dense
+    attention mass each layer's top-k captures [L] (over queries with more than top_k sealed
+    keys; NaN where none has), returned as a third value."""
     T = inputs.shape[1]
     if T % chunk:
         raise ValueError(f"train: the sequence length {T} must be a multiple of the attention chunk {chunk}")
+    indexer = config.indexer  # kit Configs carry it; dsa.Config's reads its index_* fields
     positions = jnp.arange(T, dtype=jnp.int32)
     x = layers.embed(weights.embed, inputs)
-    kls = []
-    for w, iw in zip(weights.layers, weights.indexers):
-        x, kl, count = _layer(config, w, iw, x, positions, chunk, sparse)
-        kls.append(kl / jnp.maximum(count, 1.0))
-    return layers.lm_head(weights, x, config.norm_eps), jnp.stack(kls)
+    kls, captured = [], []
+    for w, params in zip(weights.layers, weights.indexers):
+        x, stats = _layer(config, indexer, w, params, x, positions, chunk, sparse, measure)
+        kls.append(stats[0] / jnp.maximum(stats[1], 1.0))
+        if measure:
+            captured.append(jnp.where(stats[3] > 0, stats[2] / jnp.maximum(stats[3], 1.0), jnp.nan))
+    logits = layers.lm_head(weights, x, config.norm_eps)
+    return (logits, jnp.stack(kls), jnp.stack(captured)) if measure else (logits, jnp.stack(kls))
 
 
-def forward_loss(config: dsa.Config, weights: dsa.Weights, tokens: jax.Array, *, sparse: bool, chunk: int):
+def forward_loss(config, weights, tokens: jax.Array, *, sparse: bool, chunk: int, measure: bool = False):
     """Mean next-token cross-entropy (nats per token) plus the indexers' mean KL.
 
     Args:
-      weights: dsa.Weights in config.dtype.
+      weights: the model's weights in config.dtype (dsa.Weights, or a kit family's).
       tokens: [b, T + 1] int32; positions 0..T-1 are read, 1..T predicted.
     Returns:
-      (loss, dict(lm=cross-entropy, kl=[L] mean KL per layer)).
+      (loss, dict(lm=cross-entropy, kl=[L] mean KL per layer, and with measure captured=[L])).
     """
-    logits, kl = forward(config, weights, tokens[:, :-1], sparse=sparse, chunk=chunk)
+    out = forward(config, weights, tokens[:, :-1], sparse=sparse, chunk=chunk, measure=measure)
+    logits, kl = out[:2]
     targets = tokens[:, 1:]
     lm = jnp.mean(jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0])
-    return lm + jnp.mean(kl), dict(lm=lm, kl=kl)
+    parts = dict(lm=lm, kl=kl, **(dict(captured=out[2]) if measure else {}))
+    return lm + jnp.mean(kl), parts

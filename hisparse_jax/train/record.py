@@ -16,10 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import decode
-from ..models import dsa
 from ..selection.recorded import RecordedTrace
 from .checkpoint import load_model
 from .corpus import Corpus
+from .indexer_spec import describe
+from .model import family_of, kit_indexer
 
 
 def next_token_loss(logits, targets) -> float:
@@ -32,13 +33,16 @@ def next_token_loss(logits, targets) -> float:
 
 
 def record_trace(model_path: str | Path, corpus: Corpus, *, documents: int, prefill: int, steps: int,
-                 mode: str = "device", top_k: int | None = None, hot_slots: int | None = None) -> RecordedTrace:
+                 mode: str = "device", top_k: int | None = None, hot_slots: int | None = None,
+                 indexer: str | None = None) -> RecordedTrace:
     """The selections of `steps` teacher-forced decode steps after a `prefill`-token prompt, one
-    held-out document per stream (the longest that have prefill + steps + 1 tokens)."""
+    held-out document per stream (the longest that have prefill + steps + 1 tokens). The model is
+    DSA or a kit model with any protocol indexer; `indexer` (MODULE:NAME) says where a
+    researcher's indexer module is (checkpoint.load_model)."""
     for name, value in (("documents", documents), ("prefill", prefill), ("steps", steps)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"record: {name} must be a positive int, got {value!r}")
-    overrides = {} if top_k is None else dict(top_k=top_k)
+    overrides = dict(indexer=indexer, **({} if top_k is None else dict(top_k=top_k)))
     probe, _, _ = load_model(model_path, **overrides)
     context = -(-(prefill + steps) // probe.prefill_chunk) * probe.prefill_chunk
     config, weights, meta = load_model(model_path, max_context=context,
@@ -52,20 +56,24 @@ def record_trace(model_path: str | Path, corpus: Corpus, *, documents: int, pref
                          "asked for; lower --documents, --prefill or --steps")
     docs = docs[:documents]
     text = np.stack([d.tokens[: prefill + steps + 1] for d in docs]).astype(np.int32)
-    state = dsa.init_state(config, documents, mode)
-    state, _ = decode.prefill(dsa, config, weights, state, jnp.asarray(text[:, :prefill]),
+    family = family_of(config)
+    state = family.init_state(config, documents, mode)
+    state, _ = decode.prefill(family, config, weights, state, jnp.asarray(text[:, :prefill]),
                               jnp.full((documents,), prefill, jnp.int32))
     teacher = jnp.asarray(text[:, prefill + 1 :].T)  # [steps, streams]: fed after each step
-    out = decode.generate(dsa, config, weights, state, jnp.asarray(text[:, prefill]), steps,
+    out = decode.generate(family, config, weights, state, jnp.asarray(text[:, prefill]), steps,
                           return_logits=True, record_selection=True, teacher_tokens=teacher)
     logits, ids = out.logits, out.selections
     decode_loss = next_token_loss(jax.device_get(logits), jax.device_get(teacher))
     digest = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()[:16]
+    protocol = kit_indexer(config)
+    shape = ("vocab", "d_model", "num_layers", "n_heads", "kv_lora_rank", "qk_rope_dim", "index_heads", "index_dim",
+             "top_k", "dtype", "rope_theta")
     source = dict(
-        kind="recorded", model=Path(model_path).name, model_sha256=digest, family="dsa",
+        kind="recorded", model=Path(model_path).name, model_sha256=digest, family=family.name,
         model_config={f: str(getattr(config, f)) if f == "dtype" else getattr(config, f)
-                      for f in ("vocab", "d_model", "num_layers", "n_heads", "kv_lora_rank", "qk_rope_dim",
-                                "index_heads", "index_dim", "top_k", "dtype", "rope_theta")},
+                      for f in shape if hasattr(config, f)},
+        **({} if protocol is None else dict(indexer=describe(protocol))),
         training=meta, documents=[dict(name=d.name, tokens=int(d.tokens.size)) for d in docs],
         prefill=prefill, steps=steps, mode=mode,
         decode_loss_nats_per_byte=decode_loss,

@@ -176,7 +176,7 @@ def run_decode(args, plan_: Plan) -> dict:
     config = plan_.contexts[-1].config
     platform = _ffi.platform_of(jax.default_backend())
     return dict(
-        family=args.family, preset=args.preset, deployment=args.deployment,
+        family=getattr(args.family, "name", args.family), preset=args.preset, deployment=args.deployment,
         derivation=None if plan_.derivation is None else plan_.derivation.lines(),
         device=str(jax.devices()[0].device_kind),
         backend=jax.default_backend(), jax=jax.__version__,

@@ -27,7 +27,7 @@ import numpy as np
 from ... import _ffi
 from ..._ffi import extension_error
 from ...selection import recorded, synthetic as traces
-from ...models import get_family
+from ...models import Family, get_family
 from ...models.config import MAX_SIZE
 from .capacity import Capacity, capacity
 from .working_memory import fit_batches, program_memory, working_memory
@@ -273,7 +273,7 @@ def _check_dtype(args, dtype, platform: str) -> None:
         return  # not a dtype: the Config's own check names it
     if platform == "cpu" and dtype == jnp.bfloat16:
         raise BenchError(
-            f"the {args.family} {args.preset} config computes in bfloat16, which XLA:CPU cannot run "
+            f"the {_family_name(args)} {args.preset} config computes in bfloat16, which XLA:CPU cannot run "
             "(it has no bf16 x bf16 -> f32 dot); pass --set dtype=float32, or run on a GPU"
         )
 
@@ -409,16 +409,18 @@ def resolve_defaults(args):
             deployment = get_deployment(args.deployment)
         except ValueError as err:
             raise BenchError(f"argument --deployment: {err}") from None
+        # A Family value (--indexer's, or hisparse-bench indexers's) replaces the slice's family.
+        replaced = isinstance(args.family, Family)
         for flag, name in (("--family", "family"), ("--preset", "preset")):
             given = getattr(args, name)
-            if given is not None:
+            if given is not None and not (replaced and name == "family"):
                 raise BenchError(f"{flag} {given}: --deployment {deployment.name} sets the model "
                                  f"({deployment.family}); drop {flag}")
         try:
             derivation = deployment.derive(args.num_layers)
         except ValueError as err:
             raise BenchError(f"--num-layers: {err}") from None
-        args.family, args.preset = deployment.family, "realistic"
+        args.family, args.preset = args.family if replaced else deployment.family, "realistic"
         if args.device_budget_gib is None and args.device_budget_mib is None:
             args.device_budget_gib = derivation.device_budget / GiB
         for name, value in DEPLOYMENT_DEFAULTS.items():
@@ -443,13 +445,36 @@ def _with_working_memory(args, family, config, state_only: Capacity, budget: int
                     max_batch_cap=args.max_batch, working=working)
 
 
+def _indexer_family(args) -> None:
+    """--indexer MODULE:NAME: the kit's MLA model with that protocol indexer becomes the family
+    (in place of --family's, or of a deployment slice's: the slice keeps its MLA shapes)."""
+    spec = getattr(args, "indexer", None)
+    if spec is None:
+        return
+    if isinstance(args.family, str):
+        raise BenchError(f"--family {args.family}: --indexer {spec} gives the model (the kit's MLA model with that "
+                         "indexer); drop --family")
+    from ... import kit
+    from ...train.indexer_spec import load_indexer
+
+    try:
+        args.family = kit.family(load_indexer(spec))
+    except (TypeError, ValueError) as err:
+        raise BenchError(f"argument --indexer: {err}") from None
+
+
+def _family_name(args) -> str:
+    return getattr(args.family, "name", args.family)
+
+
 def build_plan(args) -> Plan:
     """Checks everything that can be checked before any compilation, then sizes every run."""
     _check_selection_flags(args)
+    _indexer_family(args)
     derivation = resolve_defaults(args)
     family = get_family(args.family)
     if args.preset not in family.Config.PRESETS:
-        raise BenchError(f"argument --preset: unknown preset {args.preset!r} for {args.family}; presets: "
+        raise BenchError(f"argument --preset: unknown preset {args.preset!r} for {_family_name(args)}; presets: "
                          f"{', '.join(family.Config.PRESETS)}")
     repeated = sorted({c for c in args.contexts if args.contexts.count(c) > 1})
     if repeated:
@@ -463,7 +488,10 @@ def build_plan(args) -> Plan:
         raise BenchError("--prefetch times HiSparse with its copies on a stream of their own; add hisparse to --modes")
     overrides = _parse_sets(family, args)
     if derivation is not None:
-        overrides = {**derivation.overrides, **overrides}
+        # A replacing family keeps the slice's fields it has (the kit's MLA model: all but DSA's
+        # lightning indexer's; its own indexer's knobs are the indexer's).
+        fields = {f.name for f in dataclasses.fields(family.Config)}
+        overrides = {**{k: v for k, v in derivation.overrides.items() if k in fields}, **overrides}
     budget, host_budget = _device_budget(args), _host_budget(args)
     _allow_pinned_host(host_budget)  # before the backend starts
     platform = _ffi.platform_of(jax.default_backend())
