@@ -177,20 +177,21 @@ def locate(store: RecordStore, layer: int, selection: jax.Array | None):
 
 
 def selected_parts(store: RecordStore, layer: int, located, tail: jax.Array, positions: jax.Array,
-                   split: Callable[[jax.Array], tuple[jax.Array, jax.Array]]):
+                   split: Callable[[jax.Array], tuple[jax.Array, jax.Array]], after=None):
     """The two blocks one layer attends to: the selected sealed records and the open page.
 
     Args:
       located: `locate`'s result for this layer (None: "dense").
       tail: [*S, P, W] this layer's open page, this step's token written; positions: [*S] int32.
       split: record tokens [..., W] -> (keys [..., d], values [..., dv]).
+      after: what a prefetched copy's join is ordered after (default: the tail).
     Returns:
       ([records Part, tail Part], misses [*S] int32, store).
     """
     store = kv_store.write_open_page(store, layer, tail)
     # A prefetched copy is joined here, after the layer's own input (the tail holds this step's
     # token): the copy overlaps everything the step computed before this layer.
-    located, store = kv_store.await_located(store, located, tail)
+    located, store = kv_store.await_located(store, located, tail if after is None else after)
     records, valid = kv_store.gather(store, layer, located)
     *streams, k, P, W = records.shape
     records = records.reshape(*streams, k * P, W)
