@@ -65,10 +65,9 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
     """
     c, indexer, pos = config, config.indexer, state.lengths
     store, tails = state.store, list(state.tail)
-    # Overlap groups (hisparse with prefetch): the store folded to [L * G, b / G, ...] for the
-    # step (bitcasts), each group's RESOLVE and attention on its own streams (kit.overlap).
+    # Overlap groups (hisparse with prefetch): each layer's RESOLVE and attention run per group
+    # of streams, one group's copy beside another's work (kit.overlap).
     groups = overlap.groups_of(c, store)
-    store = overlap.fold(store, groups)
     metadata = [group_metadata(state, g) for g in range(c.groups)]
     b = pos.shape[0]
     written = jnp.ones((b, 1), bool)
@@ -96,7 +95,6 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
             misses.append(m)
     logits = layers.lm_head(weights, x, c.norm_eps)
     misses = jnp.stack(misses)
-    store = overlap.unfold(store, groups)
     with jax.named_scope("seal"):
         store = paging.seal_full_pages(store, tails, pos + 1, misses)
     state = replace_metadata(state, metadata, store=store, tail=tuple(tails), lengths=pos + 1)

@@ -9,20 +9,26 @@ Within one layer the step runs
     join 1 (after attention 0), attention(group 1)        copy 1 overlapped attention 0
     ...
 while the projections, the indexer, top-k and the feed-forward stay whole-batch (weights read
-once per step). Copy g >= 1 hides behind attention g - 1; only copy 0 waits mostly exposed, so
-at most (G - 1) / G of the miss IO hides (plus what the probes and the query projection cover).
+once per step). Copy g >= 1 hides behind attention g - 1; copy 0 only behind the later groups'
+probes and the query projection, so at most about (G - 1) / G of the miss IO hides.
 
-No KV-sized state is split or copied: the store is *folded* for the step, its [L, b, ...] arrays
-(host pool, hot buffer, slot map, LRU) seen as [L * G, b / G, ...], a reshape of the leading two
-axes that XLA makes a bitcast (the pool stays in pinned host memory, S(5), every RESOLVE updates
-the hot buffer in place). Layer `l` of group `g` is folded layer l * G + g: RESOLVE, its prefetch
-join and the sparse attention kernel all take a layer index into a stacked buffer already, so
-each group's call works on exactly its own b / G streams with no new kernel.
+No KV-sized state is split or copied, and no kernel changes:
+- each group's RESOLVE is an ordinary RESOLVE over the whole batch's buffers (pool in pinned
+  host memory, hot buffer, slot map and LRU updated in place) whose selection holds the group's
+  ids and -1 (padding) for every other stream. A stream selecting only padding is left as it
+  is (ffi/resolve.h: no hits, no misses, its LRU order kept), so every stream is resolved once
+  per layer, by its own group's call; the other calls cost it a probe of an empty selection.
+- each group's attention reads the hot buffer viewed as [L * G, b / G, ...] (a reshape of the
+  leading axes, a bitcast), its streams being layer l * G + g of the view: the layer index the
+  sparse attention kernel and the gather already take.
+(Folding the state itself into [L * G, b / G, ...] would need no padded probes, but XLA copies
+a loop-carried buffer that is reshaped and then updated in place, i.e. the hot buffer and the
+pool every step.)
 
-Exact: streams never depend on each other in RESOLVE (docs/contract.md), so each stream's
-slots, LRU order, misses and hot bytes are what the whole-batch RESOLVE gives it; attention runs
-per request (the sparse attention reference and kernel, and XLA's batched dots, are batch
-invariant: tests/models/test_overlap_decode.py checks the bits at G = 1, 2, 4).
+Exact: streams never depend on each other in RESOLVE (docs/contract.md), so each stream's slots,
+LRU order, misses and hot bytes are what the whole-batch RESOLVE gives it; attention runs per
+request (the sparse attention kernel and reference, and XLA's batched dots, are batch invariant):
+tests/models/test_overlap_decode.py checks every bit at G = 1, 2, 4.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from ..cache import HotCache
-from ..kv_store import RecordStore
+from ..kv_store import Located, RecordStore, await_located
 from ..models import paging
 from .attention import attend_records
 
@@ -50,60 +56,34 @@ def groups_of(config, store: RecordStore) -> int:
     return groups
 
 
-def _fold_axes(x, groups: int):
-    return x.reshape(x.shape[0] * groups, x.shape[1] // groups, *x.shape[2:])
-
-
-def _unfold_axes(x, groups: int):
-    return x.reshape(x.shape[0] // groups, x.shape[1] * groups, *x.shape[2:])
-
-
-def fold(store: RecordStore, groups: int) -> RecordStore:
-    """The store's per-layer arrays as [L * G, b / G, ...] (bitcasts); `sealed` stays [b]."""
-    if groups == 1:
-        return store
-    f = lambda x: _fold_axes(x, groups)
-    cache = HotCache(hot=f(store.cache.hot), slot_record=f(store.cache.slot_record), lru=f(store.cache.lru))
-    return dataclasses.replace(store, host_pool=f(store.host_pool), cache=cache)
-
-
-def unfold(store: RecordStore, groups: int) -> RecordStore:
-    """`fold` undone: the store as the State holds it."""
-    if groups == 1:
-        return store
-    f = lambda x: _unfold_axes(x, groups)
-    cache = HotCache(hot=f(store.cache.hot), slot_record=f(store.cache.slot_record), lru=f(store.cache.lru))
-    return dataclasses.replace(store, host_pool=f(store.host_pool), cache=cache)
-
-
 def _rows(groups: int, batch: int, g: int) -> slice:
     n = batch // groups
     return slice(g * n, (g + 1) * n)
 
 
-def _view(folded: RecordStore, groups: int, g: int) -> RecordStore:
-    """Group g's store: the folded arrays (its streams are folded layer l * G + g) and its
-    streams' sealed counts."""
-    return dataclasses.replace(folded, sealed=folded.sealed[_rows(groups, folded.sealed.shape[0], g)])
-
-
-def _merge(folded: RecordStore, view: RecordStore) -> RecordStore:
-    """The folded store after a group's call updated `view` (its arrays are the folded ones)."""
-    return dataclasses.replace(view, sealed=folded.sealed)
-
-
 def locate(store: RecordStore, layer: int, selection, groups: int):
-    """paging.locate for every group of a folded store: (one Located per group, or the whole
-    batch's when G = 1; store). Every group's RESOLVE runs here, before any group reads."""
+    """paging.locate per group: (one whole-batch Located per group, or the batch's one when G =
+    1; store). Group g's RESOLVE sees its streams' ids and padding elsewhere, under prefetch slot
+    layer * G + g. Every group's RESOLVE runs here, before any group reads."""
     if groups == 1:
         return paging.locate(store, layer, selection)
+    batch = store.sealed.shape[0]
+    stream = jnp.arange(batch, dtype=jnp.int32)[:, None]
     located = []
     for g in range(groups):
-        rows = _rows(groups, store.sealed.shape[0], g)
-        where, view = paging.locate(_view(store, groups, g), layer * groups + g, selection[rows])
-        store = _merge(store, view)
+        rows = _rows(groups, batch, g)
+        mine = (stream >= rows.start) & (stream < rows.stop)
+        where, store = paging.locate(store, layer, jnp.where(mine, selection, -1), slot=layer * groups + g)
         located.append(where)
     return tuple(located), store
+
+
+def _group_view(store: RecordStore, groups: int, g: int) -> RecordStore:
+    """Group g's streams of a "hisparse" store for reading: the hot buffer as [L * G, b / G, ...]
+    (its layer l is view layer l * G + g; a bitcast) and its streams' sealed counts."""
+    fold = lambda x: x.reshape(x.shape[0] * groups, x.shape[1] // groups, *x.shape[2:])
+    cache = HotCache(hot=fold(store.cache.hot), slot_record=fold(store.cache.slot_record), lru=fold(store.cache.lru))
+    return dataclasses.replace(store, sealed=store.sealed[_rows(groups, store.sealed.shape[0], g)], cache=cache)
 
 
 def attend(config, store: RecordStore, layer: int, located, tail, pos, q, groups: int):
@@ -116,12 +96,14 @@ def attend(config, store: RecordStore, layer: int, located, tail, pos, q, groups
         return attend_records(config, store, layer, located, tail, pos, q)
     latents, misses = [], []
     batch = store.sealed.shape[0]
-    after = None  # group 0: its own open page (everything before the layer), as without groups
+    after = None
     for g in range(groups):
         rows = _rows(groups, batch, g)
-        latent, m, view = attend_records(config, _view(store, groups, g), layer * groups + g, located[g],
-                                         tail[rows], pos[rows], q[rows], after=after)
-        store = _merge(store, view)
+        # Group 0's join waits for its open page (everything before the layer), as without groups.
+        where, store = await_located(store, located[g], tail[rows] if after is None else after)
+        mine = Located(where.index[rows], where.valid[rows], where.misses[rows])
+        latent, m, _ = attend_records(config, _group_view(store, groups, g), layer * groups + g, mine,
+                                      tail[rows], pos[rows], q[rows])
         latents.append(latent)
         misses.append(m)
         after = latent
