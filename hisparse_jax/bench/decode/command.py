@@ -89,7 +89,9 @@ def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> 
         return f"{MODE_NAMES[r.mode]} @ {c.context}, batch {r.batch} ({r.kind}{selection})"
 
     def start(r: RunPlan) -> DecodeRun:
-        config = dataclasses.replace(c.config, prefetch=True) if r.kind == "prefetch" else c.config
+        config = (dataclasses.replace(c.config, prefetch=True, overlap_groups=args.overlap_groups)
+                  if r.kind == "prefetch" and args.overlap_groups > 1 else
+                  dataclasses.replace(c.config, prefetch=True) if r.kind == "prefetch" else c.config)
         run = start_run(plan_.family, config, weights, r.mode, r.batch, c.context, args.steps, fill=args.fill,
                         trace=r.trace, trace_steps=trace_steps, skip_indexer=args.selection == "trace-no-indexer")
         progress.advance(f"compiled {name(r)}")

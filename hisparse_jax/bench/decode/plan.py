@@ -461,6 +461,7 @@ def build_plan(args) -> Plan:
         raise BenchError("--no-io times HiSparse without the record copy; add hisparse to --modes")
     if args.prefetch and "hisparse" not in args.modes:
         raise BenchError("--prefetch times HiSparse with its copies on a stream of their own; add hisparse to --modes")
+    _check_overlap_groups(family, args)
     overrides = _parse_sets(family, args)
     if derivation is not None:
         overrides = {**derivation.overrides, **overrides}
@@ -490,16 +491,33 @@ def build_plan(args) -> Plan:
         if not state_only:
             c.caps = {m: _with_working_memory(args, family, c.config, cap, budget, host_budget)
                       for m, cap in c.caps.items()}
+        groups = args.overlap_groups  # HiSparse's runs split into groups: a multiple of G streams
+        batch = {m: cap.max_batch - (cap.max_batch % groups if m == "hisparse" else 0) for m, cap in c.caps.items()}
         for trace in trace_list or [None]:  # each calibration (or the recorded trace) is a comparison of its own
-            c.runs += [RunPlan("capacity", m, c.caps[m].max_batch, trace) for m in args.modes]
+            c.runs += [RunPlan("capacity", m, batch[m], trace) for m in args.modes]
             if not args.no_equal_batch and {"device", "hisparse"} <= c.caps.keys():
                 c.runs.append(RunPlan("equal batch", "hisparse", c.caps["device"].max_batch, trace))
             if args.prefetch:  # the same batch and state as the capacity run, copies off the compute stream
-                c.runs.append(RunPlan("prefetch", "hisparse", c.caps["hisparse"].max_batch, trace))
+                c.runs.append(RunPlan("prefetch", "hisparse", batch["hisparse"], trace))
     _check_fits(args, family, contexts, budget, host_budget)
     in_turns, note = _timing_schedule(args, contexts, platform)
     return Plan(family, overrides, contexts, trace_list, budget, host_budget, implementation, in_turns, note,
                 derivation, state_only)
+
+
+def _check_overlap_groups(family, args) -> None:
+    """--overlap-groups G: a positive int, for the prefetch run of a family that has the knob."""
+    groups = args.overlap_groups
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise BenchError(f"argument --overlap-groups: must be an int >= 1 (1: the whole batch), got {groups!r}")
+    if groups == 1:
+        return
+    if not args.prefetch:
+        raise BenchError(f"--overlap-groups {groups} splits the prefetch run's batch so that one group's copy overlaps "
+                         "another's work; add --prefetch")
+    if "overlap_groups" not in {f.name for f in dataclasses.fields(family.Config)}:
+        raise BenchError(f"--overlap-groups: the {family.name} family has no overlap groups (the kit's models, e.g. "
+                         "dsa, have); drop --overlap-groups")
 
 
 def _allow_pinned_host(host_budget: int) -> None:
