@@ -87,3 +87,18 @@ def test_bad_overlap_groups_are_refused():
     config = _config(prefetch=True, overlap_groups=3)
     with pytest.raises(ValueError, match="overlap_groups=3 must divide the batch of 4 streams"):
         testing.trace_decode("dsa", config, weights_for("dsa", config), len(LENGTHS), "hisparse", 2)
+
+
+# The sparse attention kernel's domain (tests/models/test_dsa.py's KERNEL_SHAPED): its groups read
+# the hot buffer through the [L * G, b / G, ...] view by layer index.
+KERNEL_SHAPED = dict(n_heads=64, qk_nope_dim=16, qk_rope_dim=64, v_head_dim=16, kv_lora_rank=512, dtype="bfloat16",
+                     max_context=1024, top_k=512, hot_slots=520, prefill_chunk=64)
+
+
+@pytest.mark.gpu
+def test_overlap_groups_with_the_attention_kernel_give_the_same_bits():
+    config = lambda **o: _config(**KERNEL_SHAPED, attention_implementation="ffi", prefetch=True, **o)
+    whole, split = _run(config()), _run(config(overlap_groups=2))
+    testing.assert_runs_equal(split, whole)
+    _assert_same_state(split.state, whole.state)
+    testing.assert_runs_equal(split, _run(_config(**KERNEL_SHAPED, attention_implementation="ffi"), "device"))
