@@ -493,6 +493,10 @@ def build_plan(args) -> Plan:
                       for m, cap in c.caps.items()}
         groups = args.overlap_groups  # HiSparse's runs split into groups: a multiple of G streams
         batch = {m: cap.max_batch - (cap.max_batch % groups if m == "hisparse" else 0) for m, cap in c.caps.items()}
+        if batch.get("hisparse", 1) == 0 and c.caps["hisparse"].max_batch > 0:
+            raise BenchError(f"--overlap-groups {groups}: HiSparse's capacity batch at context {c.context} is "
+                             f"{c.caps['hisparse'].max_batch} streams, fewer than the groups; use --overlap-groups "
+                             f"{c.caps['hisparse'].max_batch} or fewer")
         for trace in trace_list or [None]:  # each calibration (or the recorded trace) is a comparison of its own
             c.runs += [RunPlan("capacity", m, batch[m], trace) for m in args.modes]
             if not args.no_equal_batch and {"device", "hisparse"} <= c.caps.keys():
