@@ -189,6 +189,7 @@ def run_decode(args, plan_: Plan) -> dict:
         traces=[t.name for t in plan_.traces], notes=notes, overrides=plan_.overrides, num_layers=config.num_layers,
         recorded_trace=next((t.as_dict() for t in plan_.traces if isinstance(t, RecordedSelection)), None),
         ratio_range=report_lib.range_note(plan_.in_turns), rows=rows, ratios=ratios, profiles=profiles,
+        overlap_groups=args.overlap_groups,
     )
 
 
@@ -207,6 +208,9 @@ def header(report: dict) -> str:
         + (" (its state on device is not in the byte account)" if report["selection"].startswith("trace") else ""),
         *report["notes"],
     ]
+    if report.get("overlap_groups", 1) > 1:
+        lines.append(f"prefetch run: {report['overlap_groups']} overlap groups (each layer's RESOLVE and attention per "
+                     "group of streams); HiSparse's batches rounded down to a multiple of it")
     if report["ratios"]:
         lines.append(report["ratio_range"])
     return "\n".join(lines)
