@@ -482,16 +482,18 @@ def build_plan(args) -> Plan:
         # standing for "ffi" stays: it still lets a kernel without a handler here fall back.)
         configs = {c: dataclasses.replace(cfg, implementation="reference") for c, cfg in configs.items()}
     # The state bytes first (no compilation), then the decode's working memory (compiles).
-    contexts = [ContextPlan(context, config, {m: capacity(family, config, m, device_budget=budget,
+    contexts = [ContextPlan(context, config, {m: capacity(family, _whole_batch(config), m, device_budget=budget,
                                                            host_budget=host_budget, max_batch_cap=args.max_batch)
                                               for m in args.modes}, [])
                 for context, config in configs.items()]
     _check_fits(args, family, contexts, budget, host_budget)
     for c in contexts:
         if not state_only:
-            c.caps = {m: _with_working_memory(args, family, c.config, cap, budget, host_budget)
+            c.caps = {m: _with_working_memory(args, family, _whole_batch(c.config), cap, budget, host_budget)
                       for m, cap in c.caps.items()}
-        groups = args.overlap_groups  # HiSparse's runs split into groups: a multiple of G streams
+        # HiSparse's runs split into groups (--overlap-groups, or --set overlap_groups=G with
+        # --set prefetch=true): a multiple of G streams each.
+        groups = max(args.overlap_groups, getattr(c.config, "overlap_groups", 1))
         batch = {m: cap.max_batch - (cap.max_batch % groups if m == "hisparse" else 0) for m, cap in c.caps.items()}
         if batch.get("hisparse", 1) == 0 and c.caps["hisparse"].max_batch > 0:
             raise BenchError(f"--overlap-groups {groups}: HiSparse's capacity batch at context {c.context} is "
@@ -507,6 +509,13 @@ def build_plan(args) -> Plan:
     in_turns, note = _timing_schedule(args, contexts, platform)
     return Plan(family, overrides, contexts, trace_list, budget, host_budget, implementation, in_turns, note,
                 derivation, state_only)
+
+
+def _whole_batch(config):
+    """`config` without overlap groups, for the capacity search: it tries any batch, and the
+    groups change the order of a step's work, not its bytes (the runs then take a multiple of
+    G streams)."""
+    return dataclasses.replace(config, overlap_groups=1) if getattr(config, "overlap_groups", 1) > 1 else config
 
 
 def _check_overlap_groups(family, args) -> None:
