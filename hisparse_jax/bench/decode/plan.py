@@ -502,6 +502,7 @@ def build_plan(args) -> Plan:
         for trace in trace_list or [None]:  # each calibration (or the recorded trace) is a comparison of its own
             c.runs += [RunPlan("capacity", m, batch[m], trace) for m in args.modes]
             if not args.no_equal_batch and {"device", "hisparse"} <= c.caps.keys():
+                _check_equal_batch_groups(c)
                 c.runs.append(RunPlan("equal batch", "hisparse", c.caps["device"].max_batch, trace))
             if args.prefetch:  # the same batch and state as the capacity run, copies off the compute stream
                 c.runs.append(RunPlan("prefetch", "hisparse", batch["hisparse"], trace))
@@ -516,6 +517,16 @@ def _whole_batch(config):
     groups change the order of a step's work, not its bytes (the runs then take a multiple of
     G streams)."""
     return dataclasses.replace(config, overlap_groups=1) if getattr(config, "overlap_groups", 1) > 1 else config
+
+
+def _check_equal_batch_groups(c: ContextPlan) -> None:
+    """The equal-batch run takes full-KV's batch: with overlap groups in every HiSparse run
+    (--set overlap_groups=G) that batch must split into G groups."""
+    groups, batch = getattr(c.config, "overlap_groups", 1), c.caps["device"].max_batch
+    if batch % groups:
+        raise BenchError(f"--set overlap_groups={groups}: the equal-batch run takes full-KV's batch {batch} at context "
+                         f"{c.context}, not a multiple of {groups}; add --no-equal-batch, or use --overlap-groups "
+                         f"{groups} --prefetch (the prefetch run only)")
 
 
 def _check_overlap_groups(family, args) -> None:
