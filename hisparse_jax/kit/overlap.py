@@ -27,20 +27,23 @@ pool every step.)
 
 Exact: streams never depend on each other in RESOLVE (docs/contract.md), so each stream's slots,
 LRU order, misses and hot bytes are what the whole-batch RESOLVE gives it; attention runs per
-request (the sparse attention kernel and reference, and XLA's batched dots, are batch invariant):
-tests/models/test_overlap_decode.py checks every bit at G = 1, 2, 4.
+request where it is batch invariant: the sparse attention kernel (GPU), and XLA:CPU's batched
+dots. XLA's attention on a GPU need not be (an H200 run failed the bit-equality at G = 2 and 4
+with it, passed with the kernel), so there the groups need the kernel and refuse otherwise. tests/models/test_overlap_decode.py checks every bit at
+G = 1, 2, 4 (CPU) and G = 2 with the kernel (GPU).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 from ..cache import HotCache
 from ..kv_store import Located, RecordStore, await_located
 from ..models import paging
-from .attention import attend_records
+from .attention import attend_records, attention_kernel_domain, uses_attention_kernel
 
 
 def groups_of(config, store: RecordStore) -> int:
@@ -53,6 +56,15 @@ def groups_of(config, store: RecordStore) -> int:
     if store.sealed.ndim != 1 or batch % groups:
         raise ValueError(f"overlap_groups={groups} must divide the batch of {batch} streams (a stream shape of "
                          f"{tuple(store.sealed.shape)}); pick a divisor of the batch, or overlap_groups=1")
+    if jax.default_backend() != "cpu" and not uses_attention_kernel(config, store.mode, store.sealed.ndim):
+        # On an H200 the bit-equality tests failed at G = 2 and 4 with XLA's attention and passed
+        # with the sparse attention kernel: XLA's batched dots on b / G requests need not give the
+        # whole batch's bits on a GPU (the library picks its algorithm by shape); the kernel runs
+        # per request (XLA:CPU's dots are batch invariant, tested).
+        why = attention_kernel_domain(config, store.mode, store.sealed.ndim) or "attention_implementation='reference'"
+        raise ValueError(f"overlap_groups={groups} on {jax.default_backend()} needs the sparse attention kernel "
+                         f"(batch invariant) for the groups' attention, which cannot run here ({why}); XLA's "
+                         "attention there is not batch invariant; use overlap_groups=1")
     return groups
 
 
