@@ -150,12 +150,14 @@ class Located:
     pending: PendingFetch | None = None
 
 
-def locate(store: RecordStore, layer: int, selection: jax.Array) -> tuple[Located, RecordStore]:
+def locate(store: RecordStore, layer: int, selection: jax.Array, slot: int | None = None
+           ) -> tuple[Located, RecordStore]:
     """Makes one layer's selected records readable: RESOLVE ("hisparse") or nothing ("device").
 
     Args:
       layer: the layer (a Python int).
       selection: [*S, k] int32 record ids, -1 = padding.
+      slot: the prefetch slot of this call (default: the layer; one per resolve of a step).
     """
     if store.mode == "dense":
         raise ValueError('locate: a "dense" store attends to every record in place; nothing is selected')
@@ -165,7 +167,7 @@ def locate(store: RecordStore, layer: int, selection: jax.Array) -> tuple[Locate
     if store.mode == "hisparse" and store.prefetch:
         # The layer number keys the copy: one slot per layer, joined before that layer reads.
         result, cache, pending = resolve_prefetch(store.cache, store.host_pool, selection, store.sealed, layer,
-                                                  slot=layer, implementation=store.implementation,
+                                                  slot=layer if slot is None else slot, implementation=store.implementation,
                                                   fetch=store.fetch)
         return Located(result.slots, valid, result.misses, pending), dataclasses.replace(store, cache=cache)
     if store.mode == "hisparse":

@@ -137,6 +137,11 @@ def _decode_run_arguments(d, cpu: dict, slc: dict) -> None:
                         "layers' copies overlap the earlier layers), timed with the run without (in turns when both states "
                         "fit in memory); with "
                         "--profile, the share of the copy time hidden behind compute")
+    d.add_argument("--overlap-groups", type=int, default=1, metavar="G",
+                   help="with --prefetch: the prefetch run splits the batch into G groups and runs each layer's "
+                        "RESOLVE and attention group by group, one group's copy beside the others' work, also "
+                        "with index_share = 1 (Config.overlap_groups; the same bits). HiSparse's capacity batch is "
+                        "rounded down to a multiple of G for both its runs (default 1: the whole batch)")
     d.add_argument("--profile", action="store_true",
                    help="profile one more call of each capacity run: device time per step by category "
                         "next to the step's roofline (GPU; hisparse_jax.bench.profile)")

@@ -49,16 +49,19 @@ def uses_attention_kernel(config, mode: str, stream_axes: int = 1) -> bool:
     return True
 
 
-def attend_records(config, store, layer: int, located, tail, pos, q):
+def attend_records(config, store, layer: int, located, tail, pos, q, after=None):
     """One layer's attention over its selected records and its open page (tail, this step's token
-    written): (latent [b, H, dc] float32, misses [b], store)."""
+    written): (latent [b, H, dc] float32, misses [b], store). `after`: what a prefetched copy's
+    join waits for (default: the tail, i.e. everything before the layer; kit.overlap passes the
+    previous group's attention)."""
     if not uses_attention_kernel(config, store.mode, store.sealed.ndim):
-        parts, misses, store = paging.selected_parts(store, layer, located, tail, pos, mla.split_record(config))
+        parts, misses, store = paging.selected_parts(store, layer, located, tail, pos, mla.split_record(config),
+                                                     after=after)
         return layers.attend(q, parts, mla.scale(config)), misses, store
     # What selected_parts does before its gather: the open page written through ("device",
     # "dense"), a prefetched copy joined; then the kernel reads the records where they live.
     store = kv_store.write_open_page(store, layer, tail)
-    located, store = kv_store.await_located(store, located, tail)
+    located, store = kv_store.await_located(store, located, tail if after is None else after)
     source, source_layer, index = kv_store.read_in_place(store, layer, located)
     latent = sparse_attention(
         q.astype(jnp.bfloat16), source, index, tail.astype(jnp.bfloat16), paging.tail_valid(pos, config.page_size),

@@ -46,6 +46,11 @@ class MLAConfig(ModelConfig):
         its domain, kit.attention.attention_kernel_domain; else XLA), "ffi" (the kernel; an
         error where it cannot run) or "reference" (XLA: a gather, then layers.attend). Kept
         apart from `implementation`: the kernel's bits are the same in every mode, not XLA's.
+      overlap_groups: "hisparse" mode with prefetch: the decode splits the batch into this many
+        groups of equal size and runs each layer's RESOLVE and attention group by group, so
+        that one group's record copy overlaps the other groups' RESOLVE and attention (kit
+        .overlap; docs/prefetch.md). 1 = the whole-batch step. Must divide the batch; the same
+        bits whatever the value; "device" and "dense" (no copy to hide) run the whole batch.
     """
 
     n_heads: int
@@ -56,9 +61,11 @@ class MLAConfig(ModelConfig):
     q_lora_rank: int = 0
     index_share: int = 1
     attention_implementation: str = "auto"
+    overlap_groups: int = 1
 
     PRESETS = _without_lightning(shapes.FAMILY_PRESETS["dsa"])  # DSA's shapes, any indexer
-    POSITIVE = ("n_heads", "qk_nope_dim", "qk_rope_dim", "v_head_dim", "kv_lora_rank", "index_share")
+    POSITIVE = ("n_heads", "qk_nope_dim", "qk_rope_dim", "v_head_dim", "kv_lora_rank", "index_share",
+                "overlap_groups")
     RECORD_FIELD = "kv_lora_rank"
     RECORD_SHAPE = "page_size x (kv_lora_rank + qk_rope_dim)"
 
@@ -71,6 +78,9 @@ class MLAConfig(ModelConfig):
                 f"index_share={self.index_share} must divide num_layers={self.num_layers}")
         require(self.attention_implementation in IMPLEMENTATIONS, self, "attention_implementation",
                 f"must be one of {IMPLEMENTATIONS}, got {self.attention_implementation!r}")
+        require(self.overlap_groups == 1 or self.prefetch, self, "overlap_groups",
+                f"overlap_groups={self.overlap_groups} overlaps the record copies that prefetch moves off the "
+                "compute stream; set prefetch=True too (or overlap_groups=1)")
 
     @property
     def indexer(self) -> Indexer:

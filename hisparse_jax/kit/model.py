@@ -18,8 +18,7 @@ from .. import kv_store
 from ..models import layers, mla, moe, paging
 from ..models.paging import ForcedSelection
 from ..topk import select_topk
-from . import checks
-from .attention import attend_records
+from . import checks, overlap
 from .protocol import SCORE, selection_rule
 from .state import group_metadata, replace_metadata
 
@@ -38,14 +37,15 @@ def _selection(config, params, metadata, h, pos, store, forced, group: int):
     return paging.select_ids(store, choose, forced, group)
 
 
-def _decode_layer(config, w, store, located, pos, x, tail, layer: int):
-    """One layer of one decode step, its records located: (x, tail, store, misses [b])."""
+def _decode_layer(config, w, store, located, pos, x, tail, layer: int, groups: int):
+    """One layer of one decode step, its records located: (x, tail, store, misses [b]).
+    Attention runs per overlap group (kit.overlap; one group: the whole batch)."""
     h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
     with jax.named_scope("mla_project"):
         q = mla.query(config, w, h, pos)  # [b, H, dc + dr] f32
         tail = paging.tail_write(tail, mla.kv_record(config, w, h, pos), pos)
     with jax.named_scope("attention"):
-        latent, misses, store = attend_records(config, store, layer, located, tail, pos, q)  # [b, H, dc]
+        latent, misses, store = overlap.attend(config, store, layer, located, tail, pos, q, groups)  # [b, H, dc]
         x = x + mla.attention_out(config, w, latent)
     x = moe.add_feed_forward(config, w, x)
     return x, tail, store, misses
@@ -65,6 +65,9 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
     """
     c, indexer, pos = config, config.indexer, state.lengths
     store, tails = state.store, list(state.tail)
+    # Overlap groups (hisparse with prefetch): each layer's RESOLVE and attention run per group
+    # of streams, one group's copy beside another's work (kit.overlap).
+    groups = overlap.groups_of(c, store)
     metadata = [group_metadata(state, g) for g in range(c.groups)]
     b = pos.shape[0]
     written = jnp.ones((b, 1), bool)
@@ -84,11 +87,11 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
         located = []
         with jax.named_scope("attention"):
             for layer in group:  # the group's RESOLVE calls first: each read then follows them all
-                where, store = paging.locate(store, layer, selection)
+                where, store = overlap.locate(store, layer, selection, groups)
                 located.append(where)
         for layer, where in zip(group, located):
             x, tails[layer], store, m = _decode_layer(c, weights.layers[layer], store, where, pos, x,
-                                                      tails[layer], layer)
+                                                      tails[layer], layer, groups)
             misses.append(m)
     logits = layers.lm_head(weights, x, c.norm_eps)
     misses = jnp.stack(misses)

@@ -61,7 +61,8 @@ class ModelConfig:
         (hisparse_jax.prefetch), joined right before the layer reads them, so the copy overlaps
         the compute in between. A group that shares one selection (DSA's index_share > 1)
         resolves all its layers at the anchor: the copies of its later layers overlap the
-        earlier layers. Same bits as without; on CPU nothing overlaps.
+        earlier layers. Same bits as without; on CPU nothing overlaps. The kit's models (DSA)
+        also overlap layers that select their own records with `overlap_groups` (kit.overlap).
 
     Mixture of experts (hisparse_jax.models.moe), in place of the dense MLP when experts > 0:
       experts: routed experts of a layer this GPU holds (0: the dense SwiGLU MLP of width d_ff).

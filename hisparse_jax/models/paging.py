@@ -167,30 +167,31 @@ def stack_selected(chosen: Sequence[jax.Array | None]) -> jax.Array:
     return jnp.stack(chosen)
 
 
-def locate(store: RecordStore, layer: int, selection: jax.Array | None):
+def locate(store: RecordStore, layer: int, selection: jax.Array | None, slot: int | None = None):
     """(kv_store.Located or None for "dense", store): RESOLVE in "hisparse". A layer group that
     shares one selection locates all its layers before any of them reads: every read then follows
-    every RESOLVE that updates the hot buffer in place."""
+    every RESOLVE that updates the hot buffer in place. `slot`: kv_store.locate's prefetch slot."""
     if selection is None:
         return None, store
-    return kv_store.locate(store, layer, selection)
+    return kv_store.locate(store, layer, selection, slot)
 
 
 def selected_parts(store: RecordStore, layer: int, located, tail: jax.Array, positions: jax.Array,
-                   split: Callable[[jax.Array], tuple[jax.Array, jax.Array]]):
+                   split: Callable[[jax.Array], tuple[jax.Array, jax.Array]], after=None):
     """The two blocks one layer attends to: the selected sealed records and the open page.
 
     Args:
       located: `locate`'s result for this layer (None: "dense").
       tail: [*S, P, W] this layer's open page, this step's token written; positions: [*S] int32.
       split: record tokens [..., W] -> (keys [..., d], values [..., dv]).
+      after: what a prefetched copy's join is ordered after (default: the tail).
     Returns:
       ([records Part, tail Part], misses [*S] int32, store).
     """
     store = kv_store.write_open_page(store, layer, tail)
     # A prefetched copy is joined here, after the layer's own input (the tail holds this step's
     # token): the copy overlaps everything the step computed before this layer.
-    located, store = kv_store.await_located(store, located, tail)
+    located, store = kv_store.await_located(store, located, tail if after is None else after)
     records, valid = kv_store.gather(store, layer, located)
     *streams, k, P, W = records.shape
     records = records.reshape(*streams, k * P, W)

@@ -36,18 +36,36 @@ def _sub_jaxprs(eqn):
                 yield item.jaxpr
 
 
-def ffi_calls(jaxpr, trips: int = 1, scans: int = 0) -> list[tuple[str, int, int]]:
-    """[(target_name, executions per program run, enclosing scans)] of every ffi_call in `jaxpr`."""
+def _ffi_eqns(jaxpr, trips: int = 1, scans: int = 0) -> list:
+    """[(ffi_call equation, executions per program run, enclosing scans)] in `jaxpr`."""
     found = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "ffi_call":
-            found.append((eqn.params["target_name"], trips, scans))
+            found.append((eqn, trips, scans))
         inner_trips, inner_scans = trips, scans
         if eqn.primitive.name == "scan":
             inner_trips, inner_scans = trips * eqn.params["length"], scans + 1
         for sub in _sub_jaxprs(eqn):
-            found += ffi_calls(sub, inner_trips, inner_scans)
+            found += _ffi_eqns(sub, inner_trips, inner_scans)
     return found
+
+
+def ffi_calls(jaxpr, trips: int = 1, scans: int = 0) -> list[tuple[str, int, int]]:
+    """[(target_name, executions per program run, enclosing scans)] of every ffi_call in `jaxpr`."""
+    return [(eqn.params["target_name"], n, s) for eqn, n, s in _ffi_eqns(jaxpr, trips, scans)]
+
+
+def overlap_groups(config) -> int:
+    """G: the groups of streams a "hisparse" step resolves and attends separately
+    (Config.overlap_groups of the kit's models; 1 for families without the field)."""
+    return getattr(config, "overlap_groups", 1)
+
+
+def _attribute(eqn, name: str):
+    value = eqn.params.get(name)
+    if value is None:  # jax keeps the call's keyword attributes apart in some versions
+        value = dict(eqn.params.get("attributes", ())).get(name)
+    return None if value is None else int(value)
 
 
 def fully_optimized(lowered) -> str:
@@ -66,15 +84,30 @@ def fully_optimized(lowered) -> str:
 def assert_one_resolve_per_sparse_layer_per_step(traced, config, steps: int) -> None:
     """One RESOLVE call site per sparse layer (the layers are unrolled), each run once per step of
     the one decode scan, and one pool write (the sealed page) per step. With config.prefetch, one
-    resolve_prefetch and one join per sparse layer per step and no plain RESOLVE."""
-    calls = ffi_calls(traced.jaxpr.jaxpr)
+    resolve_prefetch and one join per sparse layer per step and no plain RESOLVE.
+
+    With G = config.overlap_groups > 1, one per overlap group per sparse layer per step (each
+    resolves its group's streams; kit.overlap), and the prefetch slots of the resolves (one per
+    group and layer) are distinct and each joined once: two resolves where one is due show as an
+    extra call or a repeated slot."""
+    eqns = _ffi_eqns(traced.jaxpr.jaxpr)
+    calls = [(e.params["target_name"], n, s) for e, n, s in eqns]
     layers = config.cache_config(1).num_layers
+    groups = overlap_groups(config)
     wanted = (targets.RESOLVE_PREFETCH, targets.PREFETCH_JOIN) if config.prefetch else (targets.RESOLVE,)
+    per = "sparse layer" if groups == 1 else f"overlap group ({groups}) per sparse layer"
     for target in wanted:
         sites = [c for c in calls if c[0] == target]
-        if len(sites) != layers or any(trips != steps or scans != 1 for _, trips, scans in sites):
-            raise AssertionError(f"{target}: expected one call per sparse layer ({layers}) per step ({steps}) in one "
-                                 f"scan, found (target, runs, scans) {sites}")
+        if len(sites) != layers * groups or any(trips != steps or scans != 1 for _, trips, scans in sites):
+            raise AssertionError(f"{target}: expected one call per {per} ({layers * groups}) per step ({steps}) in "
+                                 f"one scan, found (target, runs, scans) {sites}")
+    if config.prefetch:
+        slots = {t: [_attribute(e, "prefetch_slot") for e, _, _ in eqns if e.params["target_name"] == t]
+                 for t in (targets.RESOLVE_PREFETCH, targets.PREFETCH_JOIN)}
+        forks, joins = slots[targets.RESOLVE_PREFETCH], slots[targets.PREFETCH_JOIN]
+        if len(set(forks)) != len(forks) or sorted(forks) != sorted(joins):
+            raise AssertionError(f"prefetch slots: resolves {sorted(forks)}, joins {sorted(joins)}; expected one "
+                                 "distinct slot per group and sparse layer, each joined once")
     if config.prefetch and any(c[0] == targets.RESOLVE for c in calls):
         raise AssertionError("a plain RESOLVE next to the prefetch: a layer resolves twice")
     writes = [c for c in calls if c[0] == targets.POOL_WRITE]

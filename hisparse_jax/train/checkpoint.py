@@ -30,7 +30,7 @@ FORMAT = "hisparse-dsa-checkpoint"
 # and dtype, to which the weights are cast (float32 runs a bf16 model on XLA:CPU, which has no
 # bf16 dot: the same weights, computed in float32).
 DECODE_FIELDS = ("top_k", "hot_slots", "max_context", "pool_records", "prefill_chunk", "implementation",
-                 "indexer_implementation", "prefetch", "dtype")
+                 "indexer_implementation", "prefetch", "overlap_groups", "dtype")
 
 
 # What a stored weight array may be, by the config's dtype: bfloat16 is stored as its raw uint16 bits.

@@ -89,7 +89,9 @@ def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> 
         return f"{MODE_NAMES[r.mode]} @ {c.context}, batch {r.batch} ({r.kind}{selection})"
 
     def start(r: RunPlan) -> DecodeRun:
-        config = dataclasses.replace(c.config, prefetch=True) if r.kind == "prefetch" else c.config
+        config = (dataclasses.replace(c.config, prefetch=True, overlap_groups=args.overlap_groups)
+                  if r.kind == "prefetch" and args.overlap_groups > 1 else
+                  dataclasses.replace(c.config, prefetch=True) if r.kind == "prefetch" else c.config)
         run = start_run(plan_.family, config, weights, r.mode, r.batch, c.context, args.steps, fill=args.fill,
                         trace=r.trace, trace_steps=trace_steps, skip_indexer=args.selection == "trace-no-indexer")
         progress.advance(f"compiled {name(r)}")
@@ -187,6 +189,7 @@ def run_decode(args, plan_: Plan) -> dict:
         traces=[t.name for t in plan_.traces], notes=notes, overrides=plan_.overrides, num_layers=config.num_layers,
         recorded_trace=next((t.as_dict() for t in plan_.traces if isinstance(t, RecordedSelection)), None),
         ratio_range=report_lib.range_note(plan_.in_turns), rows=rows, ratios=ratios, profiles=profiles,
+        overlap_groups=args.overlap_groups,
     )
 
 
@@ -205,6 +208,9 @@ def header(report: dict) -> str:
         + (" (its state on device is not in the byte account)" if report["selection"].startswith("trace") else ""),
         *report["notes"],
     ]
+    if report.get("overlap_groups", 1) > 1:
+        lines.append(f"prefetch run: {report['overlap_groups']} overlap groups (each layer's RESOLVE and attention per "
+                     "group of streams); HiSparse's batches rounded down to a multiple of it")
     if report["ratios"]:
         lines.append(report["ratio_range"])
     return "\n".join(lines)

@@ -486,6 +486,7 @@ def build_plan(args) -> Plan:
         raise BenchError("--no-io times HiSparse without the record copy; add hisparse to --modes")
     if args.prefetch and "hisparse" not in args.modes:
         raise BenchError("--prefetch times HiSparse with its copies on a stream of their own; add hisparse to --modes")
+    _check_overlap_groups(family, args)
     overrides = _parse_sets(family, args)
     if derivation is not None:
         # A replacing family keeps the slice's fields it has (the kit's MLA model: all but DSA's
@@ -509,25 +510,66 @@ def build_plan(args) -> Plan:
         # standing for "ffi" stays: it still lets a kernel without a handler here fall back.)
         configs = {c: dataclasses.replace(cfg, implementation="reference") for c, cfg in configs.items()}
     # The state bytes first (no compilation), then the decode's working memory (compiles).
-    contexts = [ContextPlan(context, config, {m: capacity(family, config, m, device_budget=budget,
+    contexts = [ContextPlan(context, config, {m: capacity(family, _whole_batch(config), m, device_budget=budget,
                                                            host_budget=host_budget, max_batch_cap=args.max_batch)
                                               for m in args.modes}, [])
                 for context, config in configs.items()]
     _check_fits(args, family, contexts, budget, host_budget)
     for c in contexts:
         if not state_only:
-            c.caps = {m: _with_working_memory(args, family, c.config, cap, budget, host_budget)
+            c.caps = {m: _with_working_memory(args, family, _whole_batch(c.config), cap, budget, host_budget)
                       for m, cap in c.caps.items()}
+        # HiSparse's runs split into groups (--overlap-groups, or --set overlap_groups=G with
+        # --set prefetch=true): a multiple of G streams each.
+        groups = max(args.overlap_groups, getattr(c.config, "overlap_groups", 1))
+        batch = {m: cap.max_batch - (cap.max_batch % groups if m == "hisparse" else 0) for m, cap in c.caps.items()}
+        if batch.get("hisparse", 1) == 0 and c.caps["hisparse"].max_batch > 0:
+            raise BenchError(f"--overlap-groups {groups}: HiSparse's capacity batch at context {c.context} is "
+                             f"{c.caps['hisparse'].max_batch} streams, fewer than the groups; use --overlap-groups "
+                             f"{c.caps['hisparse'].max_batch} or fewer")
         for trace in trace_list or [None]:  # each calibration (or the recorded trace) is a comparison of its own
-            c.runs += [RunPlan("capacity", m, c.caps[m].max_batch, trace) for m in args.modes]
+            c.runs += [RunPlan("capacity", m, batch[m], trace) for m in args.modes]
             if not args.no_equal_batch and {"device", "hisparse"} <= c.caps.keys():
+                _check_equal_batch_groups(c)
                 c.runs.append(RunPlan("equal batch", "hisparse", c.caps["device"].max_batch, trace))
             if args.prefetch:  # the same batch and state as the capacity run, copies off the compute stream
-                c.runs.append(RunPlan("prefetch", "hisparse", c.caps["hisparse"].max_batch, trace))
+                c.runs.append(RunPlan("prefetch", "hisparse", batch["hisparse"], trace))
     _check_fits(args, family, contexts, budget, host_budget)
     in_turns, note = _timing_schedule(args, contexts, platform)
     return Plan(family, overrides, contexts, trace_list, budget, host_budget, implementation, in_turns, note,
                 derivation, state_only)
+
+
+def _whole_batch(config):
+    """`config` without overlap groups, for the capacity search: it tries any batch, and the
+    groups change the order of a step's work, not its bytes (the runs then take a multiple of
+    G streams)."""
+    return dataclasses.replace(config, overlap_groups=1) if getattr(config, "overlap_groups", 1) > 1 else config
+
+
+def _check_equal_batch_groups(c: ContextPlan) -> None:
+    """The equal-batch run takes full-KV's batch: with overlap groups in every HiSparse run
+    (--set overlap_groups=G) that batch must split into G groups."""
+    groups, batch = getattr(c.config, "overlap_groups", 1), c.caps["device"].max_batch
+    if batch % groups:
+        raise BenchError(f"--set overlap_groups={groups}: the equal-batch run takes full-KV's batch {batch} at context "
+                         f"{c.context}, not a multiple of {groups}; add --no-equal-batch, or use --overlap-groups "
+                         f"{groups} --prefetch (the prefetch run only)")
+
+
+def _check_overlap_groups(family, args) -> None:
+    """--overlap-groups G: a positive int, for the prefetch run of a family that has the knob."""
+    groups = args.overlap_groups
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise BenchError(f"argument --overlap-groups: must be an int >= 1 (1: the whole batch), got {groups!r}")
+    if groups == 1:
+        return
+    if not args.prefetch:
+        raise BenchError(f"--overlap-groups {groups} splits the prefetch run's batch so that one group's copy overlaps "
+                         "another's work; add --prefetch")
+    if "overlap_groups" not in {f.name for f in dataclasses.fields(family.Config)}:
+        raise BenchError(f"--overlap-groups: the {family.name} family has no overlap groups (the kit's models, e.g. "
+                         "dsa, have); drop --overlap-groups")
 
 
 def _allow_pinned_host(host_budget: int) -> None:

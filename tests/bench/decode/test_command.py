@@ -70,6 +70,10 @@ FAST = ["--steps", "2", "--reps", "3", "--max-batch", "3", "--device-budget-mib"
         (["--selection", "trace", "--trace-beta", "2"], ["TraceConfig.beta"]),
         (["--modes", "device", "--no-io"], ["--no-io", "add hisparse to --modes"]),
         (["--modes", "device", "--prefetch"], ["--prefetch", "add hisparse to --modes"]),
+        (["--overlap-groups", "2"], ["--overlap-groups 2", "add --prefetch"]),
+        (["--prefetch", "--overlap-groups", "0"], ["argument --overlap-groups", "int >= 1"]),
+        (["--prefetch", "--overlap-groups", "2", "--family", "quest"], ["quest family has no overlap groups"]),
+        (["--set", "overlap_groups=2"], ["Config.overlap_groups", "set prefetch=True"]),
         (["--contexts", "99999999999"], ["argument --contexts", "99999999999 exceeds", "int32"]),
         (["--profile-dir", "prof"], ["--profile-dir keeps the traces of --profile", "add --profile"]),
     ],
@@ -254,17 +258,21 @@ def test_a_report_names_the_implementation_and_the_spread_of_every_timing(tmp_pa
     assert data["ratio_range"] in stdout
 
 
-def test_prefetch_run_at_the_capacity_batch(tmp_path, capsys):
+@pytest.mark.parametrize("share, groups", [(2, 1), (1, 2)])
+def test_prefetch_run_at_the_capacity_batch(tmp_path, capsys, share, groups):
     """--prefetch adds HiSparse with Config.prefetch at its capacity batch, from the same state and
-    trace: the same tokens (on CPU the copy is synchronous; the GPU timings are in BENCHMARKS.md)."""
+    trace: the same tokens (on CPU the copy is synchronous; the GPU timings are in BENCHMARKS.md).
+    With --overlap-groups G both HiSparse runs take a multiple of G streams."""
     out = tmp_path / "decode"
     rc = cli.main(["decode", "--contexts", "64", "--fill", "synthetic", "--selection", "trace", "--prefetch",
-                   "--set", "index_share=2", "--no-equal-batch", "--profile", "--out", str(out), *FAST])
+                   "--set", f"index_share={share}", "--overlap-groups", str(groups), "--no-equal-batch", "--profile",
+                   "--out", str(out), *FAST])
     assert rc == 0
     data = json.loads((out / "decode.json").read_text())
     rows = {(r["run"], r["mode"]): r for r in data["rows"]}
     assert set(rows) == {("capacity", "device"), ("capacity", "hisparse"), ("prefetch", "hisparse")}
     assert rows[("prefetch", "hisparse")]["batch"] == rows[("capacity", "hisparse")]["batch"]
+    assert rows[("prefetch", "hisparse")]["batch"] % groups == 0
     assert rows[("prefetch", "hisparse")]["miss_rate"] == rows[("capacity", "hisparse")]["miss_rate"] > 0
     (ratio,) = data["ratios"]
     assert ratio["tokens_equal_with_prefetch"] is True
