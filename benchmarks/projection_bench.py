@@ -64,7 +64,18 @@ def candidates(m: int):
         y = jnp.einsum("md,dn->mn", h, w)
         return y[:, :R], y[:, R:R + DC + DR], y[:, R + DC + DR:]
 
+    # the shared expert (E = 1, F = 2048, fp8 codes with a float32 scale per output channel)
+    sg = jax.random.normal(jax.random.PRNGKey(21), (2 * 2048, D), jnp.float32).astype(jnp.float8_e4m3fn)
+    sd = jax.random.normal(jax.random.PRNGKey(22), (D, 2048), jnp.float32).astype(jnp.float8_e4m3fn)
+    sg_scale, sd_scale = jnp.full((2 * 2048,), 0.01, f32), jnp.full((D,), 0.01, f32)
+    act = _w(23, (m, 2048))
+
+    def xla_fp8(x, w, scale):  # the codes widened inside the dot (exact), the scale after it
+        return jnp.einsum("mk,nk->mn", x, w.astype(x.dtype), preferred_element_type=f32) * scale
+
     out = [
+        ("shared gate_up by XLA (fp8 widened in the dot)", xla_fp8, (h, sg, sg_scale), b(sg, sg_scale)),
+        ("shared down by XLA (fp8 widened in the dot)", xla_fp8, (act, sd, sd_scale), b(sd, sd_scale)),
         ("inputs: q_a, kv, i_q, i_k, i_head apart", inputs_sep, (h, w_q_a, w_kv, i_q, i_k, i_head),
          b(w_q_a, w_kv, i_q, i_k, i_head)),
         ("inputs: q_a, kv apart", inputs_mla, (h, w_q_a, w_kv), b(w_q_a, w_kv)),
@@ -86,6 +97,9 @@ def candidates(m: int):
         if "cuda" not in ffi_platforms():
             raise ImportError("no CUDA handlers")
         gm = lambda x, w: grouped_matmul(x, w, jnp.full((1,), x.shape[0], jnp.int32), implementation="ffi")
+        gm8 = lambda x, w, s: grouped_matmul(x, w, jnp.full((1,), x.shape[0], jnp.int32), s, implementation="ffi")
+        out.append(("shared gate_up, house kernel", gm8, (h, sg[None], sg_scale[None]), b(sg, sg_scale)))
+        out.append(("shared down, house kernel", gm8, (act, sd[None], sd_scale[None]), b(sd, sd_scale)))
         for name, w in (("house kernel: inputs [6880, D]", w_in.T[None]), ("house kernel: q_a + kv [2624, D]",
                         jnp.concatenate([w_q_a, w_kv], axis=1).T[None]), ("house kernel: unembed [V, D]", unembed_t[None]),
                         ("house kernel: q_b [16384, R]", w_q_b.reshape(R, -1).T[None])):
