@@ -493,3 +493,58 @@ def test_ffi_off_cuda_is_an_error():
     x, w, sizes, scale = _valid()
     with pytest.raises(RuntimeError, match="grouped_matmul: implementation='ffi' is a CUDA kernel"):
         hs.grouped_matmul(x, w, sizes, scale, implementation="ffi")
+
+
+# --------------------------------------------------------------------------- the pair
+
+
+def _pair_inputs(w_dtype=FP8):
+    """The MoE layer's two matmuls: routed experts (E = 4, rows sorted by expert) and a shared
+    expert (E = 1, every token), fp8 with their scales."""
+    rng = np.random.default_rng(13)
+    routed = make_inputs(rng, 24, 4, 96, 128, w_dtype=w_dtype)
+    shared = make_inputs(rng, 3, 1, 80, 128, w_dtype=w_dtype, sizes=[3])
+    return routed, shared
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("w_dtype", [BF16, FP8], ids=["bf16", "fp8"])
+def test_pair_is_the_two_matmuls_bit_for_bit(impl, w_dtype):
+    """grouped_matmul_pair(a, b) == (grouped_matmul(*a), grouped_matmul(*b)) with the same
+    implementation, bits and all (on CUDA: the same kernels, the second on the side stream)."""
+    routed, shared = _pair_inputs(w_dtype)
+    pair = jax.jit(functools.partial(hs.grouped_matmul_pair, implementation=impl))
+    for _ in range(2):  # the second call reuses the side stream and its events
+        got = pair(routed, shared)
+        for g, args in zip(got, (routed, shared)):
+            np.testing.assert_array_equal(np.asarray(g).view(np.uint32), np.asarray(matmul_of(impl, *args)).view(np.uint32))
+            assert_matches(g, *args)
+
+
+def test_pair_takes_three_or_four_operands():
+    routed, shared = _pair_inputs(BF16)
+    got = hs.grouped_matmul_pair(routed[:3], shared, implementation="reference")
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(matmul_of("reference", *routed[:3])))
+
+
+def test_pair_argument_errors_name_the_operand():
+    routed, shared = _pair_inputs(BF16)
+    bad = (shared[0].astype(np.int32),) + shared[1:]
+    with pytest.raises(TypeError, match="grouped_matmul: x must be bfloat16 or float32"):
+        hs.grouped_matmul_pair(routed, bad, implementation="reference")
+
+
+def test_pair_auto_is_the_reference_on_cpu():
+    if jax.default_backend() != "cpu":
+        pytest.skip("CPU backend only")
+    routed, shared = _pair_inputs()
+    hlo = jax.jit(hs.grouped_matmul_pair).lower(routed, shared).compile().as_text()
+    assert targets.GROUPED_MATMUL_PAIR not in hlo and targets.GROUPED_MATMUL not in hlo
+
+
+@pytest.mark.gpu
+def test_pair_program_is_one_custom_call():
+    routed, shared = _pair_inputs()
+    hlo = jax.jit(functools.partial(hs.grouped_matmul_pair, implementation="ffi")).lower(routed, shared).compile().as_text()
+    assert hlo.count(f'custom_call_target="{targets.GROUPED_MATMUL_PAIR}"') == 1
+    assert targets.GROUPED_MATMUL + '"' not in hlo
