@@ -9,8 +9,6 @@
 //     rows past the last group +0 bit for bit;
 //   - every variant, and a second run of the automatic plan, writes the same
 //     bits (grouped_matmul.h: the bits depend on neither the plan nor the run);
-//   - the pair (LaunchGroupedMatmulPair: the case twice, the second on the
-//     side stream) writes the automatic plan's bits into both outputs;
 //   - y starts poisoned (NaN bytes) so an unwritten element shows, and guard
 //     bytes around y catch writes out of bounds (compute-sanitizer memcheck
 //     catches reads: x and w are allocated to their exact size);
@@ -342,23 +340,6 @@ Outcome RunCase(const Case& c, Rng& rng, bool verbose) {
         out.Fail("variant (" + Describe(plan) + ") writes other bits than the automatic plan");
         break;
       }
-    }
-  }
-  // The pair (LaunchGroupedMatmulPair): the case twice, the second on the side stream, into two
-  // guarded outputs; each gets the automatic plan's bits, and `stream` has waited for both.
-  if (out.ok) {
-    GuardedOutput y2(c.rows * c.n);
-    y.Poison();
-    y2.Poison();
-    const GroupedMatmulBuffers io2{x, w, scale, sizes, y2.get()};
-    const cudaError_t err = hisparse::LaunchGroupedMatmulPair(dims, io, dims, io2, stream);
-    CUDA_OK(cudaStreamSynchronize(stream));
-    if (err != cudaSuccess) {
-      out.Fail(Format("pair launch: %s", cudaGetErrorString(err)));
-    } else if (!y.GuardsIntact() || !y2.GuardsIntact()) {
-      out.Fail("the pair writes outside y");
-    } else if (y.Download() != first || y2.Download() != first) {
-      out.Fail("the pair writes other bits than one launch");
     }
   }
   CUDA_OK(cudaStreamDestroy(stream));
