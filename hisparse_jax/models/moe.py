@@ -20,8 +20,7 @@ reads grow with the batch like one EP GPU's. Left out: the all-to-all's time and
 imbalance of trained routers.
 
 The expert matmuls are hisparse_jax.grouped_matmul (the CUDA kernel reads only experts with
-rows; elsewhere an XLA reference; with a shared expert each projection's routed and shared
-matmuls are one grouped_matmul_pair, the shared launch beside the routed one on CUDA): the pairs are sorted by local expert (a stable sort), run as
+rows; elsewhere an XLA reference): the pairs are sorted by local expert (a stable sort), run as
 groups, and brought back to token order by a gather with the inverse permutation. No float
 scatter-add anywhere: each token sums its k weighted expert outputs in choice order, in float32,
 so a decode step gives the same bits on every run and in every decode mode.
