@@ -59,14 +59,6 @@
 // (0x7f, 0xff) are not decoded: the CUDA kernel reads them as +-480.
 // fp8.quantize_rows (hisparse_jax/fp8.py) never writes one; a
 // weight row it cannot quantize gets a NaN scale and zero codes instead.
-//
-// The pair, "hisparse_grouped_matmul_pair": two grouped matmuls in one call,
-// operands (x, w, scale, group_sizes) of the first, then of the second, results
-// y of the first, then of the second. Each y is exactly what
-// "hisparse_grouped_matmul" writes for its own operands (the same bits: the CUDA
-// handler runs the same plan and kernel for each); the two only run side by
-// side. The MoE layer passes its routed experts first and its shared expert
-// second, whose launch alone leaves most of the GPU waiting on memory.
 #ifndef HISPARSE_FFI_GROUPED_MATMUL_H_
 #define HISPARSE_FFI_GROUPED_MATMUL_H_
 

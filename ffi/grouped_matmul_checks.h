@@ -79,22 +79,6 @@ auto BindGroupedMatmulOperands(Binding binding) {
       .template Ret<ffi::AnyBuffer>();                      // y           [M, N] f32, 0 past the groups
 }
 
-// The operand list of the pair target: the first matmul's operands, the second's, then y of
-// each (grouped_matmul.h).
-template <typename Binding>
-auto BindGroupedMatmulPairOperands(Binding binding) {
-  return std::move(binding).template Arg<ffi::AnyBuffer>()  // x0 [M0, K0]
-      .template Arg<ffi::AnyBuffer>()                       // w0 [E0, N0, K0]
-      .template Arg<ffi::AnyBuffer>()                       // scale0 [E0, N0]
-      .template Arg<ffi::AnyBuffer>()                       // group_sizes0 [E0]
-      .template Arg<ffi::AnyBuffer>()                       // x1 [M1, K1]
-      .template Arg<ffi::AnyBuffer>()                       // w1 [E1, N1, K1]
-      .template Arg<ffi::AnyBuffer>()                       // scale1 [E1, N1]
-      .template Arg<ffi::AnyBuffer>()                       // group_sizes1 [E1]
-      .template Ret<ffi::AnyBuffer>()                       // y0 [M0, N0] f32
-      .template Ret<ffi::AnyBuffer>();                      // y1 [M1, N1] f32
-}
-
 }  // namespace hisparse
 
 #endif  // HISPARSE_FFI_GROUPED_MATMUL_CHECKS_H_

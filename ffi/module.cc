@@ -19,7 +19,6 @@ XLA_FFI_Error* HisparseResolvePrefetchCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparsePrefetchJoinCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparseIndexScoresCuda(XLA_FFI_CallFrame*);  // CUDA only: the CPU runs the XLA reference
 XLA_FFI_Error* HisparseGroupedMatmulCuda(XLA_FFI_CallFrame*);  // CUDA only, likewise
-XLA_FFI_Error* HisparseGroupedMatmulPairCuda(XLA_FFI_CallFrame*);  // CUDA only, likewise
 XLA_FFI_Error* HisparseSparseAttentionCuda(XLA_FFI_CallFrame*);  // CUDA only, likewise
 #endif
 }
@@ -55,7 +54,6 @@ NB_MODULE(_hisparse_ffi, m) {
     d["prefetch_join"] = Capsule(HisparsePrefetchJoinCuda);
     d["index_scores"] = Capsule(HisparseIndexScoresCuda);
     d["grouped_matmul"] = Capsule(HisparseGroupedMatmulCuda);
-    d["grouped_matmul_pair"] = Capsule(HisparseGroupedMatmulPairCuda);
     d["sparse_attention"] = Capsule(HisparseSparseAttentionCuda);
 #endif
     return d;

@@ -12,7 +12,7 @@ from ._ffi import built_with_cuda, extension_error as ffi_extension_error, ffi_p
 from ._ffi import has_ffi, platform_of
 from .cache import HotCache, alloc_host_pool, init_hot_cache, pinned_host_sharding, reset_streams
 from .config import CacheConfig
-from .grouped_matmul import grouped_matmul, grouped_matmul_pair, grouped_matmul_reference, quantize_weights_fp8
+from .grouped_matmul import grouped_matmul, grouped_matmul_reference, quantize_weights_fp8
 from .indexer import index_scores, index_scores_reference, quantize_keys_fp8
 from .prefetch import PendingFetch, join_prefetch, resolve_prefetch
 from .pool import rows_outside_pool, write_records, write_records_inplace
@@ -38,7 +38,6 @@ __all__ = [
     "ffi_platforms",
     "ffi_registrations",
     "grouped_matmul",
-    "grouped_matmul_pair",
     "grouped_matmul_reference",
     "has_ffi",
     "index_scores",

@@ -80,39 +80,6 @@ def grouped_matmul(
     return call(x, w, factors, group_sizes)
 
 
-def grouped_matmul_pair(
-    first: tuple,
-    second: tuple,
-    *,
-    implementation: Implementation = "auto",
-) -> tuple[jax.Array, jax.Array]:
-    """Two independent grouped matmuls in one call: (grouped_matmul(*first), grouped_matmul(*second)).
-
-    Each of `first` and `second` is (x, w, group_sizes) or (x, w, group_sizes, scale), the
-    arguments of grouped_matmul. The results are exactly those of the two calls with the same
-    `implementation` (the same bits: the CUDA custom call "hisparse_grouped_matmul_pair" runs each
-    one's own plan and kernel); on CUDA the second runs beside the first on a side stream, so a
-    small launch that leaves the GPU waiting on memory (the MoE's shared expert, second) hides
-    under a large one (its routed experts, first). "auto" takes the pair's custom call where
-    grouped_matmul would take the kernel for both, else the XLA reference for both.
-    """
-    first, second = (tuple(a) + (None,) * (4 - len(a)) for a in (first, second))
-    for args in (first, second):
-        _check_operands(*args)
-    domain = _domain_error(*first[:2]) or _domain_error(*second[:2])
-    impl = _dispatch.choose_implementation(_OP, implementation, targets.GROUPED_MATMUL_PAIR, domain)
-    if impl == "reference":
-        return tuple(grouped_matmul_reference(*args) for args in (first, second))
-    _dispatch.require_handler(_OP, targets.GROUPED_MATMUL_PAIR, domain)
-    operands, shapes = [], []
-    for x, w, group_sizes, scale in (first, second):
-        E, N, _ = _shape(w)
-        operands += [x, w, scale if scale is not None else jnp.ones((E, N), jnp.float32), group_sizes]
-        shapes.append(jax.ShapeDtypeStruct((_shape(x)[0], N), jnp.float32))
-    call = jax.ffi.ffi_call(targets.GROUPED_MATMUL_PAIR, tuple(shapes))
-    return tuple(call(*operands))
-
-
 def grouped_matmul_reference(
     x: jax.Array,
     w: jax.Array,

@@ -12,16 +12,14 @@ POOL_WRITE = "hisparse_pool_write"
 TOPK = "hisparse_topk"
 INDEX_SCORES = "hisparse_index_scores"
 GROUPED_MATMUL = "hisparse_grouped_matmul"
-GROUPED_MATMUL_PAIR = "hisparse_grouped_matmul_pair"
 RESOLVE_PREFETCH = "hisparse_resolve_prefetch"
 PREFETCH_JOIN = "hisparse_prefetch_join"
 SPARSE_ATTENTION = "hisparse_sparse_attention"
 
-ALL = (RESOLVE, POOL_WRITE, TOPK, INDEX_SCORES, GROUPED_MATMUL, RESOLVE_PREFETCH, PREFETCH_JOIN, SPARSE_ATTENTION,
-       GROUPED_MATMUL_PAIR)
+ALL = (RESOLVE, POOL_WRITE, TOPK, INDEX_SCORES, GROUPED_MATMUL, RESOLVE_PREFETCH, PREFETCH_JOIN, SPARSE_ATTENTION)
 
 # Targets with a CUDA handler only: on CPU their ops run the XLA reference.
-CUDA_ONLY = (INDEX_SCORES, GROUPED_MATMUL, SPARSE_ATTENTION, GROUPED_MATMUL_PAIR)
+CUDA_ONLY = (INDEX_SCORES, GROUPED_MATMUL, SPARSE_ATTENTION)
 
 # Keys of the capsule dicts exported by the nanobind module, per target.
 CAPSULE_KEYS = {
@@ -33,5 +31,4 @@ CAPSULE_KEYS = {
     RESOLVE_PREFETCH: "resolve_prefetch",
     PREFETCH_JOIN: "prefetch_join",
     SPARSE_ATTENTION: "sparse_attention",
-    GROUPED_MATMUL_PAIR: "grouped_matmul_pair",
 }

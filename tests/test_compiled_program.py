@@ -205,13 +205,12 @@ def test_ffi_is_the_cuda_handler_on_gpu():
 def test_target_names():
     assert targets.ALL == ("hisparse_resolve", "hisparse_pool_write", "hisparse_topk", "hisparse_index_scores",
                             "hisparse_grouped_matmul", "hisparse_resolve_prefetch", "hisparse_prefetch_join",
-                            "hisparse_sparse_attention", "hisparse_grouped_matmul_pair")
+                            "hisparse_sparse_attention")
     assert (targets.RESOLVE, targets.POOL_WRITE, targets.TOPK, targets.INDEX_SCORES,
             targets.GROUPED_MATMUL, targets.RESOLVE_PREFETCH, targets.PREFETCH_JOIN,
-            targets.SPARSE_ATTENTION, targets.GROUPED_MATMUL_PAIR) == targets.ALL
+            targets.SPARSE_ATTENTION) == targets.ALL
     assert set(targets.CAPSULE_KEYS) == set(targets.ALL)
-    assert targets.CUDA_ONLY == ("hisparse_index_scores", "hisparse_grouped_matmul", "hisparse_sparse_attention",
-                                 "hisparse_grouped_matmul_pair")
+    assert targets.CUDA_ONLY == ("hisparse_index_scores", "hisparse_grouped_matmul", "hisparse_sparse_attention")
 
 
 def test_every_target_registered_for_cpu():

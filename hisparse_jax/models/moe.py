@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import fp8
-from ..grouped_matmul import grouped_matmul, grouped_matmul_pair
+from ..grouped_matmul import grouped_matmul
 from . import layers
 from .config import ModelConfig, is_positive_int
 from .weights import init_normal, ones
@@ -157,33 +157,14 @@ def route(config: ModelConfig, router: jax.Array, h: jax.Array) -> tuple[jax.Arr
     return chosen.astype(jnp.int32), weights
 
 
-def _swiglu(config: ModelConfig, gate_up: jax.Array) -> jax.Array:
-    """gate_up [M, 2F] float32 (an expert's F gate rows, then its F up rows) -> silu(gate) * up
-    in float32, cast to config.dtype for the down matmul."""
-    F = gate_up.shape[-1] // 2
-    return (jax.nn.silu(gate_up[:, :F]) * gate_up[:, F:]).astype(config.dtype)
-
-
 def swiglu_experts(config: ModelConfig, w: ExpertWeights, rows: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """rows [M, D] sorted by expert, group_sizes [E] int32 -> [M, D] float32: each row through
     its expert's SwiGLU (the activation in float32, cast to config.dtype for the down matmul)."""
     impl = config.expert_implementation
     gate_up = grouped_matmul(rows, w.w_gate_up, group_sizes, w.gate_up_scale, implementation=impl)  # [M, 2F]
-    return grouped_matmul(_swiglu(config, gate_up), w.w_down, group_sizes, w.down_scale, implementation=impl)
-
-
-def swiglu_expert_pair(config: ModelConfig, first: tuple, second: tuple) -> tuple[jax.Array, jax.Array]:
-    """Two sets of experts side by side: first and second are (ExpertWeights, rows, group_sizes)
-    -> (swiglu_experts(config, *first), swiglu_experts(config, *second)), the same bits; each
-    projection of the two runs as one grouped_matmul_pair (on CUDA: the second launch beside
-    the first)."""
-    impl = config.expert_implementation
-    (w0, rows0, sizes0), (w1, rows1, sizes1) = first, second
-    gate_up = grouped_matmul_pair((rows0, w0.w_gate_up, sizes0, w0.gate_up_scale),
-                                  (rows1, w1.w_gate_up, sizes1, w1.gate_up_scale), implementation=impl)
-    act0, act1 = (_swiglu(config, g) for g in gate_up)
-    return grouped_matmul_pair((act0, w0.w_down, sizes0, w0.down_scale), (act1, w1.w_down, sizes1, w1.down_scale),
-                               implementation=impl)
+    F = w.w_down.shape[-1]
+    act = (jax.nn.silu(gate_up[:, :F]) * gate_up[:, F:]).astype(config.dtype)
+    return grouped_matmul(act, w.w_down, group_sizes, w.down_scale, implementation=impl)
 
 
 def moe(config: ModelConfig, w: MoEWeights, x: jax.Array) -> jax.Array:
@@ -198,24 +179,18 @@ def moe(config: ModelConfig, w: MoEWeights, x: jax.Array) -> jax.Array:
     local = (chosen % E).reshape(T * k)  # pair p = token p // k, its choice p % k
     order = jnp.argsort(local, stable=True)  # pairs by local expert, each expert's in token order
     group_sizes = jnp.bincount(local, length=E).astype(jnp.int32)
-    rows = jnp.take(h, order // k, axis=0)
-    # The shared expert beside the routed ones: alone, its launches reached 26-41% of HBM on an
-    # H200 at batch 2-17 (its few weight rows leave most warps waiting on memory); as a 33rd
-    # expert of the routed launch it ran slower from batch 10 up (its rows took more passes than
-    # a routed expert's few). grouped_matmul_pair keeps each launch's own plan and bits and runs
-    # the shared one on a side stream, under the routed weight stream.
-    if w.shared is None:
-        sorted_out, shared_out = swiglu_experts(c, w.routed, rows, group_sizes), None  # [T k, D] f32
-    else:
-        sorted_out, shared_out = swiglu_expert_pair(c, (w.routed, rows, group_sizes),
-                                                    (w.shared, h, jnp.full((1,), T, jnp.int32)))
+    sorted_out = swiglu_experts(c, w.routed, jnp.take(h, order // k, axis=0), group_sizes)  # [T k, D] f32
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(T * k, dtype=order.dtype), unique_indices=True)
     per_choice = jnp.take(sorted_out, inverse, axis=0).reshape(T, k, -1)
     y = weights[:, 0, None] * per_choice[:, 0]
     for j in range(1, k):  # choice order, float32: a fixed sum
         y = y + weights[:, j, None] * per_choice[:, j]
-    if shared_out is not None:
-        y = y + shared_out
+    # The shared expert in a launch of its own. As more experts of the routed launch it ran slower
+    # on an H200 from batch 10 up (its 8-41 rows take more passes than a routed expert's few, and
+    # the launch waits for them; grouped_matmul_bench --slices, E = 33): only at batch 1-2 was
+    # that faster, by 6-9 us a layer.
+    if w.shared is not None:
+        y = y + swiglu_experts(c, w.shared, h, jnp.full((1,), T, jnp.int32))
     return y.astype(x.dtype).reshape(x.shape)
 
 
