@@ -118,16 +118,6 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
 cudaError_t LaunchGroupedMatmul(const GroupedMatmulDims& dims, const GroupedMatmulBuffers& io,
                                 cudaStream_t stream, const GroupedMatmulTuning& tuning = {});
 
-// Two grouped matmuls in one call (grouped_matmul.h's pair): `second` on the device's side
-// stream (side_stream_cuda.h), `first` on `stream`, side by side; each is exactly
-// LaunchGroupedMatmul of its own dims and buffers (same plan, same kernel, same bits), and
-// work enqueued on `stream` afterwards waits for both. Pass the launch whose few warps wait on
-// memory (the shared expert) as `second`: its blocks are placed first and it hides under the
-// other's weight stream. Returns the first error of either launch or of the fork and join.
-cudaError_t LaunchGroupedMatmulPair(const GroupedMatmulDims& first, const GroupedMatmulBuffers& first_io,
-                                    const GroupedMatmulDims& second, const GroupedMatmulBuffers& second_io,
-                                    cudaStream_t stream);
-
 }  // namespace hisparse
 
 #endif  // HISPARSE_FFI_GROUPED_MATMUL_CUDA_H_

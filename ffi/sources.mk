@@ -18,6 +18,6 @@ RESOLVE_CPU_SRCS := $(FFI)/resolve_cpu.cc $(FFI)/pool_write_cpu.cc
 TOPK_SRCS := $(FFI)/topk_kernels.cu
 TOPK_CPU_SRCS := $(FFI)/topk_cpu.cc
 INDEXER_SRCS := $(FFI)/indexer_kernels.cu
-GROUPED_MATMUL_SRCS := $(FFI)/grouped_matmul_kernels.cu $(FFI)/grouped_matmul_pair_cuda.cc $(FFI)/side_stream_cuda.cc
+GROUPED_MATMUL_SRCS := $(FFI)/grouped_matmul_kernels.cu
 SPARSE_ATTENTION_SRCS := $(FFI)/sparse_attention_kernels.cu
 SPARSE_ATTENTION_CPU_SRCS := $(FFI)/sparse_attention_cpu.cc

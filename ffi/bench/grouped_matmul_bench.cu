@@ -285,97 +285,7 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
   return r;
 }
 
-// --pairs: the MoE layer's two launches per projection at batch b (routed: E = 32, 8 b pairs;
-// shared: E = 1, b rows), one after the other on one stream against LaunchGroupedMatmulPair
-// (the shared launch on the side stream, beside the routed one). Checked first: the pair writes
-// the bits of the two launches alone. Prints a Markdown table; returns false on a mismatch.
-bool RunPairs(cudaStream_t stream, int iters, uint32_t seed, FILE* json) {
-  std::printf("\n| proj | batch | routed alone us | shared alone us | one after the other us | pair us "
-              "(min / median / max) | saved us | same bits |\n|---|---|---|---|---|---|---|---|\n");
-  bool all_ok = true, first_row = true;
-  for (const auto& [name, k, n] : {std::tuple<const char*, int64_t, int64_t>{"gate_up", 6144, 4096},
-                                   std::tuple<const char*, int64_t, int64_t>{"down", 2048, 6144}}) {
-    for (int64_t batch : {1, 2, 10, 17, 41}) {
-      Config routed{name, k, n, true, 8 * batch}, shared{name, k, n, true, batch, 1};
-      struct Side {
-        Config c;
-        std::vector<int32_t> sizes;
-        uint8_t* w[2] = {nullptr, nullptr};
-        uint16_t* x = nullptr;
-        float *scale = nullptr, *y = nullptr;
-        int32_t* d_sizes = nullptr;
-      } sides[2] = {{routed}, {shared}};
-      std::mt19937_64 rng(seed * 7919 + batch);
-      for (Side& sd : sides) {
-        const Config& c = sd.c;
-        sd.sizes.assign(c.experts, 0);
-        for (int64_t i = 0; i < c.rows; ++i) ++sd.sizes[std::uniform_int_distribution<int64_t>(0, c.experts - 1)(rng)];
-        std::vector<uint16_t> x(c.rows * c.k);
-        std::normal_distribution<float> normal(0.0f, 1.0f);
-        for (auto& v : x) v = oracle::FloatToBf16(normal(rng));
-        std::vector<float> scale(c.experts * c.n, 1.0f / 448);
-        const int64_t elements = c.experts * c.n * c.k;
-        for (auto& w : sd.w) {
-          CUDA_OK(cudaMalloc(&w, elements));
-          FillWeights<<<1024, 256, 0, stream>>>(w, elements, true, seed + (&w - sd.w), 1.0f);
-        }
-        CUDA_OK(cudaMalloc(&sd.x, x.size() * 2));
-        CUDA_OK(cudaMalloc(&sd.scale, scale.size() * 4));
-        CUDA_OK(cudaMalloc(&sd.d_sizes, sd.sizes.size() * 4));
-        CUDA_OK(cudaMalloc(&sd.y, c.rows * c.n * 4));
-        CUDA_OK(cudaMemcpy(sd.x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMemcpy(sd.scale, scale.data(), scale.size() * 4, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMemcpy(sd.d_sizes, sd.sizes.data(), sd.sizes.size() * 4, cudaMemcpyHostToDevice));
-      }
-      CUDA_OK(cudaStreamSynchronize(stream));
-      auto io = [&](int s, int copy) { return GroupedMatmulBuffers{sides[s].x, sides[s].w[copy], sides[s].scale, sides[s].d_sizes, sides[s].y}; };
-      auto alone = [&](int s, int copy) { CUDA_OK(hisparse::LaunchGroupedMatmul(sides[s].c.dims(), io(s, copy), stream)); };
-      auto pair = [&](int copy) {
-        CUDA_OK(hisparse::LaunchGroupedMatmulPair(sides[0].c.dims(), io(0, copy), sides[1].c.dims(), io(1, copy), stream));
-      };
-      auto download = [&]() {
-        CUDA_OK(cudaStreamSynchronize(stream));
-        std::vector<uint32_t> bits;
-        for (Side& sd : sides) {
-          std::vector<uint32_t> b(sd.c.rows * sd.c.n);
-          CUDA_OK(cudaMemcpy(b.data(), sd.y, b.size() * 4, cudaMemcpyDeviceToHost));
-          bits.insert(bits.end(), b.begin(), b.end());
-        }
-        return bits;
-      };
-      alone(0, 0), alone(1, 0);
-      const std::vector<uint32_t> want = download();
-      for (Side& sd : sides) CUDA_OK(cudaMemset(sd.y, 0xff, sd.c.rows * sd.c.n * 4));
-      pair(0);
-      const bool same = download() == want;
-      all_ok = all_ok && same;
-      const Stats r = TimeLaunches(stream, iters, [&](int i) { alone(0, i % 2); });
-      const Stats sh = TimeLaunches(stream, iters, [&](int i) { alone(1, i % 2); });
-      const Stats seq = TimeLaunches(stream, iters, [&](int i) { alone(0, i % 2), alone(1, i % 2); });
-      const Stats pr = TimeLaunches(stream, iters, [&](int i) { pair(i % 2); });
-      std::printf("| %s | %lld | %.1f | %.1f | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f | %.1f | %s |\n", name,
-                  (long long)batch, r.median_us, sh.median_us, seq.min_us, seq.median_us, seq.max_us, pr.min_us,
-                  pr.median_us, pr.max_us, seq.median_us - pr.median_us, same ? "yes" : "NO");
-      std::fflush(stdout);
-      std::fprintf(json, "%s    {\"projection\": \"%s\", \"batch\": %lld, \"routed_us\": %.2f, \"shared_us\": %.2f, "
-                   "\"sequential_us\": {\"min\": %.2f, \"median\": %.2f, \"max\": %.2f}, "
-                   "\"pair_us\": {\"min\": %.2f, \"median\": %.2f, \"max\": %.2f}, \"same_bits\": %s}",
-                   first_row ? "" : ",\n", name, (long long)batch, r.median_us, sh.median_us, seq.min_us,
-                   seq.median_us, seq.max_us, pr.min_us, pr.median_us, pr.max_us, same ? "true" : "false");
-      first_row = false;
-      for (Side& sd : sides) {
-        for (auto& w : sd.w) CUDA_OK(cudaFree(w));
-        CUDA_OK(cudaFree(sd.x));
-        CUDA_OK(cudaFree(sd.scale));
-        CUDA_OK(cudaFree(sd.d_sizes));
-        CUDA_OK(cudaFree(sd.y));
-      }
-    }
-  }
-  return all_ok;
-}
-
-const char* kUsage = "usage: %s OUT.json [--quick] [--sweep] [--slices] [--pairs] [--iters N] [--seed N]\n";
+const char* kUsage = "usage: %s OUT.json [--quick] [--sweep] [--slices] [--iters N] [--seed N]\n";
 
 }  // namespace
 
@@ -385,7 +295,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* out_path = argv[1];
-  bool quick = false, print_sweep = false, slices = false, pairs = false;
+  bool quick = false, print_sweep = false, slices = false;
   int iters = 30;
   uint32_t seed = 1;
   for (int i = 2; i < argc; ++i) {
@@ -393,7 +303,6 @@ int main(int argc, char** argv) {
     if (a == "--quick") quick = true;
     else if (a == "--sweep") print_sweep = true;
     else if (a == "--slices") slices = true;
-    else if (a == "--pairs") pairs = true;
     else if (a == "--iters" && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
     else if (a == "--seed" && i + 1 < argc) seed = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     else {
@@ -406,15 +315,6 @@ int main(int argc, char** argv) {
               "(min / median / max)\n\n", harness::DeviceLine(info).c_str(), (long long)kExperts, iters);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  if (pairs) {  // only the pair table: the MoE layer's launches one after the other and side by side
-    FILE* f = harness::OpenJson(out_path);
-    std::fprintf(f, "{\n  \"device\": \"%s\", \"iters\": %d,\n  \"pairs\": [\n", info.prop.name, iters);
-    const bool ok = RunPairs(stream, iters, seed, f);
-    std::fprintf(f, "\n  ]\n}\n");
-    std::fclose(f);
-    std::printf("\nwrote %s\n", out_path);
-    return ok ? 0 : 1;
-  }
 
   // --- HBM ceilings ---------------------------------------------------------
   const int64_t ceiling_bytes = quick ? kCeilingBytes / 4 : kCeilingBytes;
