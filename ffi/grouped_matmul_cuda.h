@@ -62,7 +62,12 @@ inline constexpr int kGroupedMatmulMaxZeroBlocks = 128;
 // E * ceil(N / 16) * S >= 2048 warps (about 16 per SM of an H200; a constant, not the device's
 // count, so the bits are the same on every GPU), with at least one 64-byte chunk per slice.
 inline constexpr int kGroupedMatmulMaxKSlices = 8;
-inline constexpr int64_t kGroupedMatmulSplitTargetWarps = 2048;
+// HISPARSE_GROUPED_MATMUL_SPLIT_TARGET_WARPS: an A/B build of another target (it changes the bits
+// of every weight it splits differently, so it is a build of its own, never a tuning).
+#ifndef HISPARSE_GROUPED_MATMUL_SPLIT_TARGET_WARPS
+#define HISPARSE_GROUPED_MATMUL_SPLIT_TARGET_WARPS 2048
+#endif
+inline constexpr int64_t kGroupedMatmulSplitTargetWarps = HISPARSE_GROUPED_MATMUL_SPLIT_TARGET_WARPS;
 
 // One launch's shape. Every field is a compile-time variant of the kernel or
 // a launch parameter; none changes the bits y gets (grouped_matmul.h).

@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
   if (slices) {
     for (const auto& [name, k, n] : {std::tuple<const char*, int64_t, int64_t>{"gate_up", 6144, 4096},
                                      std::tuple<const char*, int64_t, int64_t>{"down", 2048, 6144}}) {
-      for (int64_t rows : {16, 136, 328, 512}) configs.push_back({name, k, n, true, rows});
+      for (int64_t rows : {8, 16, 136, 328, 512}) configs.push_back({name, k, n, true, rows});
       for (int64_t rows : {2, 17, 41, 64}) configs.push_back({name, k, n, true, rows, 1});
       // The shared expert as a 33rd expert of the routed launch (batch b: 8 b routed pairs + b
       // shared rows), against the two launches above: the layout hisparse_jax.models.moe

@@ -20,7 +20,11 @@ Modelling choices, each stated in the derivation it affects:
   GPU's batch (hisparse_jax.models.moe): it computes batch x experts_per_token (token, expert)
   pairs on its local experts, so the expert bytes it reads grow with the batch as on the real GPU.
 - The unembedding is shared by all layers of a step: the slice keeps L / num_layers of its
-  vocabulary so that its per-step bytes stay in proportion.
+  vocabulary so that its per-step bytes stay in proportion, rounded to a multiple of 128 as the
+  models' own vocabularies are (154880, 129280, 151936): an unembedding of an odd number of
+  columns (15885 = 8/78 of GLM-5.1's) has rows no 16-byte load or TMA copy can align to, and on
+  an H200 XLA's matmul read it at 50-56% of HBM, against 89-98% with 15936 columns
+  (benchmarks/projection_bench.py, batch 2 and 17), a cost the deployment's own does not have.
 - Everything but the routed experts is replicated on every GPU (attention, shared experts, dense
   layers, embeddings); weights are counted in the dtype the model ships.
 """
@@ -33,6 +37,7 @@ from typing import Any, Mapping
 from ..models import shapes
 
 GB = 1e9
+VOCAB_MULTIPLE = 128  # a slice's vocabulary is a multiple of this, like the models' own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +115,7 @@ class Deployment:
         if free <= 0:
             raise ValueError(f"deployment {self.name}: weights of {weights / GB:.1f} GB exceed the "
                              f"{self.hbm_bytes / GB:.1f} GB of HBM")
-        vocab = max(1, round(c.vocab * L / c.layers))
+        vocab = max(1, round(c.vocab * L / c.layers / VOCAB_MULTIPLE)) * VOCAB_MULTIPLE
         return Derivation(
             deployment=self, routed_weight_bytes_per_gpu=routed_per_gpu, replicated_weight_bytes=replicated,
             weight_bytes_per_gpu=weights, free_bytes_per_gpu=free, free_bytes_per_layer=free / c.layers,
@@ -130,7 +135,8 @@ class Derivation:
       layers: L, the slice's layers.
       device_budget: the slice's device budget (free_bytes_per_layer x L) for the decode state
         and the compiled decode's working memory together.
-      vocab: the slice's vocabulary (L / layers of the model's: the unembedding's share).
+      vocab: the slice's vocabulary (L / layers of the model's: the unembedding's share, rounded to a
+        multiple of VOCAB_MULTIPLE).
       overrides: the family Config fields of the slice (max_context is set per context).
     """
 

@@ -32,7 +32,7 @@ def test_glm5_derivation_by_hand():
     # The published cross-check: ~240 GB of KV over 8 GPUs is ~30 GB per GPU, all that is left
     # after weights, activations and graphs; the derivation leaves a little more for the latter.
     assert 30e9 < d.free_bytes_per_gpu < 33e9
-    assert d.vocab == round(154880 * 8 / 78)
+    assert d.vocab == round(154880 * 8 / 78 / 128) * 128 == 15872  # the share, in whole 128-column blocks
     assert d.overrides["num_layers"] == 8 and d.overrides["experts"] == 256 // 8
 
 
@@ -53,7 +53,8 @@ def test_layers_scale_the_budget_and_the_vocabulary():
     dep = deployments.get_deployment("dsv32-h200")
     four, eight = dep.derive(4), dep.derive(8)
     assert eight.device_budget == pytest.approx(2 * four.device_budget, abs=1)
-    assert eight.vocab == pytest.approx(2 * four.vocab, abs=1)
+    assert eight.vocab == pytest.approx(2 * four.vocab, abs=deployments.VOCAB_MULTIPLE)
+    assert eight.vocab % deployments.VOCAB_MULTIPLE == four.vocab % deployments.VOCAB_MULTIPLE == 0
     with pytest.raises(ValueError, match="1 to 61 layers"):
         dep.derive(62)
 
