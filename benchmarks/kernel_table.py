@@ -80,8 +80,8 @@ def table(profile_dir: str, steps: int, category: str | None, hbm: float) -> str
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("profile_dir")
-    p.add_argument("steps", type=int)
+    p.add_argument("profile_dir", help="the --profile-dir of a profiled hisparse-bench decode run")
+    p.add_argument("steps", type=int, help="decode steps in the profiled call (per-step figures divide by it)")
     p.add_argument("--category", default="weights/FFN", help="one category, or 'all'")
     p.add_argument("--hbm", type=float, default=4.358e12, help="HBM bytes/s for the 'of HBM' column")
     a = p.parse_args(argv)

@@ -122,10 +122,10 @@ def kernel_events(trace_dir: str):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("out")
-    p.add_argument("--batches", default="2,17")
-    p.add_argument("--calls", type=int, default=30)
-    p.add_argument("--hbm", type=float, default=4.358e12)
+    p.add_argument("out", help="JSON file for the results")
+    p.add_argument("--batches", default="2,17", help="comma-separated batch sizes")
+    p.add_argument("--calls", type=int, default=30, help="timed calls per matmul")
+    p.add_argument("--hbm", type=float, default=4.358e12, help="HBM read bytes/s for the share column")
     a = p.parse_args(argv)
     rows = []
     for m in [int(x) for x in a.batches.split(",")]:

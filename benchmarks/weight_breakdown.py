@@ -26,7 +26,10 @@ from hisparse_jax import hlo
 from hisparse_jax.bench.device_trace import device_kernels, instruction_of
 from hisparse_jax.bench.kernel_categories import classify, hlo_instructions
 
-from kernel_table import array_bytes
+# kernel_table.py sits beside this script: importable when this file is run as a script and when
+# it is imported as a module (tests/test_cli_help.py reads every script's options).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_table import array_bytes  # noqa: E402
 
 # glm5-h200's per-layer weights as XLA's fusions see them (split-K views included).
 NAMES = {
@@ -75,10 +78,10 @@ def rows(profile_dir: str, batch: int, hbm: float, steps: int):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("profile_dir")
-    p.add_argument("batch", type=int)
-    p.add_argument("--hbm", type=float, default=4.362e12)
-    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("profile_dir", help="the --profile-dir of a profiled hisparse-bench decode run")
+    p.add_argument("batch", type=int, help="the profiled mode's batch (sets the routed experts' expected busy count)")
+    p.add_argument("--hbm", type=float, default=4.362e12, help="HBM read bytes/s for the byte bounds")
+    p.add_argument("--steps", type=int, default=16, help="decode steps in the profiled call")
     a = p.parse_args(argv)
     print("| kernel | reads | per step | us per call min / median / max | us per step | weight MB | us at HBM | "
           "median / bound | excess us per step |\n|---|---|---|---|---|---|---|---|---|")
