@@ -64,7 +64,8 @@ def _resolve_call(target, hot, slot_record, lru, host_pool, selection, sealed, l
         input_output_aliases={4: 6, 5: 7, 6: 8},
     )
     return call(host_pool, selection, sealed, layer, hot, slot_record, lru,
-                fetch=True, launch=np.int32(0), **attributes)
+                fetch=True, launch=np.int32(0), stream_begin=0,
+                stream_count=int(np.prod(selection.shape[:-1])), **attributes)
 
 
 @jax.jit

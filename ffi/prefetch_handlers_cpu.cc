@@ -12,10 +12,10 @@ namespace hisparse {
 namespace {
 
 ffi::Error ResolvePrefetchCpuImpl(ResolveOperands& ops, bool fetch, int32_t launch,
-                                  int64_t prefetch_slot) {
-  if (auto err = CheckPrefetchSlot("hisparse_resolve_prefetch", prefetch_slot); err.failure())
-    return err;
-  return ResolveCpuImpl(ops, fetch, launch);
+                                  int64_t stream_begin, int64_t stream_count, int64_t prefetch_slot) {
+  constexpr const char* op = "hisparse_resolve_prefetch";
+  if (auto err = CheckPrefetchSlot(op, prefetch_slot); err.failure()) return err;
+  return ResolveCpuImpl(op, ops, fetch, launch, stream_begin, stream_count);
 }
 
 ffi::Error PrefetchJoinCpuImpl(ffi::AnyBuffer hot_in, ffi::AnyBuffer misses_in,

@@ -16,10 +16,11 @@ namespace hisparse {
 namespace {
 
 ffi::Error ResolvePrefetchCudaImpl(cudaStream_t stream, ResolveOperands& ops, bool fetch,
-                                   int32_t launch, int64_t prefetch_slot) {
+                                   int32_t launch, int64_t stream_begin, int64_t stream_count,
+                                   int64_t prefetch_slot) {
   if (auto err = CheckPrefetchSlot("hisparse_resolve_prefetch", prefetch_slot); err.failure())
     return err;
-  return ResolveCudaLaunch(stream, ops, fetch, launch, prefetch_slot);
+  return ResolveCudaLaunch(stream, ops, fetch, launch, stream_begin, stream_count, prefetch_slot);
 }
 
 ffi::Error PrefetchJoinCudaImpl(cudaStream_t stream, ffi::AnyBuffer hot_in, ffi::AnyBuffer misses_in,

@@ -42,6 +42,20 @@
 // k = 0 (an empty selection) is a call like any other: every rule applies to
 // no ids, so each stream has misses 0 and invalid 0, its state is untouched,
 // and malformed is computed as above; the [S, k] outputs are empty.
+//
+// Stream range. A call resolves the streams [begin, begin + count) of the
+// flattened stream axis (StreamRange; every stream by default): those
+// streams exactly as above. A stream outside the range is neither read nor
+// written (its selection, sealed, hot, slot_record and lru rows, and its
+// pool rows) and its output rows are what a selection of padding gives:
+// slots, miss_records and miss_slots -1, misses, invalid and malformed 0.
+// So for a well-formed state a range call equals the whole-batch call whose
+// selection is -1 outside the range, bit for bit; outside the range a
+// malformed state is not even looked at (malformed 0), inside it is reported
+// as above. A layer outside [0, L) counts invalid ids inside the range only.
+// count = 0 is valid and touches no stream's state. The handlers refuse
+// begin < 0, count < 0 and begin + count > S. A CUDA launch covers only the
+// range (overlap groups: each group's call gets the whole grid).
 #ifndef HISPARSE_FFI_RESOLVE_H_
 #define HISPARSE_FFI_RESOLVE_H_
 
@@ -74,11 +88,22 @@ struct ResolveBuffers {
   int32_t* malformed;        // [S]
 };
 
-// Resolves every stream of `layer` on the calling thread. `fetch` = false
-// skips step 5's copy of record bytes (benchmarks of the pure resolve cost);
-// everything else, slot_record included, is updated as usual.
-void ResolveCpu(const ResolveDims& dims, int64_t layer, const ResolveBuffers& io,
-                bool fetch);
+// The streams one call resolves: [begin, begin + count) of the flattened
+// stream axis, 0 <= begin, 0 <= count, begin + count <= S (the handlers check).
+struct StreamRange {
+  int64_t begin;
+  int64_t count;
+};
+
+// Every stream of a call of `dims`: the range of a call without one.
+inline StreamRange AllStreams(const ResolveDims& dims) { return StreamRange{0, dims.streams}; }
+
+// Resolves the streams of `range` of `layer` on the calling thread and fills
+// the output rows of the others as padding does. `fetch` = false skips step
+// 5's copy of record bytes (benchmarks of the pure resolve cost); everything
+// else, slot_record included, is updated as usual.
+void ResolveCpu(const ResolveDims& dims, StreamRange range, int64_t layer,
+                const ResolveBuffers& io, bool fetch);
 
 }  // namespace hisparse
 

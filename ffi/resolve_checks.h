@@ -39,8 +39,9 @@ struct ResolveOperands {
 };
 
 // RESOLVE's operand list, then its attributes: 7 buffers in, 9 out, fetch
-// (false: skip the record copy, for benchmarks) and launch (the CUDA launch
-// plan, see ResolveLaunchPlan).
+// (false: skip the record copy, for benchmarks), launch (the CUDA launch
+// plan, see ResolveLaunchPlan), stream_begin and stream_count (the streams
+// resolved, resolve.h "Stream range"; Python passes 0 and S for every stream).
 template <typename Binding>
 auto BindResolveOperands(Binding binding) {
   return std::move(binding)
@@ -51,7 +52,9 @@ auto BindResolveOperands(Binding binding) {
       .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
       .template Attr<bool>("fetch")
-      .template Attr<int32_t>("launch");
+      .template Attr<int32_t>("launch")
+      .template Attr<int64_t>("stream_begin")
+      .template Attr<int64_t>("stream_count");
 }
 
 // Adapts `body(lead..., ResolveOperands&, attrs...)` to the flat argument list
@@ -117,6 +120,22 @@ inline ffi::ErrorOr<ResolveDims> CheckResolve(const ResolveOperands& ops) {
   if (d.pool_records > INT32_MAX || d.hot_slots > INT32_MAX)
     return Mismatch(op, "host_pool", "records and slots must fit in int32");
   return d;
+}
+
+// The stream range of a call of `dims` (resolve.h "Stream range"), or the
+// error naming the attribute at fault and what would be in range.
+inline ffi::ErrorOr<StreamRange> CheckStreamRange(const char* op, const ResolveDims& dims,
+                                                  int64_t begin, int64_t count) {
+  const std::string streams = std::to_string(dims.streams);
+  if (begin < 0)
+    return Mismatch(op, "stream_begin", std::to_string(begin) + " must be >= 0 (the first stream resolved)");
+  if (count < 0)
+    return Mismatch(op, "stream_count", std::to_string(count) + " must be >= 0 (0 resolves no stream)");
+  if (begin > dims.streams || count > dims.streams - begin)
+    return Mismatch(op, "stream_begin + stream_count",
+                    std::to_string(begin) + " + " + std::to_string(count) + " exceeds the " + streams +
+                        " streams of selection; pick a range inside [0, " + streams + ")");
+  return StreamRange{begin, count};
 }
 
 // The raw pointers of RESOLVE's buffers (resolve.h), results in place of the

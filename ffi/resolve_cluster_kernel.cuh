@@ -87,8 +87,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kResolveThrea
   __shared__ int state_bad;   // some CTA found the state malformed in its part
   __shared__ int any_repeat;  // a missing id appears more than once
 
+  FillOutsideRange<kThreads>(a, blockIdx.x, gridDim.x);  // every CTA takes a share
   const int rank = static_cast<int>(blockIdx.x % kCluster);  // rank in the cluster
-  const int stream = static_cast<int>(blockIdx.x / kCluster);
+  const int stream = static_cast<int>(a.stream_begin) + static_cast<int>(blockIdx.x / kCluster);
   const PhaseClockScope phase_clock(rank == 0 ? stream : kPhaseClockStreams);
   const int clock_stream = rank == 0 ? stream : kPhaseClockStreams;  // only rank 0 records
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;

@@ -186,10 +186,20 @@ void ResolveStream(const ResolveDims& d, int64_t sealed, const int32_t* selectio
 
 }  // namespace
 
-void ResolveCpu(const ResolveDims& d, int64_t layer, const ResolveBuffers& io, bool fetch) {
+void ResolveCpu(const ResolveDims& d, StreamRange range, int64_t layer, const ResolveBuffers& io,
+                bool fetch) {
   const int64_t k = d.top_k, B = d.hot_slots, R = d.pool_records, W = d.record_bytes;
+  const int64_t end = range.begin + range.count;
+  // Streams outside the range: what a selection of padding gives, read from nothing.
+  for (int64_t s = 0; s < d.streams; ++s) {
+    if (s >= range.begin && s < end) continue;
+    std::fill(io.slots + s * k, io.slots + (s + 1) * k, -1);
+    std::fill(io.miss_records + s * k, io.miss_records + (s + 1) * k, -1);
+    std::fill(io.miss_slots + s * k, io.miss_slots + (s + 1) * k, -1);
+    io.misses[s] = io.invalid[s] = io.malformed[s] = 0;
+  }
   if (layer < 0 || layer >= d.layers) {
-    for (int64_t s = 0; s < d.streams; ++s) {
+    for (int64_t s = range.begin; s < end; ++s) {
       // limit 0: every id other than -1 is invalid.
       ResolveNothing(k, 0, io.selection + s * k, io.slots + s * k, io.miss_records + s * k,
                      io.miss_slots + s * k, io.misses + s, io.invalid + s);
@@ -198,7 +208,7 @@ void ResolveCpu(const ResolveDims& d, int64_t layer, const ResolveBuffers& io, b
     return;
   }
   StreamScratch scratch(d);
-  for (int64_t s = 0; s < d.streams; ++s) {
+  for (int64_t s = range.begin; s < end; ++s) {
     const int64_t ls = layer * d.streams + s;
     ResolveStream(d, io.sealed[s], io.selection + s * k, io.host_pool + ls * R * W,
                   io.hot + ls * B * W, io.slot_record + ls * B, io.lru + ls * B,

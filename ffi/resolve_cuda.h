@@ -19,6 +19,11 @@
 //          spreads every stream's misses over ~kFetchBlocksPerSm x SMs blocks;
 //          wins when few streams would leave the link idle.
 //   auto:  split when streams < kAutoSplitBelowStreams, else fused.
+// "Streams" in these choices are the streams a launch resolves: those of its
+// StreamRange (resolve.h), which is all a launch's grids cover. The rows of
+// the streams outside it are filled by the range's resolve blocks (a few
+// stores each), so a call over 1/G of the batch costs about what a batch
+// of S/G streams does, and its copy gets every block a whole batch would.
 #ifndef HISPARSE_FFI_RESOLVE_CUDA_H_
 #define HISPARSE_FFI_RESOLVE_CUDA_H_
 
@@ -114,32 +119,37 @@ int64_t ResolveSharedBytes(int64_t top_k, int64_t hot_slots);
 inline constexpr int64_t kMaxResolveSharedBytes = 225 * 1024;
 
 // Blocks per stream (1, kResolveClusterSize or kResolveWideClusterSize) of a
-// resolve launch of `dims` on the current device; for benchmarks and checks.
+// resolve launch of every stream of `dims` on the current device; for
+// benchmarks and checks.
 int ResolveClusterBlocks(const ResolveDims& dims);
 
 // The plan `plan` resolves to for `streams` streams (never kAuto).
 ResolveLaunchPlan ChooseResolvePlan(ResolveLaunchPlan plan, int64_t streams);
 
-// Resolves every stream of layer `*layer` (a device scalar, read by the
-// kernels, never by the host) and, when `fetch`, copies the missing records
-// from io.host_pool (pinned host memory, addressed by its UVA pointer) into
-// io.hot. io.hot, io.slot_record and io.lru are updated in place. Enqueues
-// one or two kernels on `stream`; no allocation, no synchronization. Returns
-// the first launch error; `failed_kernel`, when not null, then names the
-// kernel. dims must satisfy the checks of CheckResolve plus
-// k <= kMaxResolveTopK and B <= kMaxResolveHotSlots.
-cudaError_t LaunchResolve(const ResolveDims& dims, const int32_t* layer, const ResolveBuffers& io,
-                          bool fetch, ResolveLaunchPlan plan, cudaStream_t stream,
-                          const char** failed_kernel = nullptr);
+// Resolves the streams of `range` (AllStreams(dims): every one) of layer
+// `*layer` (a device scalar, read by the kernels, never by the host) and,
+// when `fetch`, copies their missing records from io.host_pool (pinned host
+// memory, addressed by its UVA pointer) into io.hot; the output rows of the
+// other streams get what padding gives (resolve.h). io.hot, io.slot_record
+// and io.lru are updated in place. Enqueues one or two kernels on `stream`
+// (an empty range with streams outside it: six memsets); no allocation, no
+// synchronization. Returns the first launch error; `failed_kernel`, when not
+// null, then names the kernel. dims must satisfy the checks of CheckResolve
+// plus k <= kMaxResolveTopK and B <= kMaxResolveHotSlots, and range those of
+// CheckStreamRange (else cudaErrorInvalidValue).
+cudaError_t LaunchResolve(const ResolveDims& dims, StreamRange range, const int32_t* layer,
+                          const ResolveBuffers& io, bool fetch, ResolveLaunchPlan plan,
+                          cudaStream_t stream, const char** failed_kernel = nullptr);
 
-// The split plan's copy alone: copies the misses that a resolve launch with
-// fetch = false planned (io.miss_records, io.miss_slots, io.misses of layer
-// `*layer`) from io.host_pool into io.hot, with at most about `max_blocks`
-// blocks of kFetchThreads. Used by the prefetch (prefetch.h), which runs it on
-// a stream of its own after the resolve launch; the split plan launches it with
+// The split plan's copy alone: copies the misses that a resolve launch of
+// `range` with fetch = false planned (io.miss_records, io.miss_slots,
+// io.misses of layer `*layer`, the range's rows) from io.host_pool into io.hot,
+// with at most about `max_blocks` blocks of kFetchThreads, all of them on the
+// range's streams. Used by the prefetch (prefetch.h), which runs it on a
+// stream of its own after the resolve launch; the split plan launches it with
 // kFetchBlocksPerSm x SMs blocks.
-cudaError_t LaunchResolveFetch(const ResolveDims& dims, const int32_t* layer, const ResolveBuffers& io,
-                               int64_t max_blocks, cudaStream_t stream,
+cudaError_t LaunchResolveFetch(const ResolveDims& dims, StreamRange range, const int32_t* layer,
+                               const ResolveBuffers& io, int64_t max_blocks, cudaStream_t stream,
                                const char** failed_kernel = nullptr);
 
 }  // namespace hisparse

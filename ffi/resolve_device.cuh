@@ -167,6 +167,9 @@ struct ResolveArgs {
   int32_t* invalid;          // [S]
   int32_t* malformed;        // [S]
   int64_t layers, streams, record_bytes;
+  // The launch's StreamRange (resolve.h): block b resolves stream stream_begin + b (a cluster's
+  // blocks share one), and the range's blocks fill the output rows of the others.
+  int64_t stream_begin, stream_count;
   int32_t top_k, hot_slots, pool_records;
   uint32_t table_mask;   // table capacity - 1
   uint32_t table_shift;  // 32 - log2(table capacity)
@@ -191,6 +194,7 @@ struct FetchArgs {
   const int32_t* misses;        // [S]
   uint8_t* hot;                 // [L, S, B, W]
   int64_t layers, streams, record_bytes;
+  int64_t stream_begin;  // the launch's first stream: blocks cover [stream_begin, + grid / chunks)
   int32_t top_k, hot_slots, pool_records;
   int32_t chunks;     // blocks per stream
   int32_t row_batch;  // rows a warp keeps in flight at most
@@ -454,6 +458,32 @@ __device__ __forceinline__ int WarpSum(int v) {
 #pragma unroll
   for (int d = kWarp / 2; d > 0; d /= 2) v += __shfl_xor_sync(kFullMask, v, d);
   return v;
+}
+
+// The output rows of the streams outside the launch's range (resolve.h,
+// "Stream range": what a selection of padding gives), spread over the range's
+// `blocks` blocks: block `block` fills outside streams block, block + blocks,
+// ... . Stores only, issued first, so they overlap the block's own loads;
+// nothing when the range is every stream. Every thread calls it.
+template <int kThreads>
+__device__ __forceinline__ void FillOutsideRange(const ResolveArgs& a, int64_t block,
+                                                 int64_t blocks) {
+  const int64_t outside = a.streams - a.stream_count;
+  const int k = a.top_k;
+  for (int64_t o = block; o < outside; o += blocks) {
+    const int64_t s = o < a.stream_begin ? o : o + a.stream_count;
+    const int64_t out = s * k;
+    for (int j = threadIdx.x; j < k; j += kThreads) {
+      a.slots[out + j] = -1;
+      a.miss_records[out + j] = -1;
+      a.miss_slots[out + j] = -1;
+    }
+    if (threadIdx.x == 0) {
+      a.misses[s] = 0;
+      a.invalid[s] = 0;
+      a.malformed[s] = 0;
+    }
+  }
 }
 
 // A stream that resolves nothing (layer outside [0, L): limit 0, malformed

@@ -12,7 +12,8 @@ namespace {
 
 template <typename V>
 __global__ void __launch_bounds__(kFetchThreads) FetchKernel(const FetchArgs a) {
-  const int stream = blockIdx.x / a.chunks, chunk = blockIdx.x % a.chunks;
+  const int stream = static_cast<int>(a.stream_begin) + static_cast<int>(blockIdx.x / a.chunks);
+  const int chunk = blockIdx.x % a.chunks;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int layer = *a.layer;
   if (layer < 0 || layer >= a.layers) return;

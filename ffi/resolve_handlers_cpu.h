@@ -11,9 +11,11 @@
 
 namespace hisparse {
 
-// Checks the operands, carries the state when XLA did not donate it, then
-// resolves on the calling thread. `launch` is CUDA's, unused here.
-xla::ffi::Error ResolveCpuImpl(ResolveOperands& ops, bool fetch, int32_t launch);
+// Checks the operands and the stream range (errors prefixed with `op`),
+// carries the state when XLA did not donate it, then resolves on the calling
+// thread. `launch` is CUDA's, unused here.
+xla::ffi::Error ResolveCpuImpl(const char* op, ResolveOperands& ops, bool fetch, int32_t launch,
+                               int64_t stream_begin, int64_t stream_count);
 
 }  // namespace hisparse
 

@@ -45,11 +45,15 @@ ffi::Error CheckCudaLimits(const ResolveDims& d, int32_t launch) {
 }  // namespace
 
 ffi::Error ResolveCudaLaunch(cudaStream_t stream, ResolveOperands& ops, bool fetch,
-                             int32_t launch, int64_t prefetch_slot) {
+                             int32_t launch, int64_t stream_begin, int64_t stream_count,
+                             int64_t prefetch_slot) {
   const char* op = prefetch_slot < 0 ? "hisparse_resolve" : "hisparse_resolve_prefetch";
   auto dims = CheckResolve(ops);
   if (dims.has_error()) return dims.error();
   if (auto err = CheckCudaLimits(*dims, launch); err.failure()) return err;
+  auto checked_range = CheckStreamRange(op, *dims, stream_begin, stream_count);
+  if (checked_range.has_error()) return checked_range.error();
+  const StreamRange range = *checked_range;
 
   for (auto [in, out, name] : {std::tuple{ops.hot_in, &ops.hot, "hot"},
                                {ops.slot_record_in, &ops.slot_record, "slot_record"},
@@ -61,13 +65,14 @@ ffi::Error ResolveCudaLaunch(cudaStream_t stream, ResolveOperands& ops, bool fet
   const auto* layer_index = static_cast<const int32_t*>(ops.layer.untyped_data());
   const ResolveBuffers io = ResolveIo(ops);
   const bool fork = prefetch_slot >= 0 && fetch;
-  cudaError_t err = LaunchResolve(*dims, layer_index, io, fetch && !fork,
+  cudaError_t err = LaunchResolve(*dims, range, layer_index, io, fetch && !fork,
                                   static_cast<ResolveLaunchPlan>(launch), stream, &failed_kernel);
   if (err == cudaSuccess && fork) {
-    // The decision stays on XLA's stream; the copy reads the miss plan it wrote.
+    // The decision stays on XLA's stream; the copy reads the miss plan it wrote, the range's
+    // streams only, with all of the copy's blocks.
     const ResolveDims d = *dims;
     err = ForkPrefetch(stream, prefetch_slot, ops.hot->untyped_data(), [&](cudaStream_t side) {
-      return LaunchResolveFetch(d, layer_index, io, PrefetchFetchBlocks(), side, &failed_kernel);
+      return LaunchResolveFetch(d, range, layer_index, io, PrefetchFetchBlocks(), side, &failed_kernel);
     });
   }
   return LaunchResult(op, failed_kernel, err);
@@ -75,8 +80,10 @@ ffi::Error ResolveCudaLaunch(cudaStream_t stream, ResolveOperands& ops, bool fet
 
 namespace {
 
-ffi::Error ResolveCudaImpl(cudaStream_t stream, ResolveOperands& ops, bool fetch, int32_t launch) {
-  return ResolveCudaLaunch(stream, ops, fetch, launch, /*prefetch_slot=*/-1);
+ffi::Error ResolveCudaImpl(cudaStream_t stream, ResolveOperands& ops, bool fetch, int32_t launch,
+                           int64_t stream_begin, int64_t stream_count) {
+  return ResolveCudaLaunch(stream, ops, fetch, launch, stream_begin, stream_count,
+                           /*prefetch_slot=*/-1);
 }
 
 }  // namespace

@@ -12,12 +12,14 @@
 
 namespace hisparse {
 
-// Checks RESOLVE's operands, carries the state and enqueues RESOLVE on
-// `stream`. prefetch_slot < 0: RESOLVE itself. prefetch_slot >= 0: the
-// prefetch variant (prefetch.h): the decision on `stream`, the copy (with
-// fetch) forked onto the prefetch stream and recorded under the slot.
+// Checks RESOLVE's operands and stream range, carries the state and enqueues
+// RESOLVE of the range's streams on `stream`. prefetch_slot < 0: RESOLVE
+// itself. prefetch_slot >= 0: the prefetch variant (prefetch.h): the decision
+// on `stream`, the copy (with fetch) forked onto the prefetch stream and
+// recorded under the slot.
 xla::ffi::Error ResolveCudaLaunch(cudaStream_t stream, ResolveOperands& ops, bool fetch,
-                                  int32_t launch, int64_t prefetch_slot);
+                                  int32_t launch, int64_t stream_begin, int64_t stream_count,
+                                  int64_t prefetch_slot);
 
 }  // namespace hisparse
 

@@ -150,7 +150,8 @@ __global__ void __launch_bounds__(kThreads, kResolveThreads / kThreads)
   __shared__ int warp_evictable[kWarps];
   __shared__ int warp_misses[kWarps];
 
-  const int stream = blockIdx.x;
+  FillOutsideRange<kThreads>(a, blockIdx.x, gridDim.x);
+  const int stream = static_cast<int>(a.stream_begin) + static_cast<int>(blockIdx.x);
   const PhaseClockScope phase_clock(stream);
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const unsigned lanes_below = LanesBelow(lane);

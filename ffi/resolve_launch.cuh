@@ -229,17 +229,17 @@ int MaxActiveClusters(int cluster_size, int device) {
   return n - 1;
 }
 
-// CTAs per stream of a launch (resolve_cuda.h): 1 (ResolveKernel), or 2 or
-// 4 (ResolveClusterKernel) when the shape allows it and all the stream's
-// clusters run at once.
-int ClusterSize(const ResolveDims& d, int device) {
+// CTAs per stream of a launch of `streams` streams (resolve_cuda.h): 1
+// (ResolveKernel), or 2 or 4 (ResolveClusterKernel) when the shape allows it
+// and all the streams' clusters run at once.
+int ClusterSize(const ResolveDims& d, int64_t streams, int device) {
   // Opt-in (-DHISPARSE_RESOLVE_CLUSTER): the cluster kernel's blocks read each
   // other's shared memory after a CTA fence and a relaxed cluster arrive, which
   // the H200 honours (the checker's every cluster case) but the PTX memory
   // model does not promise; RESOLVE must be exact, and the gain (B > 4096
   // only) does not yet pay for that doubt.
 #if defined(HISPARSE_RESOLVE_NO_CLUSTER) || !defined(HISPARSE_RESOLVE_CLUSTER)
-  (void)d, (void)device;
+  (void)d, (void)streams, (void)device;
   return 1;
 #else
   if (d.hot_slots <= kResolveClusterMinSlots || d.hot_slots > kResolveClusterMaxSlots ||
@@ -248,12 +248,34 @@ int ClusterSize(const ResolveDims& d, int device) {
       ClusterSharedBytes(d.top_k, d.hot_slots, d.pool_records) > kMaxResolveSharedBytes)
     return 1;
 #ifndef HISPARSE_RESOLVE_NO_WIDE_CLUSTER
-  if (d.streams <= MaxActiveClusters(kResolveWideClusterSize, device))
+  if (streams <= MaxActiveClusters(kResolveWideClusterSize, device))
     return kResolveWideClusterSize;
 #endif
-  if (d.streams <= MaxActiveClusters(kResolveClusterSize, device)) return kResolveClusterSize;
+  if (streams <= MaxActiveClusters(kResolveClusterSize, device)) return kResolveClusterSize;
   return 1;
 #endif
+}
+
+// Whether `range` is a stream range of `d` (CheckStreamRange's conditions).
+bool InRange(const ResolveDims& d, StreamRange range) {
+  return range.begin >= 0 && range.count >= 0 && range.begin <= d.streams &&
+         range.count <= d.streams - range.begin;
+}
+
+// The outputs of an empty range: every row as padding leaves it (resolve.h), in six memsets
+// (int32 -1 is all ones). Only a launch of no stream gets here: with streams to resolve, their
+// blocks fill the other rows themselves (FillOutsideRange).
+cudaError_t PadEveryRow(const ResolveDims& d, const ResolveBuffers& io, cudaStream_t stream) {
+  const size_t picks = static_cast<size_t>(d.streams * d.top_k) * sizeof(int32_t);
+  const size_t rows = static_cast<size_t>(d.streams) * sizeof(int32_t);
+  for (int32_t* p : {io.slots, io.miss_records, io.miss_slots}) {
+    if (picks == 0) break;
+    if (cudaError_t err = cudaMemsetAsync(p, 0xff, picks, stream); err != cudaSuccess) return err;
+  }
+  for (int32_t* p : {io.misses, io.invalid, io.malformed}) {
+    if (cudaError_t err = cudaMemsetAsync(p, 0, rows, stream); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t Fail(cudaError_t err, const char* kernel, const char** failed_kernel) {
@@ -277,7 +299,7 @@ cudaError_t ReadResolvePhaseClock(uint64_t* host, int streams) {
 int ResolveClusterBlocks(const ResolveDims& dims) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 1;
-  return ClusterSize(dims, device);
+  return ClusterSize(dims, dims.streams, device);
 }
 
 int64_t ResolveSharedBytes(int64_t top_k, int64_t hot_slots) {
@@ -289,21 +311,22 @@ ResolveLaunchPlan ChooseResolvePlan(ResolveLaunchPlan plan, int64_t streams) {
   return streams < kAutoSplitBelowStreams ? ResolveLaunchPlan::kSplit : ResolveLaunchPlan::kFused;
 }
 
-cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const ResolveBuffers& io,
-                          bool fetch, ResolveLaunchPlan plan, cudaStream_t stream,
-                          const char** failed_kernel) {
+cudaError_t LaunchResolve(const ResolveDims& d, StreamRange range, const int32_t* layer,
+                          const ResolveBuffers& io, bool fetch, ResolveLaunchPlan plan,
+                          cudaStream_t stream, const char** failed_kernel) {
   constexpr const char* kResolveName = "hisparse resolve kernel";
   if (d.top_k < 0 || d.top_k > kMaxResolveTopK || d.hot_slots < d.top_k ||
       d.hot_slots > kMaxResolveHotSlots || d.record_bytes <= 0 || d.record_bytes % 8 != 0 ||
       d.pool_records < 0 || d.pool_records > INT32_MAX || d.streams < 0 ||
-      d.streams > INT32_MAX || d.layers < 0)
+      d.streams > INT32_MAX || d.layers < 0 || !InRange(d, range))
     return Fail(cudaErrorInvalidValue, kResolveName, failed_kernel);
   if (d.streams == 0) return cudaSuccess;
+  if (range.count == 0) return Fail(PadEveryRow(d, io, stream), kResolveName, failed_kernel);
 
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
-  const int cluster_size = ClusterSize(d, device);
+  const int cluster_size = ClusterSize(d, range.count, device);
   const bool cluster = cluster_size > 1;
   const int64_t shared_bytes = cluster
                                    ? ClusterSharedBytes(d.top_k, d.hot_slots, d.pool_records)
@@ -317,7 +340,7 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   if (!vec16 && !(Aligned(io.host_pool, 8) && Aligned(io.hot, 8)))
     return Fail(cudaErrorMisalignedAddress, kResolveName, failed_kernel);
   const int vector = vec16 ? 16 : 8;
-  const bool split = ChooseResolvePlan(plan, d.streams) == ResolveLaunchPlan::kSplit;
+  const bool split = ChooseResolvePlan(plan, range.count) == ResolveLaunchPlan::kSplit;
 
   ResolveArgs a;
   a.host_pool = io.host_pool;
@@ -335,6 +358,8 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
   a.malformed = io.malformed;
   a.layers = d.layers;
   a.streams = d.streams;
+  a.stream_begin = range.begin;
+  a.stream_count = range.count;
   a.record_bytes = d.record_bytes;
   a.top_k = static_cast<int32_t>(d.top_k);
   a.hot_slots = static_cast<int32_t>(d.hot_slots);
@@ -371,26 +396,28 @@ cudaError_t LaunchResolve(const ResolveDims& d, const int32_t* layer, const Reso
     const int s = CeilLog2((d.top_k + kResolveThreads - 1) / kResolveThreads);
     const ResolveKernelFn kernel = cluster_size == kResolveWideClusterSize ? kQuadKernels[r][s]
                                                                            : kPairKernels[r][s];
-    kernel<<<static_cast<unsigned>(d.streams * cluster_size), kResolveThreads,
+    kernel<<<static_cast<unsigned>(range.count * cluster_size), kResolveThreads,
              static_cast<size_t>(shared_bytes), stream>>>(a);
   } else {
-    const ResolveVariant variant = ResolveKernelFor(d.top_k, d.hot_slots, d.streams, SmCount(device));
-    variant.kernel<<<static_cast<unsigned>(d.streams), variant.threads,
+    const ResolveVariant variant =
+        ResolveKernelFor(d.top_k, d.hot_slots, range.count, SmCount(device));
+    variant.kernel<<<static_cast<unsigned>(range.count), variant.threads,
                      static_cast<size_t>(shared_bytes), stream>>>(a);
   }
   err = cudaGetLastError();
   if (err != cudaSuccess) return Fail(err, kResolveName, failed_kernel);
   if (!fetch || !split || d.top_k == 0) return cudaSuccess;
-  return LaunchResolveFetch(d, layer, io, int64_t{kFetchBlocksPerSm} * SmCount(device), stream,
-                            failed_kernel);
+  return LaunchResolveFetch(d, range, layer, io, int64_t{kFetchBlocksPerSm} * SmCount(device),
+                            stream, failed_kernel);
 }
 
-cudaError_t LaunchResolveFetch(const ResolveDims& d, const int32_t* layer, const ResolveBuffers& io,
-                               int64_t max_blocks, cudaStream_t stream, const char** failed_kernel) {
+cudaError_t LaunchResolveFetch(const ResolveDims& d, StreamRange range, const int32_t* layer,
+                               const ResolveBuffers& io, int64_t max_blocks, cudaStream_t stream,
+                               const char** failed_kernel) {
   constexpr const char* kFetchName = "hisparse fetch kernel";
-  if (d.streams == 0 || d.top_k == 0) return cudaSuccess;
-  if (max_blocks < 1 || d.streams > INT32_MAX)
+  if (max_blocks < 1 || d.streams > INT32_MAX || !InRange(d, range))
     return Fail(cudaErrorInvalidValue, kFetchName, failed_kernel);
+  if (range.count == 0 || d.top_k == 0) return cudaSuccess;
   const bool vec16 = d.record_bytes % 16 == 0 && Aligned(io.host_pool, 16) && Aligned(io.hot, 16);
   if (!vec16 && !(Aligned(io.host_pool, 8) && Aligned(io.hot, 8)))
     return Fail(cudaErrorMisalignedAddress, kFetchName, failed_kernel);
@@ -404,19 +431,23 @@ cudaError_t LaunchResolveFetch(const ResolveDims& d, const int32_t* layer, const
   f.hot = io.hot;
   f.layers = d.layers;
   f.streams = d.streams;
+  f.stream_begin = range.begin;
   f.record_bytes = d.record_bytes;
   f.top_k = static_cast<int32_t>(d.top_k);
   f.hot_slots = static_cast<int32_t>(d.hot_slots);
   f.pool_records = static_cast<int32_t>(d.pool_records);
   f.row_batch = RowBatch(d.record_bytes / vector, kFetchCopyUnroll);
   // Enough blocks in all to keep the link busy, but no more per stream than
-  // k misses at one row per warp could use.
-  const int64_t wanted = (max_blocks + d.streams - 1) / d.streams;
+  // k misses at one row per warp could use. Only the range's streams have a
+  // copy to make, so they share all the blocks (a group of G gets what the
+  // whole batch would, not 1/G of it).
+  const int64_t wanted = (max_blocks + range.count - 1) / range.count;
   const int64_t useful = (d.top_k + kFetchWarps - 1) / kFetchWarps;
   const int64_t chunks = wanted < useful ? wanted : useful;
-  if (chunks * d.streams > INT32_MAX) return Fail(cudaErrorInvalidValue, kFetchName, failed_kernel);
+  if (chunks * range.count > INT32_MAX)
+    return Fail(cudaErrorInvalidValue, kFetchName, failed_kernel);
   f.chunks = static_cast<int32_t>(chunks);
-  const unsigned grid = static_cast<unsigned>(chunks * d.streams);
+  const unsigned grid = static_cast<unsigned>(chunks * range.count);
   if (vec16) {
     FetchKernel<int4><<<grid, kFetchThreads, 0, stream>>>(f);
   } else {

@@ -139,6 +139,33 @@ def check_resolve(cache, host_pool, selection, sealed, layer, *, need_host: bool
             raise ValueError(f"{op}: layer must be a scalar, got shape {_shape(layer)}")
 
 
+def check_stream_range(op: str, selection, stream_begin, stream_count) -> tuple[int, int]:
+    """(begin, count) of RESOLVE's stream range over the flattened streams of `selection`
+    [*S, k] (docs/contract.md "Stream range"): stream_count None means through the last stream.
+    Both must be static ints (the launch's grid depends on them); checked as Python ints, before
+    any cast, so a huge value is named rather than wrapped."""
+    streams = int(np.prod(_shape(selection)[:-1], dtype=np.int64))
+    values = {}
+    for name, value in (("stream_begin", stream_begin), ("stream_count", stream_count)):
+        if name == "stream_count" and value is None:
+            value = max(streams - values["stream_begin"], 0)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{op}: {name} must be a Python int (a static stream index, fixed at trace time), "
+                            f"got {type(value).__name__}; a traced value cannot size the launch")
+        values[name] = int(value)
+    begin, count = values["stream_begin"], values["stream_count"]
+    if begin < 0:
+        raise ValueError(f"{op}: stream_begin={begin} must be >= 0 (the first stream resolved)")
+    if count < 0:
+        raise ValueError(f"{op}: stream_count={count} must be >= 0 (0 resolves no stream; None: every stream "
+                         "from stream_begin on)")
+    if begin + count > streams:
+        raise ValueError(f"{op}: stream_begin + stream_count = {begin} + {count} exceeds the {streams} streams of "
+                         f"selection (flattened stream shape {_shape(selection)[:-1]}); pick a range inside "
+                         f"[0, {streams})")
+    return begin, count
+
+
 def check_pool_write(host_pool, records, start, count, *, need_host: bool) -> None:
     op = "write_records"
     check_int32(op, "start", start)

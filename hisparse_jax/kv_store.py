@@ -150,29 +150,34 @@ class Located:
     pending: PendingFetch | None = None
 
 
-def locate(store: RecordStore, layer: int, selection: jax.Array, slot: int | None = None
-           ) -> tuple[Located, RecordStore]:
+def locate(store: RecordStore, layer: int, selection: jax.Array, slot: int | None = None,
+           streams: tuple[int, int] | None = None) -> tuple[Located, RecordStore]:
     """Makes one layer's selected records readable: RESOLVE ("hisparse") or nothing ("device").
 
     Args:
       layer: the layer (a Python int).
       selection: [*S, k] int32 record ids, -1 = padding.
       slot: the prefetch slot of this call (default: the layer; one per resolve of a step).
+      streams: (begin, count), RESOLVE's stream range (default: every stream): only those
+        streams are resolved; `index` and `misses` of the others are padding's (-1, 0), so
+        read only the range's rows.
     """
     if store.mode == "dense":
         raise ValueError('locate: a "dense" store attends to every record in place; nothing is selected')
     R = (store.host_pool.shape[1 + store.sealed.ndim] if store.mode == "hisparse"
          else store.device_kv[layer].shape[store.sealed.ndim])
     valid = (selection >= 0) & (selection < jnp.minimum(store.sealed, R)[..., None])
+    begin, count = streams if streams is not None else (0, None)
     if store.mode == "hisparse" and store.prefetch:
         # The layer number keys the copy: one slot per layer, joined before that layer reads.
         result, cache, pending = resolve_prefetch(store.cache, store.host_pool, selection, store.sealed, layer,
                                                   slot=layer if slot is None else slot, implementation=store.implementation,
-                                                  fetch=store.fetch)
+                                                  fetch=store.fetch, stream_begin=begin, stream_count=count)
         return Located(result.slots, valid, result.misses, pending), dataclasses.replace(store, cache=cache)
     if store.mode == "hisparse":
         result, cache = resolve(store.cache, store.host_pool, selection, store.sealed, layer,
-                                implementation=store.implementation, fetch=store.fetch)
+                                implementation=store.implementation, fetch=store.fetch, stream_begin=begin,
+                                stream_count=count)
         return Located(result.slots, valid, result.misses), dataclasses.replace(store, cache=cache)
     return Located(selection, valid, jnp.zeros(store.sealed.shape, jnp.int32)), store
 

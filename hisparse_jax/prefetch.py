@@ -66,12 +66,16 @@ def resolve_prefetch(
     fetch: bool = True,
     launch: Literal["auto", "fused", "split"] = "auto",
     checked: bool = False,
+    stream_begin: int = 0,
+    stream_count: int | None = None,
 ) -> tuple[ResolveResult, HotCache, PendingFetch]:
     """`resolve` (same arguments and results) with the record copy left in flight.
 
     Args:
       slot: a Python int >= 0, one per resolve of a program that may be in flight at once (a
         layer index does): the join of the same slot waits for this copy.
+      stream_begin, stream_count: `resolve`'s stream range; the copy in flight is the range's
+        misses only, made with every block the copy of the whole batch would get.
     Returns:
       (ResolveResult, HotCache, PendingFetch). The HotCache's `hot` rows of this call's misses
       are undefined until `join_prefetch(cache, pending, after)`; read `hot` only from the join's
@@ -83,7 +87,8 @@ def resolve_prefetch(
     layer_index = _static_int(layer)  # before resolve_with makes it an int32 array
     result, cache, impl, layer = resolve_with(targets.RESOLVE_PREFETCH, cache, host_pool, selection, sealed, layer,
                                               implementation=implementation, fetch=fetch, launch=launch,
-                                              checked=checked, prefetch_slot=slot)
+                                              checked=checked, stream_begin=stream_begin,
+                                              stream_count=stream_count, prefetch_slot=slot)
     pending = PendingFetch(result.misses, result.miss_records, result.miss_slots, layer, slot, impl == "ffi",
                            _hot_type(cache), layer_index)
     return result, cache, pending

@@ -7,6 +7,7 @@ CPU, CUDA on GPU) and `resolve_reference`, pure JAX (its per-stream rules in _re
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
 
 import jax
@@ -61,8 +62,10 @@ def resolve(
     fetch: bool = True,
     launch: Literal["auto", "fused", "split"] = "auto",
     checked: bool = False,
+    stream_begin: int = 0,
+    stream_count: int | None = None,
 ) -> tuple[ResolveResult, HotCache]:
-    """Resolves one layer's selection for every stream (docs/contract.md).
+    """Resolves one layer's selection for every stream, or for a range of them (docs/contract.md).
 
     Args:
       cache: HotCache with hot [L, *S, B, *rec], slot_record and lru [L, *S, B].
@@ -81,43 +84,56 @@ def resolve(
       checked: emit checkify checks that no id was invalid and no stream's
         state was malformed; wrap the caller with
         jax.experimental.checkify.checkify to turn them into errors.
+      stream_begin, stream_count: static Python ints: resolve only the streams
+        [stream_begin, stream_begin + stream_count) of the flattened stream axis
+        (stream_count None: through the last stream; the default is every
+        stream). The others are neither read nor written and their results are
+        what padding gives (slots and miss plan -1, counts 0): for a well-formed
+        state, the call with -1 outside the range, bit for bit, at the cost of
+        the range's streams alone (on CUDA the launch covers only them).
 
     Returns:
       (ResolveResult, new HotCache). Under jit with the cache donated, the
       state is updated in place (the FFI call aliases it).
     """
     result, cache, _, _ = resolve_with(targets.RESOLVE, cache, host_pool, selection, sealed, layer,
-                                       implementation=implementation, fetch=fetch, launch=launch, checked=checked)
+                                       implementation=implementation, fetch=fetch, launch=launch, checked=checked,
+                                       stream_begin=stream_begin, stream_count=stream_count)
     return result, cache
 
 
 def resolve_with(target: str, cache: HotCache, host_pool, selection, sealed, layer, *, implementation: str,
-                 fetch: bool, launch: str, checked: bool, **attributes):
+                 fetch: bool, launch: str, checked: bool, stream_begin: int = 0, stream_count: int | None = None,
+                 **attributes):
     """`resolve` through the FFI target `target` (RESOLVE or its prefetch variant, with its extra
     `attributes`): (ResolveResult, HotCache, the implementation that ran, the int32 layer)."""
     impl = _dispatch.choose_implementation("resolve", implementation, target)
     _checks.check_resolve(cache, host_pool, selection, sealed, layer, need_host=impl == "ffi")
     if launch not in _LAUNCH:
         raise ValueError(f"launch must be 'auto', 'fused' or 'split', got {launch!r}")
+    streams = _checks.check_stream_range("resolve", selection, stream_begin, stream_count)
     layer = jnp.asarray(layer, jnp.int32)
     if impl == "ffi":
         outs = resolve_call(target, cache, host_pool, selection, sealed, layer, fetch=fetch, launch=launch,
-                            **attributes)
+                            stream_range=streams, **attributes)
     else:
         outs = resolve_reference(
-            cache.hot, cache.slot_record, cache.lru, host_pool, selection, sealed, layer, fetch=fetch
+            cache.hot, cache.slot_record, cache.lru, host_pool, selection, sealed, layer, fetch=fetch,
+            stream_begin=streams[0], stream_count=streams[1],
         )
     result, cache = resolve_outputs(outs, checked)
     return result, cache, impl, layer
 
 
 def resolve_call(target: str, cache: HotCache, host_pool, selection, sealed, layer, *, fetch: bool,
-                 launch: str, **attributes):
+                 launch: str, stream_range: tuple[int, int] | None = None, **attributes):
     """The FFI call of RESOLVE or its prefetch variant (`target`; extra `attributes`): its nine
-    results, the state updated in place (aliased). Arguments already checked by `resolve`."""
+    results, the state updated in place (aliased). Arguments already checked by `resolve`;
+    stream_range (begin, count) is checked there too (None: every stream)."""
     _dispatch.require_handler("resolve", target)
     k = selection.shape[-1]
     streams = selection.shape[:-1]
+    begin, count = stream_range if stream_range is not None else (0, math.prod(streams))
     per_pick = jax.ShapeDtypeStruct((*streams, k), jnp.int32)
     per_stream = jax.ShapeDtypeStruct(streams, jnp.int32)
     call = jax.ffi.ffi_call(
@@ -146,17 +162,22 @@ def resolve_call(target: str, cache: HotCache, host_pool, selection, sealed, lay
         cache.lru,
         fetch=bool(fetch),
         launch=np.int32(_LAUNCH[launch]),  # the handler decodes an int32 attribute
+        stream_begin=int(begin),  # int64 attributes
+        stream_count=int(count),
         **attributes,
     )
 
 
-def resolve_reference(hot, slot_record, lru, host_pool, selection, sealed, layer, *, fetch=True):
-    """RESOLVE on every stream of one layer; same operands and results as the FFI call.
+def resolve_reference(hot, slot_record, lru, host_pool, selection, sealed, layer, *, fetch=True,
+                      stream_begin: int = 0, stream_count: int | None = None):
+    """RESOLVE on every stream of one layer, or on the streams [stream_begin, stream_begin +
+    stream_count) of the flattened stream axis; same operands and results as the FFI call.
 
     Shapes: hot [L, *S, B, *rec], slot_record/lru [L, *S, B], host_pool
     [L, *S, R, *rec], selection [*S, k], sealed [*S], layer [] int32.
     Returns (slots, miss_records, miss_slots, misses, invalid, malformed, hot,
-    slot_record, lru); see ffi/resolve.h for the malformed-state and k = 0 rules.
+    slot_record, lru); see ffi/resolve.h for the malformed-state, k = 0 and
+    stream-range rules (streams outside the range: rows of padding, state untouched).
 
     Vectorized with sorts and prefix sums (_resolve_stream.py), so it runs under jit, vmap and
     scan on any backend. It reads the host pool by moving it to device memory first (XLA gathers
@@ -165,6 +186,8 @@ def resolve_reference(hot, slot_record, lru, host_pool, selection, sealed, layer
     """
     for name, value in (("selection", selection), ("sealed", sealed), ("layer", layer)):
         _checks.check_int32("resolve_reference", name, value)  # before the casts below (a cast wraps)
+    lo, count = _checks.check_stream_range("resolve_reference", selection, stream_begin, stream_count)
+    hi = lo + count
     num_layers = host_pool.shape[0]
     stream_shape = selection.shape[:-1]
     k = selection.shape[-1]
@@ -178,34 +201,39 @@ def resolve_reference(hot, slot_record, lru, host_pool, selection, sealed, layer
     layer_ok = (layer >= 0) & (layer < num_layers)
     at = jnp.clip(layer, 0, num_layers - 1)
 
-    flat_sel = selection.reshape(n, k)
-    flat_sealed = jnp.asarray(sealed, jnp.int32).reshape(n)
+    # The range's streams only (static slices of the flattened stream axis): the others are
+    # neither read nor written, and their result rows stay those of padding.
+    flat_sel = selection.reshape(n, k)[lo:hi]
+    flat_sealed = jnp.asarray(sealed, jnp.int32).reshape(n)[lo:hi]
     layer_rec = slot_record[at].reshape(n, B)
     layer_lru = lru[at].reshape(n, B)
     out = jax.vmap(_resolve_stream.resolve_stream, in_axes=(0, 0, 0, 0, None))(
-        flat_sel, flat_sealed, layer_rec, layer_lru, R
+        flat_sel, flat_sealed, layer_rec[lo:hi], layer_lru[lo:hi], R
     )
 
     hot_dtype, hot = hot.dtype, _bits.as_bits(hot)
     layer_hot = hot[at].reshape(n, B, *rec)
+    new_hot = layer_hot[lo:hi]
     if fetch:
-        pool = _bits.as_bits(jax.device_put(host_pool, jax.memory.Space.Device))[at].reshape(n, R, *rec)
+        pool = _bits.as_bits(jax.device_put(host_pool, jax.memory.Space.Device))[at].reshape(n, R, *rec)[lo:hi]
         rows = jax.vmap(lambda p, s: p[jnp.clip(s, 0, R - 1)])(pool, flat_sel)
-        layer_hot = jax.vmap(lambda h, f, r: h.at[f].set(r, mode="drop"))(
-            layer_hot, out["fill_slot"], rows
-        )
+        new_hot = jax.vmap(lambda h, f, r: h.at[f].set(r, mode="drop"))(new_hot, out["fill_slot"], rows)
 
-    def put(full, new_layer):
-        updated = full.at[at].set(new_layer.reshape(full.shape[1:]))
+    def put(full, layer_rows, new_rows):
+        updated = full.at[at].set(layer_rows.at[lo:hi].set(new_rows).reshape(full.shape[1:]))
         return jnp.where(layer_ok, updated, full)
 
-    never = jnp.full((n, k), -1, jnp.int32)
-    slots = jnp.where(layer_ok, out["slots"], never)
-    miss_records = jnp.where(layer_ok, out["miss_records"], never)
-    miss_slots = jnp.where(layer_ok, out["miss_slots"], never)
-    misses = jnp.where(layer_ok, out["misses"], 0)
-    invalid = jnp.where(layer_ok, out["invalid"], jnp.sum(flat_sel != -1, axis=1, dtype=jnp.int32))
-    malformed = jnp.where(layer_ok, out["malformed"], 0)
+    def rows_of(new_rows, padding):
+        full = jnp.full((n, *new_rows.shape[1:]), padding, jnp.int32)
+        return full.at[lo:hi].set(new_rows)
+
+    never = jnp.full((count, k), -1, jnp.int32)
+    slots = rows_of(jnp.where(layer_ok, out["slots"], never), -1)
+    miss_records = rows_of(jnp.where(layer_ok, out["miss_records"], never), -1)
+    miss_slots = rows_of(jnp.where(layer_ok, out["miss_slots"], never), -1)
+    misses = rows_of(jnp.where(layer_ok, out["misses"], 0), 0)
+    invalid = rows_of(jnp.where(layer_ok, out["invalid"], jnp.sum(flat_sel != -1, axis=1, dtype=jnp.int32)), 0)
+    malformed = rows_of(jnp.where(layer_ok, out["malformed"], 0), 0)
     return (
         slots.reshape(*stream_shape, k),
         miss_records.reshape(*stream_shape, k),
@@ -213,9 +241,9 @@ def resolve_reference(hot, slot_record, lru, host_pool, selection, sealed, layer
         misses.reshape(stream_shape),
         invalid.reshape(stream_shape),
         malformed.reshape(stream_shape),
-        _bits.from_bits(put(hot, layer_hot), hot_dtype),
-        put(slot_record, out["slot_record"]),
-        put(lru, out["lru"]),
+        _bits.from_bits(put(hot, layer_hot, new_hot), hot_dtype),
+        put(slot_record, layer_rec, out["slot_record"]),
+        put(lru, layer_lru, out["lru"]),
     )
 
 

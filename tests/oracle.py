@@ -136,14 +136,19 @@ class Resolved:
     lru: np.ndarray  # [L, *S, B] int32
 
 
-def resolve(hot, slot_record, lru, host_pool, selection, sealed, layer, *, fetch=True) -> Resolved:
-    """RESOLVE on every stream of `layer`; the inputs are not modified.
+def resolve(hot, slot_record, lru, host_pool, selection, sealed, layer, *, fetch=True, stream_begin=0,
+            stream_count=None) -> Resolved:
+    """RESOLVE on every stream of `layer`, or on the streams [stream_begin, stream_begin +
+    stream_count) of the flattened stream axis (stream_count None: through the last stream);
+    the inputs are not modified.
 
     Shapes as in hisparse_jax.resolve: hot [L, *S, B, *rec], slot_record and lru
     [L, *S, B], host_pool [L, *S, R, *rec], selection [*S, k], sealed [*S].
     A layer outside [0, L) resolves nothing: state untouched, slots -1, every
     non-padding id invalid, malformed 0. A stream whose state is malformed
     resolves nothing either (see resolve_stream). k = 0 is an ordinary call.
+    A stream outside the range is skipped: its state and inputs are never looked at, and its
+    outputs keep what padding gives (slots and miss plan -1, misses, invalid, malformed 0).
     """
     hot, slot_record, lru = np.array(hot), np.array(slot_record), np.array(lru)
     host_pool, selection, sealed = np.asarray(host_pool), np.asarray(selection), np.asarray(sealed)
@@ -163,16 +168,19 @@ def resolve(hot, slot_record, lru, host_pool, selection, sealed, layer, *, fetch
     invalid = np.zeros(S, np.int32)
     malformed = np.zeros(S, np.int32)
 
+    begin = int(stream_begin)
+    end = S if stream_count is None else begin + int(stream_count)
+    in_range = range(begin, end)
     layer = int(layer)
     if not 0 <= layer < L:
-        for s in range(S):
+        for s in in_range:
             invalid[s] = sum(1 for record in sel[s] if record != -1)
     else:
         hot_bytes = as_bytes(hot, 2 + len(streams)).reshape(L, S, B, -1)
         pool_bytes = as_bytes(host_pool, 2 + len(streams)).reshape(L, S, R, -1)
         rec = slot_record.reshape(L, S, B)
         order = lru.reshape(L, S, B)
-        for s in range(S):
+        for s in in_range:
             out = resolve_stream(sel[s], sealed_flat[s], rec[layer, s], order[layer, s], R)
             slots[s] = out.slots
             miss_records[s] = out.miss_records

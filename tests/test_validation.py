@@ -395,11 +395,12 @@ def test_write_records_implementation_error():
 # --------------------------------------------------------------------------- the handlers' own checks
 
 
-def _direct_resolve(ops: Operands, selection=None, sealed=None):
+def _direct_resolve(ops: Operands, selection=None, sealed=None, stream_begin=0, stream_count=None):
     """The RESOLVE target called without the Python checks, as a careless caller would."""
     selection = ops.selection if selection is None else selection
     sealed = ops.sealed if sealed is None else sealed
     streams, k = selection.shape[:-1], selection.shape[-1]
+    stream_count = int(np.prod(streams)) if stream_count is None else stream_count
     pick = jax.ShapeDtypeStruct((*streams, k), jnp.int32)
     per_stream = jax.ShapeDtypeStruct(streams, jnp.int32)
     call = jax.ffi.ffi_call(
@@ -427,6 +428,8 @@ def _direct_resolve(ops: Operands, selection=None, sealed=None):
         ops.cache.lru,
         fetch=True,
         launch=np.int32(0),
+        stream_begin=stream_begin,
+        stream_count=stream_count,
     )
     return jax.block_until_ready(out)
 
@@ -444,6 +447,13 @@ def _direct_resolve(ops: Operands, selection=None, sealed=None):
             r"hisparse_resolve: sealed must have the stream dims of selection"),
         row("pool_dims", operands(), dict(selection=jnp.zeros((3, 3), jnp.int32), sealed=jnp.zeros((3,), jnp.int32)),
             r"hisparse_resolve: host_pool \[3, 2, 8, 1, 2\] must be \[L, \*streams, R, ...record\]"),
+        row("stream_begin", operands(), dict(stream_begin=-1),
+            r"hisparse_resolve: stream_begin -1 must be >= 0"),
+        row("stream_count", operands(), dict(stream_count=-1),
+            r"hisparse_resolve: stream_count -1 must be >= 0"),
+        row("stream_range", operands(), dict(stream_begin=1, stream_count=2),
+            r"hisparse_resolve: stream_begin \+ stream_count 1 \+ 2 exceeds the 2 streams of selection; pick a "
+            r"range inside \[0, 2\)"),
     ],
 )
 def test_handler_refuses_malformed_operands(ops, kwargs, message):

@@ -251,13 +251,13 @@ double TimeResolve(const Buffers& b, const Config& c, ResolveLaunchPlan plan, bo
   const ResolveBuffers io = Io(b);
   for (int i = 0; i < 3; ++i) {  // warm-up
     Restore(b, c, stream);
-    CUDA_OK(hisparse::LaunchResolve(dims, b.layer, io, fetch, plan, stream));
+    CUDA_OK(hisparse::LaunchResolve(dims, hisparse::AllStreams(dims), b.layer, io, fetch, plan, stream));
   }
   for (int i = 0; i < reps; ++i) {
     Restore(b, c, stream);
     HoldGpu(stream);
     CUDA_OK(cudaEventRecord(ev.start[i], stream));
-    CUDA_OK(hisparse::LaunchResolve(dims, b.layer, io, fetch, plan, stream));
+    CUDA_OK(hisparse::LaunchResolve(dims, hisparse::AllStreams(dims), b.layer, io, fetch, plan, stream));
     CUDA_OK(cudaEventRecord(ev.stop[i], stream));
   }
   CUDA_OK(cudaStreamSynchronize(stream));
@@ -333,7 +333,7 @@ std::string PhaseRow(const Buffers& b, const Config& c, cudaStream_t stream) {
   const ResolveDims dims{1, c.streams, kTopK, c.hot_slots, kPoolRecords, c.record_bytes};
   Restore(b, c, stream);
   HoldGpu(stream);
-  CUDA_OK(hisparse::LaunchResolve(dims, b.layer, Io(b), false, ResolveLaunchPlan::kFused, stream));
+  CUDA_OK(hisparse::LaunchResolve(dims, hisparse::AllStreams(dims), b.layer, Io(b), false, ResolveLaunchPlan::kFused, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   CUDA_OK(ReadResolvePhaseClock(st.data(), static_cast<int>(S)));
   std::vector<std::vector<double>> delta(kMarkCount);
@@ -383,7 +383,7 @@ Result RunConfig(const Buffers& b, const Config& c, int reps, Events& ev, std::m
   // One untimed call: check the miss count and take the miss plan for the ceiling.
   const ResolveDims dims{1, S, k, B, kPoolRecords, W};
   Restore(b, c, stream);
-  CUDA_OK(hisparse::LaunchResolve(dims, b.layer, Io(b), !no_io, ResolveLaunchPlan::kSplit, stream));
+  CUDA_OK(hisparse::LaunchResolve(dims, hisparse::AllStreams(dims), b.layer, Io(b), !no_io, ResolveLaunchPlan::kSplit, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   std::vector<int32_t> misses(S), miss_records(S * k), miss_slots(S * k);
   CUDA_OK(cudaMemcpy(misses.data(), b.misses, S * 4, cudaMemcpyDeviceToHost));

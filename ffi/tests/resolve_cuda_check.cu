@@ -9,6 +9,12 @@
 // before each call (lru values outside [0, B) or repeated, slot records
 // outside [-1, R) or held twice): those streams must resolve nothing, bit for
 // bit like the CPU, and the other streams as usual.
+// The */range variants resolve a stream range per call (resolve.h "Stream
+// range": a random range, the last stream, every stream, an empty one, half
+// the batch) on the whole selection, and must give what the whole-batch CPU
+// call gives with -1 outside the range (malformed 0 outside it), bit for bit,
+// state included; so must the CPU range call. fork16/range is the prefetch's
+// path: the resolve without its copy, then the copy alone with 16 blocks.
 //
 // Build (from the repository root; `make -C ffi/tests` does the same):
 //   mkdir -p build/tests
@@ -51,6 +57,7 @@ using hisparse::PoolWriteDims;
 using hisparse::ResolveBuffers;
 using hisparse::ResolveDims;
 using hisparse::ResolveLaunchPlan;
+using hisparse::StreamRange;
 
 using harness::DeviceBuffer;
 using harness::Rng;
@@ -386,6 +393,8 @@ struct Variant {
   ResolveLaunchPlan plan;
   bool fetch;
   const char* name;
+  bool range = false;  // a stream range per call (PickRange), against the padded CPU call
+  bool fork = false;   // resolve without fetch, then LaunchResolveFetch with 16 blocks (prefetch)
 };
 
 const Variant kVariants[] = {
@@ -394,7 +403,33 @@ const Variant kVariants[] = {
     {ResolveLaunchPlan::kSplit, true, "split/fetch"},
     {ResolveLaunchPlan::kSplit, false, "split/no-fetch"},
     {ResolveLaunchPlan::kAuto, true, "auto/fetch"},
+    {ResolveLaunchPlan::kFused, true, "fused/fetch/range", true},
+    {ResolveLaunchPlan::kSplit, true, "split/fetch/range", true},
+    {ResolveLaunchPlan::kAuto, true, "fork16/range", true, true},
 };
+
+// The prefetch's fetch blocks (prefetch_cuda.h kPrefetchFetchBlocks; that header's code is not
+// linked here).
+constexpr int64_t kForkFetchBlocks = 16;
+
+// Call `call`'s stream range of S streams: in turn a random non-empty range, the last stream,
+// every stream, an empty range (anywhere), the second half (an overlap group), any range.
+StreamRange PickRange(int call, Rng& rng, int64_t S) {
+  switch (call % 6) {
+    case 0: {
+      const int64_t begin = Uniform(rng, 0, S - 1);
+      return {begin, Uniform(rng, 1, S - begin)};
+    }
+    case 1: return {S - 1, 1};
+    case 2: return {0, S};
+    case 3: return {Uniform(rng, 0, S), 0};
+    case 4: return {S / 2, S - S / 2};
+    default: {
+      const int64_t begin = Uniform(rng, 0, S);
+      return {begin, Uniform(rng, 0, S - begin)};
+    }
+  }
+}
 
 State InitialState(const Case& c, Rng& rng) {
   const Shape& d = c.shape;
@@ -453,6 +488,8 @@ bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint6
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   Rng input_rng(seed ^ 0x9e3779b97f4a7c15ull);
+  Rng range_rng(seed ^ 0x5bd1e9955bd1e995ull);  // apart, so every variant gets the same inputs
+  const bool cpu_fetch = v.fetch || v.fork;
   int64_t total_misses = 0;
   for (int call = 0; call < c.calls && !report.failed; ++call) {
     if (c.corrupt) {
@@ -472,14 +509,51 @@ bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint6
     // (seen with three checkers sharing the GPU) and the split plan's copy read a poisoned count.
     CUDA_OK(cudaDeviceSynchronize());
 
-    // CPU reference.
+    // CPU reference: the whole-batch call, on a selection of -1 outside the range.
+    const StreamRange range = v.range ? PickRange(call, range_rng, S) : hisparse::AllStreams(dims);
+    auto outside = [&range](int64_t s) { return s < range.begin || s >= range.begin + range.count; };
+    std::vector<int32_t> padded = in.selection;
+    for (int64_t s = 0; s < S; ++s)
+      if (outside(s)) std::fill(padded.begin() + s * k, padded.begin() + (s + 1) * k, -1);
+    const State before = v.range ? cpu : State{};
     std::fill(cpu_slots.begin(), cpu_slots.end(), 0x7b7b7b7b);
     std::fill(cpu_malformed.begin(), cpu_malformed.end(), 0x7b7b7b7b);
-    ResolveBuffers host_io{pool.get(),        in.selection.data(), in.sealed.data(),
+    ResolveBuffers host_io{pool.get(),        padded.data(),          in.sealed.data(),
                            cpu.hot.data(),    cpu.slot_record.data(), cpu.lru.data(),
-                           cpu_slots.data(),  cpu_mrec.data(),     cpu_mslot.data(),
-                           cpu_misses.data(), cpu_invalid.data(),  cpu_malformed.data()};
-    hisparse::ResolveCpu(dims, in.layer, host_io, v.fetch);
+                           cpu_slots.data(),  cpu_mrec.data(),        cpu_mslot.data(),
+                           cpu_misses.data(), cpu_invalid.data(),     cpu_malformed.data()};
+    hisparse::ResolveCpu(dims, hisparse::AllStreams(dims), in.layer, host_io, cpu_fetch);
+    if (v.range) {
+      // Outside the range the state is not looked at: no stream there is reported malformed.
+      for (int64_t s = 0; s < S; ++s)
+        if (outside(s)) cpu_malformed[s] = 0;
+      // The CPU range call, on the whole selection, must give the same.
+      State mine = before;
+      std::vector<int32_t> r_slots(S * k, 0x7b7b7b7b), r_mrec(S * k, 0x7b7b7b7b),
+          r_mslot(S * k, 0x7b7b7b7b), r_misses(S, 0x7b7b7b7b), r_invalid(S, 0x7b7b7b7b),
+          r_malformed(S, 0x7b7b7b7b);
+      ResolveBuffers range_io{pool.get(),         in.selection.data(),     in.sealed.data(),
+                              mine.hot.data(),    mine.slot_record.data(), mine.lru.data(),
+                              r_slots.data(),     r_mrec.data(),           r_mslot.data(),
+                              r_misses.data(),    r_invalid.data(),        r_malformed.data()};
+      hisparse::ResolveCpu(dims, range, in.layer, range_io, cpu_fetch);
+      const char* label = "cpu range";
+      Report& r = report;
+      CompareInts(r, call, Format("%s misses", label).c_str(), cpu_misses.data(), r_misses.data(), 1, S, "", "stream");
+      CompareInts(r, call, Format("%s invalid", label).c_str(), cpu_invalid.data(), r_invalid.data(), 1, S, "", "stream");
+      CompareInts(r, call, Format("%s malformed", label).c_str(), cpu_malformed.data(), r_malformed.data(), 1, S, "",
+                  "stream");
+      CompareInts(r, call, Format("%s slots", label).c_str(), cpu_slots.data(), r_slots.data(), S, k, "stream", "j");
+      CompareInts(r, call, Format("%s miss_records", label).c_str(), cpu_mrec.data(), r_mrec.data(), S, k, "stream",
+                  "m");
+      CompareInts(r, call, Format("%s miss_slots", label).c_str(), cpu_mslot.data(), r_mslot.data(), S, k, "stream",
+                  "m");
+      CompareInts(r, call, Format("%s slot_record", label).c_str(), cpu.slot_record.data(), mine.slot_record.data(),
+                  L * S, B, "", "slot", S);
+      CompareInts(r, call, Format("%s lru", label).c_str(), cpu.lru.data(), mine.lru.data(), L * S, B, "",
+                  "position", S);
+      if (CompareHot(r, call, cpu.hot.data(), mine.hot.data(), d) > 0) r.Line("(cpu range: hot)");
+    }
 
     // CUDA.
     ResolveBuffers dev_io{pool.get(),      selection.get(),    sealed.get(),
@@ -487,8 +561,11 @@ bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint6
                           slots.get(),     miss_records.get(), miss_slots.get(),
                           misses.get(),    invalid.get(),      malformed.get()};
     const char* failed_kernel = "?";
-    cudaError_t err =
-        hisparse::LaunchResolve(dims, layer.get(), dev_io, v.fetch, v.plan, stream, &failed_kernel);
+    cudaError_t err = hisparse::LaunchResolve(dims, range, layer.get(), dev_io, v.fetch && !v.fork,
+                                              v.plan, stream, &failed_kernel);
+    if (err == cudaSuccess && v.fork)
+      err = hisparse::LaunchResolveFetch(dims, range, layer.get(), dev_io, kForkFetchBlocks, stream,
+                                         &failed_kernel);
     if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
     if (err != cudaSuccess) {
       report.Line(Format("call %d: %s: %s", call, failed_kernel, cudaGetErrorString(err)));
@@ -539,7 +616,8 @@ bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint6
       healthy_seen += cpu_malformed[s] == 0 && in.layer >= 0 && in.layer < L;
     }
   }
-  if (c.expect_malformed && !report.failed && (malformed_seen == 0 || healthy_seen == 0))
+  // (The case's own sanity, judged on whole-batch calls: a range may leave out every broken row.)
+  if (c.expect_malformed && !v.range && !report.failed && (malformed_seen == 0 || healthy_seen == 0))
     report.Line(Format("case expects malformed and healthy streams, the reference saw %lld and "
                        "%lld: the case is wrong",
                        (long long)malformed_seen, (long long)healthy_seen));

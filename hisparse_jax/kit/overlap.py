@@ -12,21 +12,29 @@ while the projections, the indexer, top-k and the feed-forward stay whole-batch 
 once per step). Copy g >= 1 hides behind attention g - 1; copy 0 only behind the later groups'
 probes and the query projection, so at most about (G - 1) / G of the miss IO hides.
 
-No KV-sized state is split or copied, and no kernel changes:
-- each group's RESOLVE is an ordinary RESOLVE over the whole batch's buffers (pool in pinned
-  host memory, hot buffer, slot map and LRU updated in place) whose selection holds the group's
-  ids and -1 (padding) for every other stream. A stream selecting only padding is left as it
-  is (ffi/resolve.h: no hits, no misses, its LRU order kept), so every stream is resolved once
-  per layer, by its own group's call; the other calls cost it a probe of an empty selection.
+No KV-sized state is split or copied:
+- each group's RESOLVE is a RESOLVE over the whole batch's buffers (pool in pinned host memory,
+  hot buffer, slot map and LRU updated in place) restricted to the group's streams by its
+  stream range (ffi/resolve.h "Stream range": group g = streams [g b / G, (g + 1) b / G)). The
+  other streams are neither read nor written, so every stream is resolved once per layer, by
+  its own group's call, exactly as the whole-batch call resolves it. The range also sizes the
+  launch: on CUDA a group's resolve grid covers its b / G streams only (so the G calls of a
+  layer cost about one whole-batch call, not G of them), and its copy gets every block the
+  whole batch's copy would (not 1 / G of them).
+  (Before the range, each group's call held -1 for the other streams: every call probed and
+  checked every stream, G times a whole-batch RESOLVE without IO, and the copy's grid, sized
+  by the whole batch, gave the group's misses 1 / G of its blocks: BENCHMARKS.md "Overlap
+  groups at the slice's shapes".)
 - each group's attention reads the hot buffer viewed as [L * G, b / G, ...] (a reshape of the
   leading axes, a bitcast), its streams being layer l * G + g of the view: the layer index the
   sparse attention kernel and the gather already take.
-(Folding the state itself into [L * G, b / G, ...] would need no padded probes, but XLA copies
+(Folding the state itself into [L * G, b / G, ...] would need no stream range, but XLA copies
 a loop-carried buffer that is reshaped and then updated in place, i.e. the hot buffer and the
 pool every step.)
 
-Exact: streams never depend on each other in RESOLVE (docs/contract.md), so each stream's slots,
-LRU order, misses and hot bytes are what the whole-batch RESOLVE gives it; attention runs per
+Exact: streams never depend on each other in RESOLVE (docs/contract.md), and a range call gives
+its streams what the whole-batch call gives them (tests/test_resolve_range.py), so each stream's
+slots, LRU order, misses and hot bytes are what the whole-batch RESOLVE gives it; attention runs per
 request where it is batch invariant: the sparse attention kernel (GPU), and XLA:CPU's batched
 dots. XLA's attention on a GPU need not be (an H200 run failed the bit-equality at G = 2 and 4
 with it, passed with the kernel), so there the groups need the kernel and refuse otherwise. tests/models/test_overlap_decode.py checks every bit at
@@ -75,17 +83,17 @@ def _rows(groups: int, batch: int, g: int) -> slice:
 
 def locate(store: RecordStore, layer: int, selection, groups: int):
     """paging.locate per group: (one whole-batch Located per group, or the batch's one when G =
-    1; store). Group g's RESOLVE sees its streams' ids and padding elsewhere, under prefetch slot
-    layer * G + g. Every group's RESOLVE runs here, before any group reads."""
+    1; store). Group g's RESOLVE resolves its streams alone (its stream range), under prefetch
+    slot layer * G + g; its Located holds padding's -1 and 0 in the other streams' rows, which
+    `attend` never reads. Every group's RESOLVE runs here, before any group reads."""
     if groups == 1:
         return paging.locate(store, layer, selection)
     batch = store.sealed.shape[0]
-    stream = jnp.arange(batch, dtype=jnp.int32)[:, None]
     located = []
     for g in range(groups):
         rows = _rows(groups, batch, g)
-        mine = (stream >= rows.start) & (stream < rows.stop)
-        where, store = paging.locate(store, layer, jnp.where(mine, selection, -1), slot=layer * groups + g)
+        where, store = paging.locate(store, layer, selection, slot=layer * groups + g,
+                                     streams=(rows.start, rows.stop - rows.start))
         located.append(where)
     return tuple(located), store
 

@@ -167,13 +167,15 @@ def stack_selected(chosen: Sequence[jax.Array | None]) -> jax.Array:
     return jnp.stack(chosen)
 
 
-def locate(store: RecordStore, layer: int, selection: jax.Array | None, slot: int | None = None):
+def locate(store: RecordStore, layer: int, selection: jax.Array | None, slot: int | None = None,
+           streams: tuple[int, int] | None = None):
     """(kv_store.Located or None for "dense", store): RESOLVE in "hisparse". A layer group that
     shares one selection locates all its layers before any of them reads: every read then follows
-    every RESOLVE that updates the hot buffer in place. `slot`: kv_store.locate's prefetch slot."""
+    every RESOLVE that updates the hot buffer in place. `slot` and `streams`: kv_store.locate's
+    prefetch slot and stream range."""
     if selection is None:
         return None, store
-    return kv_store.locate(store, layer, selection, slot)
+    return kv_store.locate(store, layer, selection, slot, streams)
 
 
 def selected_parts(store: RecordStore, layer: int, located, tail: jax.Array, positions: jax.Array,
