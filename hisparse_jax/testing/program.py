@@ -6,6 +6,7 @@ only the program shows it."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import jax
@@ -89,7 +90,9 @@ def assert_one_resolve_per_sparse_layer_per_step(traced, config, steps: int) -> 
     With G = config.overlap_groups > 1, one per overlap group per sparse layer per step (each
     resolves its group's streams; kit.overlap), and the prefetch slots of the resolves (one per
     group and layer) are distinct and each joined once: two resolves where one is due show as an
-    extra call or a repeated slot."""
+    extra call or a repeated slot. Each resolve's stream range (its stream_begin and
+    stream_count attributes) is its group's, b / G streams, each group's once per sparse layer
+    (G = 1: every stream): a group call over the whole batch costs G times its share."""
     eqns = _ffi_eqns(traced.jaxpr.jaxpr)
     calls = [(e.params["target_name"], n, s) for e, n, s in eqns]
     layers = config.cache_config(1).num_layers
@@ -110,6 +113,14 @@ def assert_one_resolve_per_sparse_layer_per_step(traced, config, steps: int) -> 
                                  "distinct slot per group and sparse layer, each joined once")
     if config.prefetch and any(c[0] == targets.RESOLVE for c in calls):
         raise AssertionError("a plain RESOLVE next to the prefetch: a layer resolves twice")
+    resolves = [e for e, _, _ in eqns if e.params["target_name"] == wanted[0]]
+    streams = math.prod(resolves[0].invars[1].aval.shape[:-1])  # selection [*S, k]
+    share = streams // groups
+    ranges = sorted((_attribute(e, "stream_begin"), _attribute(e, "stream_count")) for e in resolves)
+    expected = sorted((g * share, share) for g in range(groups) for _ in range(layers))
+    if ranges != expected:
+        raise AssertionError(f"{wanted[0]}: stream ranges (begin, count) {ranges}; expected each of the {groups} "
+                             f"groups' ranges of {share} streams once per sparse layer ({layers}): {expected}")
     writes = [c for c in calls if c[0] == targets.POOL_WRITE]
     if len(writes) != 1 or writes[0][1] != steps:
         raise AssertionError(f"{targets.POOL_WRITE}: expected one pool write per step ({steps}), found {writes}")
