@@ -194,38 +194,41 @@ def resolve_reference(hot, slot_record, lru, host_pool, selection, sealed, layer
     B = slot_record.shape[-1]
     R = host_pool.shape[1 + len(stream_shape)]
     rec = host_pool.shape[2 + len(stream_shape) :]
-    n = 1
-    for d in stream_shape:
-        n *= d
+    n = math.prod(stream_shape)
     layer = jnp.asarray(layer, jnp.int32)
     layer_ok = (layer >= 0) & (layer < num_layers)
     at = jnp.clip(layer, 0, num_layers - 1)
 
     # The range's streams only (static slices of the flattened stream axis): the others are
-    # neither read nor written, and their result rows stay those of padding.
-    flat_sel = selection.reshape(n, k)[lo:hi]
-    flat_sealed = jnp.asarray(sealed, jnp.int32).reshape(n)[lo:hi]
+    # neither read nor written, and their result rows stay those of padding. Every stream: the
+    # whole arrays, as without a range.
+    every = (lo, hi) == (0, n)
+    mine = (lambda x: x) if every else (lambda x: x[lo:hi])
+    flat_sel = mine(selection.reshape(n, k))
+    flat_sealed = mine(jnp.asarray(sealed, jnp.int32).reshape(n))
     layer_rec = slot_record[at].reshape(n, B)
     layer_lru = lru[at].reshape(n, B)
     out = jax.vmap(_resolve_stream.resolve_stream, in_axes=(0, 0, 0, 0, None))(
-        flat_sel, flat_sealed, layer_rec[lo:hi], layer_lru[lo:hi], R
+        flat_sel, flat_sealed, mine(layer_rec), mine(layer_lru), R
     )
 
     hot_dtype, hot = hot.dtype, _bits.as_bits(hot)
     layer_hot = hot[at].reshape(n, B, *rec)
-    new_hot = layer_hot[lo:hi]
+    new_hot = mine(layer_hot)
     if fetch:
-        pool = _bits.as_bits(jax.device_put(host_pool, jax.memory.Space.Device))[at].reshape(n, R, *rec)[lo:hi]
+        pool = mine(_bits.as_bits(jax.device_put(host_pool, jax.memory.Space.Device))[at].reshape(n, R, *rec))
         rows = jax.vmap(lambda p, s: p[jnp.clip(s, 0, R - 1)])(pool, flat_sel)
         new_hot = jax.vmap(lambda h, f, r: h.at[f].set(r, mode="drop"))(new_hot, out["fill_slot"], rows)
 
     def put(full, layer_rows, new_rows):
-        updated = full.at[at].set(layer_rows.at[lo:hi].set(new_rows).reshape(full.shape[1:]))
+        new_layer = new_rows if every else layer_rows.at[lo:hi].set(new_rows)
+        updated = full.at[at].set(new_layer.reshape(full.shape[1:]))
         return jnp.where(layer_ok, updated, full)
 
     def rows_of(new_rows, padding):
-        full = jnp.full((n, *new_rows.shape[1:]), padding, jnp.int32)
-        return full.at[lo:hi].set(new_rows)
+        if every:
+            return new_rows
+        return jnp.full((n, *new_rows.shape[1:]), padding, jnp.int32).at[lo:hi].set(new_rows)
 
     never = jnp.full((count, k), -1, jnp.int32)
     slots = rows_of(jnp.where(layer_ok, out["slots"], never), -1)
