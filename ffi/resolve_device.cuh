@@ -463,27 +463,39 @@ __device__ __forceinline__ int WarpSum(int v) {
 // The output rows of the streams outside the launch's range (resolve.h,
 // "Stream range": what a selection of padding gives), spread over the range's
 // `blocks` blocks: block `block` fills outside streams block, block + blocks,
-// ... . Stores only, issued first, so they overlap the block's own loads;
-// nothing when the range is every stream. Every thread calls it.
+// ... . Stores only; nothing when the range is every stream. Every thread
+// calls it (FillOutsideRange), first thing. Not inlined, and given the
+// fields it writes rather than the kernel's arguments (whose address would
+// put a copy of them in local memory): inlined, it changed the register
+// allocation (and spills) of the largest resolve variants.
+template <int kThreads>
+__device__ __noinline__ void FillRows(int32_t* slots, int32_t* miss_records, int32_t* miss_slots,
+                                      int32_t* misses, int32_t* invalid, int32_t* malformed,
+                                      int64_t outside, int64_t begin, int64_t count, int k,
+                                      int64_t block, int64_t blocks) {
+  for (int64_t o = block; o < outside; o += blocks) {
+    const int64_t s = o < begin ? o : o + count;
+    const int64_t out = s * k;
+    for (int j = threadIdx.x; j < k; j += kThreads) {
+      slots[out + j] = -1;
+      miss_records[out + j] = -1;
+      miss_slots[out + j] = -1;
+    }
+    if (threadIdx.x == 0) {
+      misses[s] = 0;
+      invalid[s] = 0;
+      malformed[s] = 0;
+    }
+  }
+}
+
 template <int kThreads>
 __device__ __forceinline__ void FillOutsideRange(const ResolveArgs& a, int64_t block,
                                                  int64_t blocks) {
-  const int64_t outside = a.streams - a.stream_count;
-  const int k = a.top_k;
-  for (int64_t o = block; o < outside; o += blocks) {
-    const int64_t s = o < a.stream_begin ? o : o + a.stream_count;
-    const int64_t out = s * k;
-    for (int j = threadIdx.x; j < k; j += kThreads) {
-      a.slots[out + j] = -1;
-      a.miss_records[out + j] = -1;
-      a.miss_slots[out + j] = -1;
-    }
-    if (threadIdx.x == 0) {
-      a.misses[s] = 0;
-      a.invalid[s] = 0;
-      a.malformed[s] = 0;
-    }
-  }
+  if (a.stream_count == a.streams) return;  // every stream resolved: no row to fill
+  FillRows<kThreads>(a.slots, a.miss_records, a.miss_slots, a.misses, a.invalid, a.malformed,
+                     a.streams - a.stream_count, a.stream_begin, a.stream_count, a.top_k, block,
+                     blocks);
 }
 
 // A stream that resolves nothing (layer outside [0, L): limit 0, malformed
