@@ -21,6 +21,14 @@
 // --host-bound drops the spin (then the host's launch cost is included).
 // A second table sweeps the stream count at B = 4096, 1152 B, 13% to place
 // the auto plan's threshold (kAutoSplitBelowStreams in ffi/resolve_cuda.h).
+// --groups times only a layer's RESOLVE under G overlap groups
+// (hisparse_jax/kit/overlap.py, G = 1, 2, 4): G calls, each over its group's
+// streams by its stream range (resolve.h), against G whole-batch calls whose
+// selections are -1 outside the group (the overlap groups before the range);
+// without IO, and with the prefetch's copy (the fetch kernel with its 16
+// blocks) after each call, on one stream. Defaults: S in {16, 64}, B = 4096,
+// W = 1152, 13% misses (the lists below replace them).
+//   build/resolve_bench results/groups.json --groups
 //
 // Build (repository root):
 //   make -C ffi/bench resolve
@@ -85,6 +93,7 @@ double Median(std::vector<double> v) {
 bool g_host_bound = false;  // --host-bound: no spin before timed calls
 bool g_floor = false;       // --floor: also time an empty kernel of the resolve launch's shape
 bool g_phases = false;      // --phases: phase stamps of one call (a -DHISPARSE_RESOLVE_PHASE_CLOCK build)
+bool g_groups = false;      // --groups: only the overlap groups' table
 
 void HoldGpu(cudaStream_t stream) {
   if (!g_host_bound) Spin<<<1, 1, 0, stream>>>(50000);
@@ -424,6 +433,94 @@ Result RunConfig(const Buffers& b, const Config& c, int reps, Events& ev, std::m
   return r;
 }
 
+// ---------------------------------------------------------------------------
+// Overlap groups (--groups).
+
+// The prefetch's fetch blocks (prefetch_cuda.h kPrefetchFetchBlocks; its code is not linked here).
+constexpr int64_t kPrefetchBlocks = 16;
+
+struct GroupRow {
+  Config config;
+  int groups = 1;
+  double us_range_no_io = NAN, us_padded_no_io = NAN;  // a layer's G calls, no IO
+  double us_range_copy = NAN, us_padded_copy = NAN;    // the same, each followed by its copy
+};
+
+// Median us of a layer's G calls (restored state before each layer): by stream range
+// (`ranged`) or on `padded` (G selections [S, k], -1 outside group g); `copy`: each call's
+// copy after it with the prefetch's blocks (resolve_handlers_cuda.cc's fork, on one stream).
+double TimeGroups(const Buffers& b, const Config& c, int groups, bool ranged, bool copy,
+                  const int32_t* padded, int reps, Events& ev, cudaStream_t stream) {
+  const ResolveDims dims{1, c.streams, kTopK, c.hot_slots, kPoolRecords, c.record_bytes};
+  const int64_t share = c.streams / groups;
+  auto layer = [&] {
+    for (int g = 0; g < groups; ++g) {
+      ResolveBuffers io = Io(b);
+      hisparse::StreamRange range = hisparse::AllStreams(dims);
+      if (ranged) {
+        range = {g * share, share};
+      } else {
+        io.selection = padded + g * c.streams * kTopK;
+      }
+      CUDA_OK(hisparse::LaunchResolve(dims, range, b.layer, io, false, ResolveLaunchPlan::kFused, stream));
+      if (copy) CUDA_OK(hisparse::LaunchResolveFetch(dims, range, b.layer, io, kPrefetchBlocks, stream));
+    }
+  };
+  for (int i = 0; i < 3; ++i) {  // warm-up
+    Restore(b, c, stream);
+    layer();
+  }
+  for (int i = 0; i < reps; ++i) {
+    Restore(b, c, stream);
+    HoldGpu(stream);
+    CUDA_OK(cudaEventRecord(ev.start[i], stream));
+    layer();
+    CUDA_OK(cudaEventRecord(ev.stop[i], stream));
+  }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  return ev.MedianMicros(reps);
+}
+
+std::vector<GroupRow> RunGroups(const Buffers& b, const Config& c, int reps, Events& ev,
+                                std::mt19937_64& rng, cudaStream_t stream) {
+  const int64_t S = c.streams, k = kTopK, B = c.hot_slots;
+  std::vector<int32_t> selection, slot_record, lru;
+  BuildState(c, std::llround(c.miss_rate * k), rng, selection, slot_record, lru);
+  CUDA_OK(cudaMemcpy(b.selection, selection.data(), S * k * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(b.pristine_record, slot_record.data(), S * B * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(b.pristine_lru, lru.data(), S * B * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaDeviceSynchronize());  // `stream` does not wait for the legacy stream
+  std::vector<GroupRow> rows;
+  for (int G : {1, 2, 4}) {
+    if (S % G != 0) continue;
+    std::vector<int32_t> padded(G * S * k, -1);
+    for (int g = 0; g < G; ++g)
+      for (int64_t s = g * (S / G); s < (g + 1) * (S / G); ++s)
+        std::copy(selection.begin() + s * k, selection.begin() + (s + 1) * k, padded.begin() + (g * S + s) * k);
+    int32_t* dev = nullptr;
+    CUDA_OK(cudaMalloc(&dev, padded.size() * 4));
+    CUDA_OK(cudaMemcpy(dev, padded.data(), padded.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize());
+    GroupRow r;
+    r.config = c;
+    r.groups = G;
+    r.us_range_no_io = TimeGroups(b, c, G, true, false, dev, reps, ev, stream);
+    r.us_padded_no_io = TimeGroups(b, c, G, false, false, dev, reps, ev, stream);
+    r.us_range_copy = TimeGroups(b, c, G, true, true, dev, reps, ev, stream);
+    r.us_padded_copy = TimeGroups(b, c, G, false, true, dev, reps, ev, stream);
+    CUDA_OK(cudaFree(dev));
+    std::printf("| %5lld | %4lld | %3lld | %6.3g%% | %d | %s | %s | %s | %s | %s | %s |\n",
+                (long long)B, (long long)c.record_bytes, (long long)S, 100 * c.miss_rate, G,
+                Num(r.us_range_no_io, "%.2f").c_str(), Num(r.us_padded_no_io, "%.2f").c_str(),
+                Num(r.us_range_copy, "%.2f").c_str(), Num(r.us_padded_copy, "%.2f").c_str(),
+                Num(r.us_range_copy - r.us_range_no_io, "%.2f").c_str(),
+                Num(r.us_padded_copy - r.us_padded_no_io, "%.2f").c_str());
+    std::fflush(stdout);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
 const char* PlanName(ResolveLaunchPlan p) {
   return p == ResolveLaunchPlan::kSplit ? "split" : p == ResolveLaunchPlan::kFused ? "fused" : "auto";
 }
@@ -517,6 +614,7 @@ bool ParseList(const char* text, std::vector<T>& out) {
 int main(int argc, char** argv) {
   constexpr const char* kUsage =
       "usage: %s OUT.json [--quick] [--reps N] [--no-io] [--no-sweep] [--host-bound] [--floor] [--phases]\n"
+      "       [--groups]\n"
       "       [--hot-slots LIST]\n"
       "       [--streams LIST] [--miss LIST] [--record-bytes LIST]   (LIST: comma-separated)\n";
   if (argc < 2) {
@@ -549,6 +647,9 @@ int main(int argc, char** argv) {
       no_io = true;
       sweep_on = false;
     } else if (a == "--no-sweep") {
+      sweep_on = false;
+    } else if (a == "--groups") {
+      g_groups = true;
       sweep_on = false;
     } else if (a == "--reps" && has_value) {
       reps = std::max(5, std::atoi(argv[++i]));
@@ -601,13 +702,16 @@ int main(int argc, char** argv) {
 
   auto pick = [](const auto& arg, auto fallback) { return arg.empty() ? fallback : arg; };
   const std::vector<int64_t> hot_slots = pick(
-      hot_slots_arg, quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{2048, 4096, 8192});
-  const std::vector<int64_t> record_bytes = pick(record_bytes_arg, std::vector<int64_t>{1152, 656});
+      hot_slots_arg, quick || g_groups ? std::vector<int64_t>{4096} : std::vector<int64_t>{2048, 4096, 8192});
+  const std::vector<int64_t> record_bytes =
+      pick(record_bytes_arg, g_groups ? std::vector<int64_t>{1152} : std::vector<int64_t>{1152, 656});
   const std::vector<int64_t> streams = pick(
-      streams_arg, quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 8, 64, 256});
+      streams_arg, g_groups ? std::vector<int64_t>{16, 64}
+                            : quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 8, 64, 256});
   const std::vector<double> rates =
-      pick(rates_arg, quick ? std::vector<double>{0.0, 0.13, 0.30}
-                            : std::vector<double>{0.0, 0.001, 0.13, 0.30, 1.0});
+      pick(rates_arg, g_groups ? std::vector<double>{0.13}
+                      : quick  ? std::vector<double>{0.0, 0.13, 0.30}
+                               : std::vector<double>{0.0, 0.001, 0.13, 0.30, 1.0});
   const std::vector<int64_t> sweep_streams = {1, 2, 4, 8, 16, 32, 64, 128, 256};
   const int64_t max_streams = 256, max_b = 8192, max_w = 1152;
 
@@ -654,7 +758,7 @@ int main(int argc, char** argv) {
   // Link ceilings: 1 GiB H2D from pinned memory, 1 GiB D2D in HBM.
   const size_t gib = size_t{1} << 30;
   double h2d_gbps = NAN, d2d_gbps = NAN;
-  if (!no_io) {
+  if (!no_io && !g_groups) {
     for (int pass = 0; pass < 2; ++pass) {
       const int n = 5;
       for (int i = 0; i < n; ++i) {
@@ -680,19 +784,35 @@ int main(int argc, char** argv) {
 
   std::mt19937_64 rng(20240601);
   std::vector<Result> results;
-  std::printf("## RESOLVE, k = %lld\n\n", (long long)kTopK);
-  PrintHeader();
+  std::vector<GroupRow> group_rows;
+  if (g_groups) {
+    std::printf("## Overlap groups: a layer's RESOLVE as G calls, k = %lld (median us of the G calls)\n\n"
+                "| B | W | S | miss | G | no IO, range | no IO, padded | with copy, range | with copy, padded | "
+                "copy, range | copy, padded |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+                (long long)kTopK);
+    for (int64_t B : hot_slots)
+      for (int64_t W : record_bytes)
+        for (int64_t S : streams)
+          for (double rate : rates)
+            for (const GroupRow& r : RunGroups(b, Config{B, W, S, rate}, reps, ev, rng, stream))
+              group_rows.push_back(r);
+  } else {
+    std::printf("## RESOLVE, k = %lld\n\n", (long long)kTopK);
+    PrintHeader();
+  }
   for (int64_t B : hot_slots)
     for (int64_t W : record_bytes)
       for (int64_t S : streams)
         for (double rate : rates) {
+          if (g_groups) break;
           results.push_back(RunConfig(b, Config{B, W, S, rate}, reps, ev, rng, stream, no_io));
           PrintRow(results.back());
           std::fflush(stdout);
         }
 
-  std::printf("\n## No-IO spread over the reps\n\n| B | W | S | miss | no-IO us min / median / max |\n"
-              "|---|---|---|---|---|\n");
+  if (!g_groups)
+    std::printf("\n## No-IO spread over the reps\n\n| B | W | S | miss | no-IO us min / median / max |\n"
+                "|---|---|---|---|---|\n");
   for (const Result& r : results)
     std::printf("| %5lld | %4lld | %3lld | %6.3g%% | %s / %s / %s |\n", (long long)r.config.hot_slots,
                 (long long)r.config.record_bytes, (long long)r.config.streams,
@@ -786,6 +906,18 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < results.size(); ++i) JsonResult(f, results[i], i + 1 == results.size());
   std::fprintf(f, "  ],\n  \"auto_threshold_sweep\": [\n");
   for (size_t i = 0; i < sweep.size(); ++i) JsonResult(f, sweep[i], i + 1 == sweep.size());
+  std::fprintf(f, "  ],\n  \"overlap_groups\": [\n");
+  for (size_t i = 0; i < group_rows.size(); ++i) {
+    const GroupRow& r = group_rows[i];
+    std::fprintf(f,
+                 "    {\"hot_slots\": %lld, \"record_bytes\": %lld, \"streams\": %lld, \"miss_rate\": %g, "
+                 "\"groups\": %d, \"us_range_no_io\": %s, \"us_padded_no_io\": %s, \"us_range_copy\": %s, "
+                 "\"us_padded_copy\": %s}%s\n",
+                 (long long)r.config.hot_slots, (long long)r.config.record_bytes, (long long)r.config.streams,
+                 r.config.miss_rate, r.groups, JsonNum(r.us_range_no_io).c_str(), JsonNum(r.us_padded_no_io).c_str(),
+                 JsonNum(r.us_range_copy).c_str(), JsonNum(r.us_padded_copy).c_str(),
+                 i + 1 == group_rows.size() ? "" : ",");
+  }
   std::fprintf(f, "  ]\n}\n");
   std::fclose(f);
   std::printf("wrote %s\n", json_path);
