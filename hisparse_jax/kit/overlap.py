@@ -18,9 +18,10 @@ No KV-sized state is split or copied:
   stream range (ffi/resolve.h "Stream range": group g = streams [g b / G, (g + 1) b / G)). The
   other streams are neither read nor written, so every stream is resolved once per layer, by
   its own group's call, exactly as the whole-batch call resolves it. The range also sizes the
-  launch: on CUDA a group's resolve grid covers its b / G streams only (so the G calls of a
-  layer cost about one whole-batch call, not G of them), and its copy gets every block the
-  whole batch's copy would (not 1 / G of them).
+  launch: on CUDA a group's resolve grid covers its b / G streams only (no block probes another
+  group's streams; with fewer streams than SMs a call still lasts about one block's time, so a
+  layer's G calls cost about G such latencies), and its copy gets every block the whole
+  batch's copy would (not 1 / G of them).
   (Before the range, each group's call held -1 for the other streams: every call probed and
   checked every stream, G times a whole-batch RESOLVE without IO, and the copy's grid, sized
   by the whole batch, gave the group's misses 1 / G of its blocks: BENCHMARKS.md "Overlap
