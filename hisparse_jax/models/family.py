@@ -25,6 +25,9 @@ class Family:
         protocol's functions (hisparse_jax.models).
       selection_weights: names, on their pytree paths, of the weights the family's selection
         reads (weights.weight_bytes counts them as "selection").
+      decode_weights: (config, weights) -> the same weights in the layout decoding reads fastest
+        (the kit: each layer's input projections in one matrix, kit.inputs), made once at load;
+        decode_step and prefill take either layout. None: init_weights' layout is the one.
     """
 
     name: str
@@ -36,3 +39,9 @@ class Family:
     selecting_layout: Callable
     metadata_bytes_read: Callable
     selection_weights: tuple[str, ...] = ()
+    decode_weights: Callable | None = None
+
+
+def decode_weights(family: Family, config, weights):
+    """`weights` in the family's decode layout (Family.decode_weights; unchanged without one)."""
+    return weights if family.decode_weights is None else family.decode_weights(config, weights)
