@@ -158,7 +158,7 @@ def big_shapes(config, weights, state, family=None) -> set[str]:
     layouts = [weights]
     if family is not None:
         canonical = jax.eval_shape(lambda: family.init_weights(config, 0))
-        layouts += [canonical, jax.eval_shape(lambda: decode_weights(family, config, canonical))]
+        layouts += [canonical, jax.eval_shape(lambda w: decode_weights(family, config, w), canonical)]
     return shapes | {hlo.shape_text(w.shape, w.dtype) for t in layouts for w in jax.tree.leaves(t) if len(w.shape) >= 2}
 
 
