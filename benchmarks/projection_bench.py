@@ -37,6 +37,32 @@ def _w(key, shape, dtype=BF16):
     return (jax.random.normal(jax.random.PRNGKey(key), shape, jnp.float32) / np.sqrt(shape[0])).astype(dtype)
 
 
+def router_candidates(h, router, b):
+    """The router as the model writes it (float32 at HIGHEST, [D, E]) and its alternatives. At
+    float32 (float32 products of float32 operands; the order of the sum is the kernel's): the
+    weight stored [E, D] (K contiguous, transposed once at load), and that layout as a multiply +
+    row reduce (one XLA reduction fusion, no GEMM, no split-K; it reads the weight once per row
+    of h, the rows after the first mostly from L2). For reference, two that change the numerics:
+    bf16 operands with float32 accumulation, and TF32 x 3 (tensor cores, ~float32 precision)."""
+    f32, hp = jnp.float32, jax.lax.Precision.HIGHEST
+    router_t, router_bf16 = router.T.copy(), router.astype(BF16)
+    out = [
+        ("router f32 HIGHEST", lambda x, w: jnp.einsum("md,de->me", x.astype(f32), w, precision=hp,
+                                                       preferred_element_type=f32), (h, router), b(router)),
+        ("router f32 HIGHEST, [E, D]", lambda x, w: jnp.einsum("md,ed->me", x.astype(f32), w, precision=hp,
+                                                               preferred_element_type=f32), (h, router_t), b(router_t)),
+        ("router f32 [E, D], multiply + row reduce", lambda x, w: jnp.sum(x.astype(f32)[:, None, :] * w[None], axis=-1),
+         (h, router_t), b(router_t)),
+        ("router bf16 operands, f32 accumulate (other numerics)",
+         lambda x, w: jnp.einsum("md,de->me", x, w, preferred_element_type=f32), (h, router_bf16), b(router_bf16)),
+    ]
+    if jax.default_backend() == "gpu":  # XLA:CPU has no TF32 algorithm
+        out.append(("router TF32 x 3 (other numerics)", lambda x, w: jnp.einsum(
+            "md,de->me", x.astype(f32), w, precision=jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
+            preferred_element_type=f32), (h, router), b(router)))
+    return out
+
+
 def candidates(m: int):
     """(name, fn, args, weight bytes) at batch m."""
     f32 = jnp.float32
@@ -71,18 +97,6 @@ def candidates(m: int):
         return (y[:, :R].astype(BF16), y[:, R:R + DC + DR].astype(BF16), y[:, R + DC + DR:-HI].astype(BF16),
                 y[:, -HI:])
 
-    # The router's alternatives at float32 (all sum float32 products of float32 operands; the
-    # order of the sum is the kernel's): the weight stored [E, D] (K contiguous, transposed once
-    # at load), and that layout as a multiply + row reduce (one XLA reduction fusion, no GEMM, no
-    # split-K; reads the weight once per row of h, the rows after the first mostly from L2).
-    # For reference, two that change the numerics: bf16 operands with float32 accumulation, and
-    # TF32 x 3 (float32 to ~1e-6 relative on tensor cores).
-    router_t = router.T.copy()
-    hp = jax.lax.Precision.HIGHEST
-
-    def router_reduce(x, w):
-        return jnp.sum(x.astype(f32)[:, None, :] * w[None], axis=-1)
-
     # the shared expert (E = 1, F = 2048, fp8 codes with a float32 scale per output channel)
     sg = jax.random.normal(jax.random.PRNGKey(21), (2 * 2048, D), jnp.float32).astype(jnp.float8_e4m3fn)
     sd = jax.random.normal(jax.random.PRNGKey(22), (D, 2048), jnp.float32).astype(jnp.float8_e4m3fn)
@@ -108,19 +122,8 @@ def candidates(m: int):
         ("unembed [D, V padded to 64]", lambda x, w: jnp.einsum("md,dv->mv", x, w, preferred_element_type=f32)[:, :V],
          (h, unembed_pad), b(unembed_pad)),
         ("unembed [V, D]", lambda x, w: jnp.einsum("md,vd->mv", x, w, preferred_element_type=f32), (h, unembed_t), b(unembed_t)),
-        ("router f32 HIGHEST", lambda x, w: jnp.einsum("md,de->me", x.astype(f32), w, precision=jax.lax.Precision.HIGHEST,
-                                                       preferred_element_type=f32), (h, router), b(router)),
-        ("router f32 HIGHEST, [E, D]", lambda x, w: jnp.einsum("md,ed->me", x.astype(f32), w, precision=hp,
-                                                               preferred_element_type=f32), (h, router_t), b(router_t)),
-        ("router f32 [E, D], multiply + row reduce", router_reduce, (h, router_t), b(router_t)),
-        ("router bf16 operands, f32 accumulate (other numerics)",
-         lambda x, w: jnp.einsum("md,de->me", x, w, preferred_element_type=f32), (h, router.astype(BF16)),
-         b(router.astype(BF16))),
+        *router_candidates(h, router, b),
     ]
-    if jax.default_backend() == "gpu":  # XLA:CPU has no TF32 algorithm
-        out.append(("router TF32 x 3 (other numerics)", lambda x, w: jnp.einsum(
-            "md,de->me", x.astype(f32), w, precision=jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
-            preferred_element_type=f32), (h, router), b(router)))
     try:  # the house kernel (hisparse_jax.grouped_matmul, E = 1, bf16) on the same weights, [1, N, K]
         from hisparse_jax.grouped_matmul import grouped_matmul
         from hisparse_jax import ffi_platforms

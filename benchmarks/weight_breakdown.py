@@ -55,6 +55,8 @@ def weight_name(shape: str) -> str | None:
             math.prod(dims) == MERGED_INPUTS[0] * MERGED_INPUTS[1]:
         return "inputs (w_q_a + w_kv + i_q + i_k + i_head, merged)"
     return None
+
+
 EXPERTS, PER_TOKEN, GATE_UP, DOWN = 32, 8, 4096 * 6144, 6144 * 2048  # fp8: one byte a weight
 
 
