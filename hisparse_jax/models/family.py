@@ -43,5 +43,9 @@ class Family:
 
 
 def decode_weights(family: Family, config, weights):
-    """`weights` in the family's decode layout (Family.decode_weights; unchanged without one)."""
-    return weights if family.decode_weights is None else family.decode_weights(config, weights)
+    """`weights` in the family's decode layout (Family.decode_weights; unchanged without one).
+    `family`: a Family, a family module or a name (models.get_family)."""
+    from . import get_family  # models/__init__ imports this module
+
+    convert = get_family(family).decode_weights
+    return weights if convert is None else convert(config, weights)
