@@ -26,7 +26,8 @@ SHIPPED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "2026
 
 
 def _config(**overrides):
-    return dsa.Config.tiny(**{**dict(num_layers=4, index_share=2, q_lora_rank=16), **overrides})
+    """Two layers sharing one selection: an anchor (its indexer merged too) and a layer that is not."""
+    return dsa.Config.tiny(**{**dict(num_layers=2, index_share=2, q_lora_rank=16), **overrides})
 
 
 def _assert_same_tree(a, b):
