@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from my_indexers import Recent
+
 from hisparse_jax import kit
 from hisparse_jax.kit import inputs
 from hisparse_jax.models import dsa, layers, products
@@ -99,11 +101,18 @@ def test_the_products_have_the_separate_projections_shapes_dtypes_and_values(dty
         products.project("...d,de->...e", h[:2], params.w_k)
 
 
-def test_an_indexer_without_input_weights_merges_only_the_layer():
+def test_each_kit_indexer_merges_what_it_lists():
+    """PageMinMax lists its three projections; an indexer that lists none (tests/kit/my_indexers.py's
+    Recent, which selects by position alone) leaves the layers' pieces alone."""
+    pieces = lambda w: [[name for _, name, _ in layer.inputs.pieces] for layer in w.layers]
     family = kit.family(kit.PageMinMax())
     config = family.Config.tiny(num_layers=2)
     merged = decode_weights(family, config, family.init_weights(config, 0))
-    assert [[name for _, name, _ in layer.inputs.pieces] for layer in merged.layers] == [["w_q", "w_kv"]] * 2
+    assert pieces(merged) == [["w_q", "w_kv", "w_k", "w_q", "w_head"]] * 2
+    assert all(group == {"w_k": None, "w_q": None, "w_head": None} for group in merged.indexers)
+    family = kit.family(Recent())
+    config = family.Config.tiny(num_layers=2)
+    assert pieces(decode_weights(family, config, family.init_weights(config, 0))) == [["w_q", "w_kv"]] * 2
 
 
 def test_a_merged_save_writes_the_checkpoint_layout(tmp_path):
