@@ -6,7 +6,9 @@ in candidate rewrites; device time per call from the profiler's kernel events.
 
 Each candidate is its own jitted program; all run `--calls` times inside one profiler trace after
 a warm-up call; a call's time is the sum of its kernels' device durations (launch gaps excluded),
-so a form XLA splits into a matmul and a reduce is charged both. Reported per candidate: the
+so a form XLA splits into a matmul and a reduce is charged both; between calls an uncounted
+program rewrites `--flush-mb` MiB (default 256, past the H200's L2) so every call reads its weights
+from HBM, as in a decode step (--flush-mb 0: the earlier L2-warm runs). Reported per candidate: the
 kernels of one call, microseconds min / median / max over the calls, the weight bytes and the
 share of `--hbm` they imply.
 """
@@ -33,6 +35,32 @@ BF16 = jnp.float32 if os.environ.get("PROJECTION_BENCH_F32") else jnp.bfloat16  
 
 def _w(key, shape, dtype=BF16):
     return (jax.random.normal(jax.random.PRNGKey(key), shape, jnp.float32) / np.sqrt(shape[0])).astype(dtype)
+
+
+def router_candidates(h, router, b):
+    """The router as the model writes it (float32 at HIGHEST, [D, E]) and its alternatives. At
+    float32 (float32 products of float32 operands; the order of the sum is the kernel's): the
+    weight stored [E, D] (K contiguous, transposed once at load), and that layout as a multiply +
+    row reduce (one XLA reduction fusion, no GEMM, no split-K; it reads the weight once per row
+    of h, the rows after the first mostly from L2). For reference, two that change the numerics:
+    bf16 operands with float32 accumulation, and TF32 x 3 (tensor cores, ~float32 precision)."""
+    f32, hp = jnp.float32, jax.lax.Precision.HIGHEST
+    router_t, router_bf16 = router.T.copy(), router.astype(BF16)
+    out = [
+        ("router f32 HIGHEST", lambda x, w: jnp.einsum("md,de->me", x.astype(f32), w, precision=hp,
+                                                       preferred_element_type=f32), (h, router), b(router)),
+        ("router f32 HIGHEST, [E, D]", lambda x, w: jnp.einsum("md,ed->me", x.astype(f32), w, precision=hp,
+                                                               preferred_element_type=f32), (h, router_t), b(router_t)),
+        ("router f32 [E, D], multiply + row reduce", lambda x, w: jnp.sum(x.astype(f32)[:, None, :] * w[None], axis=-1),
+         (h, router_t), b(router_t)),
+        ("router bf16 operands, f32 accumulate (other numerics)",
+         lambda x, w: jnp.einsum("md,de->me", x, w, preferred_element_type=f32), (h, router_bf16), b(router_bf16)),
+    ]
+    if jax.default_backend() == "gpu":  # XLA:CPU has no TF32 algorithm
+        out.append(("router TF32 x 3 (other numerics)", lambda x, w: jnp.einsum(
+            "md,de->me", x.astype(f32), w, precision=jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
+            preferred_element_type=f32), (h, router), b(router)))
+    return out
 
 
 def candidates(m: int):
@@ -64,6 +92,11 @@ def candidates(m: int):
         y = jnp.einsum("md,dn->mn", h, w)
         return y[:, :R], y[:, R:R + DC + DR], y[:, R + DC + DR:]
 
+    def inputs_model(h, w):  # as hisparse_jax.kit.inputs.apply: float32 out, each piece cast to what its einsum gave
+        y = jnp.einsum("md,dn->mn", h, w, preferred_element_type=f32)
+        return (y[:, :R].astype(BF16), y[:, R:R + DC + DR].astype(BF16), y[:, R + DC + DR:-HI].astype(BF16),
+                y[:, -HI:])
+
     # the shared expert (E = 1, F = 2048, fp8 codes with a float32 scale per output channel)
     sg = jax.random.normal(jax.random.PRNGKey(21), (2 * 2048, D), jnp.float32).astype(jnp.float8_e4m3fn)
     sd = jax.random.normal(jax.random.PRNGKey(22), (D, 2048), jnp.float32).astype(jnp.float8_e4m3fn)
@@ -80,6 +113,7 @@ def candidates(m: int):
          b(w_q_a, w_kv, i_q, i_k, i_head)),
         ("inputs: q_a, kv apart", inputs_mla, (h, w_q_a, w_kv), b(w_q_a, w_kv)),
         ("inputs: one [D, 6880] weight", inputs_cat, (h, w_in), b(w_in)),
+        ("inputs: one [D, 6880] weight, f32 out (kit.inputs)", inputs_model, (h, w_in), b(w_in)),
         ("q_b", lambda x, w: jnp.einsum("mr,rhe->mhe", x, w), (lat, w_q_b), b(w_q_b)),
         ("w_uk (f32 out)", lambda x, w: jnp.einsum("mhn,hnc->mhc", x, w, preferred_element_type=f32), (qn, w_uk), b(w_uk)),
         ("w_uv", lambda x, w: jnp.einsum("mhc,hcv->mhv", x, w), (cl, w_uv), b(w_uv)),
@@ -88,8 +122,7 @@ def candidates(m: int):
         ("unembed [D, V padded to 64]", lambda x, w: jnp.einsum("md,dv->mv", x, w, preferred_element_type=f32)[:, :V],
          (h, unembed_pad), b(unembed_pad)),
         ("unembed [V, D]", lambda x, w: jnp.einsum("md,vd->mv", x, w, preferred_element_type=f32), (h, unembed_t), b(unembed_t)),
-        ("router f32 HIGHEST", lambda x, w: jnp.einsum("md,de->me", x.astype(f32), w, precision=jax.lax.Precision.HIGHEST,
-                                                       preferred_element_type=f32), (h, router), b(router)),
+        *router_candidates(h, router, b),
     ]
     try:  # the house kernel (hisparse_jax.grouped_matmul, E = 1, bf16) on the same weights, [1, N, K]
         from hisparse_jax.grouped_matmul import grouped_matmul
@@ -126,6 +159,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="2,17", help="comma-separated batch sizes")
     p.add_argument("--calls", type=int, default=30, help="timed calls per matmul")
     p.add_argument("--hbm", type=float, default=4.358e12, help="HBM read bytes/s for the share column")
+    p.add_argument("--flush-mb", type=int, default=256,
+                   help="MiB rewritten between calls so weights come from HBM, not L2 (0: no flush, as before)")
     a = p.parse_args(argv)
     rows = []
     for m in [int(x) for x in a.batches.split(",")]:
@@ -135,10 +170,18 @@ def main(argv=None) -> int:
             j = jax.jit(fn)
             jax.block_until_ready(j(*args))
             progs.append((name, j, args, wbytes, f"jit_cand_{m}_{i}"))
+        # Between calls, a program of its own (not counted) rewrites a buffer larger than L2, so
+        # every call reads its weights from HBM as in a decode step (a layer's weights are long
+        # evicted when the next step reaches it); without it a weight under L2's size (the
+        # router's 6.3 MB) is read from L2 after the first call.
+        flush = jax.jit(lambda x: x + 1, donate_argnums=0)
+        scratch = jnp.zeros((a.flush_mb << 18,), jnp.float32) if a.flush_mb else None
         trace_dir = tempfile.mkdtemp(prefix="projbench-")
         with jax.profiler.trace(trace_dir):
             for name, j, args, _, _ in progs:
                 for _ in range(a.calls):
+                    if scratch is not None:
+                        scratch = jax.block_until_ready(flush(scratch))
                     jax.block_until_ready(j(*args))
         events = kernel_events(trace_dir)
         by_module = collections.defaultdict(list)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import gzip
+import math
 import os
 import re
 import statistics
@@ -40,6 +41,22 @@ NAMES = {
     "f32[32,192,256]": "router", "bf16[6144,15885]": "unembed", "bf16[4,1536,15885]": "unembed",
     "bf16[6144,15872]": "unembed", "bf16[4,1536,15872]": "unembed",
 }
+# The decode layout's merged input projections (hisparse_jax.kit.inputs): [D, r + dc + dr + HI dI + dI + HI].
+MERGED_INPUTS = (6144, 2048 + 576 + 32 * 128 + 128 + 32)
+
+
+def weight_name(shape: str) -> str | None:
+    """The glm5-h200 weight an operand of HLO type `shape` is (a split-K view of the merged input
+    matrix too: its rows split, its 6880 columns kept), or None."""
+    if shape in NAMES:
+        return NAMES[shape]
+    dims = [int(d) for d in re.findall(r"\d+", shape.split("[", 1)[-1])]
+    if shape.startswith("bf16[") and dims and dims[-1] == MERGED_INPUTS[1] and \
+            math.prod(dims) == MERGED_INPUTS[0] * MERGED_INPUTS[1]:
+        return "inputs (w_q_a + w_kv + i_q + i_k + i_head, merged)"
+    return None
+
+
 EXPERTS, PER_TOKEN, GATE_UP, DOWN = 32, 8, 4096 * 6144, 6144 * 2048  # fp8: one byte a weight
 
 
@@ -67,8 +84,8 @@ def rows(profile_dir: str, batch: int, hbm: float, steps: int):
                 what, weight = f"routed down ({busy:.2f} busy experts expected)", busy * DOWN
         elif inst is not None:
             shapes = [raw[o].shape.split("{")[0] for o in inst.operands if o in raw]
-            named = [s for s in shapes if s in NAMES]
-            what = " + ".join(NAMES[s] for s in named) or " ".join(shapes) + " -> " + inst.shape.split("{")[0]
+            named = [s for s in shapes if weight_name(s)]
+            what = " + ".join(weight_name(s) for s in named) or " ".join(shapes) + " -> " + inst.shape.split("{")[0]
             weight = sum(array_bytes(s) for s in named)
         per_call, bound = statistics.median(secs), weight / hbm
         yield dict(kernel=name, weight=what, per_step=len(secs) / steps, us=(min(secs) * 1e6, per_call * 1e6, max(secs) * 1e6),

@@ -3,7 +3,8 @@ family broken on purpose: a helper that cannot fail proves nothing.
 
 - a decode whose "hisparse" (or "dense") path is off by one ulp in one logit fails the bitwise
   helpers, with a message naming the step, stream and vocab entry;
-- a step that copies the weights fails the program check, and so does a step that resolves twice;
+- a step that copies the weights fails the program check, and so do a step that resolves twice
+  and one that merges the input projections itself (kit.inputs) instead of reading them merged;
 - bad arguments (not a family, steps < 1, a mode the family lacks, RESOLVE without its custom
   call) are one-line errors naming the argument.
 """
@@ -20,6 +21,7 @@ import pytest
 
 import hisparse_jax
 from hisparse_jax import hlo, targets, testing
+from hisparse_jax.kit import inputs as kit_inputs
 from hisparse_jax.models import get_family
 
 STEPS = 8
@@ -155,6 +157,27 @@ def test_a_weight_copy_fails_the_program_check():
     with pytest.raises(AssertionError, match=r"^hisparse decode program: \d+ weight-, key- or KV-sized arrays "
                                              r"produced in the step \(each a copy\), first \S+ = f32\["):
         testing.assert_clean_decode_program(_copies_its_weights("dsa"), config, weights, steps=STEPS)
+
+
+def _merges_its_inputs_every_step(name: str):
+    """A family whose step concatenates each layer's input projections itself (kit.inputs.merge
+    inside the step instead of once at load): the same math, a copy of those weights per call."""
+    base = get_family(name)
+
+    def decode_step(config, weights, state, tokens, *args, **kwargs):
+        return base.decode_step(config, kit_inputs.merge(config, weights), state, tokens, *args, **kwargs)
+
+    return _variant(name, "merging its input projections in the step", decode_step)
+
+
+def test_merging_the_inputs_in_the_step_fails_the_program_check():
+    """The merged layout's matrices count as weights even when the weights given are apart: a
+    step that builds them is caught (one layer and two steps: a short compile)."""
+    config, weights, _, _ = _setup("dsa")
+    # 220 columns: w_q 4 x 24, w_kv 32 + 8, the indexer's w_q 4 x 16, w_k 16, w_head 4
+    with pytest.raises(AssertionError, match=r"^device decode program: \d+ weight-, key- or KV-sized arrays "
+                                             r"produced in the step \(each a copy\), .* = f32\[64,220\]\S* concatenate"):
+        testing.assert_no_big_copies(_merges_its_inputs_every_step("dsa"), config, weights, "device", steps=2)
 
 
 @needs_ffi

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from ..models.family import Family
-from . import checks, model, state, weights
+from . import checks, inputs, model, state, weights
 from .config import config_class
 
 
@@ -44,7 +44,8 @@ def make_family(name: str, Config: type, init_weights=weights.init_weights) -> F
     """The kit's model as a Family of `Config` (an MLAConfig whose `indexer` selects)."""
     return Family(name=name, Config=Config, init_weights=init_weights, init_state=state.init_state,
                   prefill=model.prefill, decode_step=model.decode_step, selecting_layout=selecting_layout,
-                  metadata_bytes_read=metadata_bytes_read, selection_weights=weights.SELECTION_WEIGHTS)
+                  metadata_bytes_read=metadata_bytes_read, selection_weights=weights.SELECTION_WEIGHTS,
+                  decode_weights=inputs.merge)
 
 
 def family(indexer, name: str | None = None) -> Family:

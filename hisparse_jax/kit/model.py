@@ -18,7 +18,7 @@ from .. import kv_store
 from ..models import layers, mla, moe, paging
 from ..models.paging import ForcedSelection
 from ..topk import select_topk
-from . import checks, overlap
+from . import checks, inputs, overlap
 from .protocol import SCORE, selection_rule
 from .state import group_metadata, replace_metadata
 
@@ -39,8 +39,11 @@ def _selection(config, params, metadata, h, pos, store, forced, group: int):
 
 def _decode_layer(config, w, store, located, pos, x, tail, layer: int, groups: int):
     """One layer of one decode step, its records located: (x, tail, store, misses [b]).
-    Attention runs per overlap group (kit.overlap; one group: the whole batch)."""
+    Attention runs per overlap group (kit.overlap; one group: the whole batch). Merged input
+    projections (kit.inputs) run as one matmul here (the anchor's ran in decode_step)."""
     h = layers.rms_norm(x, w.attn_norm, config.norm_eps)
+    with jax.named_scope("mla_project"):
+        w, _ = inputs.apply(w, None, h)
     with jax.named_scope("mla_project"):
         q = mla.query(config, w, h, pos)  # [b, H, dc + dr] f32
         tail = paging.tail_write(tail, mla.kv_record(config, w, h, pos), pos)
@@ -75,9 +78,13 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
         x = layers.embed(weights.embed, tokens)
     misses, chosen = [], []
     for g in range(c.groups):
-        params = weights.indexers[g]
+        params, anchor = weights.indexers[g], weights.layers[g * c.index_share]
         with jax.named_scope("indexer"):
-            h = layers.rms_norm(x, weights.layers[g * c.index_share].attn_norm, c.norm_eps)
+            h = layers.rms_norm(x, anchor.attn_norm, c.norm_eps)
+        with jax.named_scope("mla_project"):
+            # the anchor's merged matmul: its own projections and its indexer's, of the same h
+            anchor, params = inputs.apply(anchor, params, h)
+        with jax.named_scope("indexer"):
             # The token is written before the group selects, so a step's scores see the whole
             # sealed prefix (the write orders itself before the read: an in-place update).
             metadata[g] = checks.write(indexer, c, params, metadata[g], h[:, None], pos[:, None], written)
@@ -90,8 +97,8 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
                 where, store = overlap.locate(store, layer, selection, groups)
                 located.append(where)
         for layer, where in zip(group, located):
-            x, tails[layer], store, m = _decode_layer(c, weights.layers[layer], store, where, pos, x,
-                                                      tails[layer], layer, groups)
+            w = anchor if layer == group[0] else weights.layers[layer]
+            x, tails[layer], store, m = _decode_layer(c, w, store, where, pos, x, tails[layer], layer, groups)
             misses.append(m)
     logits = layers.lm_head(weights, x, c.norm_eps)
     misses = jnp.stack(misses)
@@ -122,6 +129,9 @@ def prefill(config, weights, state, prompts: jax.Array, lengths: jax.Array):
     [b, V] of each prompt's last token)), dense and causal: each indexer group first writes every
     prompt token into its metadata, then its layers page their latent records into the store."""
     c, indexer = config, config.indexer
+    # Merged decode weights apart again (slices, once per call): prefill's matmuls have every
+    # prompt token for rows, and compute as with the checkpoint's layout.
+    weights = inputs.split(c, weights)
     x, lengths, positions, chunk, keep = layers.embed_prompts(c, weights.embed, prompts, lengths)
     written = positions[:keep] < lengths[:, None]  # [b, keep]
     token_pos = jnp.broadcast_to(positions[:keep], written.shape)

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from .. import layout
-from ..models import layers
+from ..models import layers, products
 from ..models.weights import init_normal
 from .protocol import Indexer
 
@@ -55,6 +56,9 @@ class PageMinMax(Indexer):
     dim: int = 64
     heads: int = 4
 
+    # h's projections: decoding runs them in the anchor layer's one input matmul (kit.inputs)
+    input_weights: ClassVar[tuple[str, ...]] = ("w_k", "w_q", "w_head")
+
     @property
     def name(self) -> str:
         return f"page-minmax-{self.page}"
@@ -76,7 +80,7 @@ class PageMinMax(Indexer):
         return PageBounds(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
 
     def write(self, config, params, metadata, h, positions, written):
-        key = layers.weight_einsum("...d,de->...e", h, params["w_k"]).astype(metadata.page_max.dtype)  # [b, T, dim]
+        key = products.project("...d,de->...e", h, params["w_k"]).astype(metadata.page_max.dtype)  # [b, T, dim]
         rows = jnp.arange(h.shape[0])[:, None]
         pages = metadata.page_max.shape[1]
         at = jnp.where(written, positions // self.page, pages)  # unwritten tokens: dropped
@@ -90,8 +94,8 @@ class PageMinMax(Indexer):
 
     def _query(self, params, h):
         """h [..., D] -> (relu(q), min(q, 0)) [..., heads, dim] and head weights [..., heads], f32."""
-        q = layers.weight_einsum("...d,dje->...je", h, params["w_q"], preferred_element_type=jnp.float32)
-        w = layers.weight_einsum("...d,dj->...j", h, params["w_head"], preferred_element_type=jnp.float32)
+        q = products.project("...d,dje->...je", h, params["w_q"], preferred_element_type=jnp.float32)
+        w = products.project("...d,dj->...j", h, params["w_head"], preferred_element_type=jnp.float32)
         return jnp.maximum(q, 0.0), jnp.minimum(q, 0.0), w / math.sqrt(self.heads * self.dim)
 
     def page_scores(self, params, h, page_max, page_min):

@@ -34,6 +34,7 @@ nothing is left in the compiled step) and raises one line naming the method and 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 
@@ -51,7 +52,15 @@ class Indexer:
 
     The methods below document the protocol; one of `score` / `select` is required, the others
     have defaults (an indexer that keeps nothing per token needs neither init_metadata nor write).
+
+    `input_weights` (optional): names of parameters (dataclass fields or dict keys, [D, ...]
+    matrices in the model's dtype) that write and score multiply h by through
+    `hisparse_jax.models.products.project(spec, h, params.NAME)` in place of an einsum. For
+    decoding the kit stores them in the anchor layer's one input matrix (kit.inputs: one matmul
+    for the layer's and the indexer's projections of h) and passes their products instead.
     """
+
+    input_weights: ClassVar[tuple[str, ...]] = ()
 
     @property
     def name(self) -> str:

@@ -8,6 +8,7 @@ models.weights.weight_bytes counts them as the "indexer" component.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import numpy as np
@@ -23,7 +24,8 @@ SELECTION_WEIGHTS = ("indexers",)  # weights.weight_bytes: the indexers select r
 @dataclasses.dataclass(frozen=True)
 class LayerWeights:
     """One layer's weights: the query projection is w_q (q_lora_rank = 0) or w_q_a, q_norm, w_q_b
-    (the others None); the feed-forward branch is mlp (experts = 0) or moe (the other None)."""
+    (the others None); the feed-forward branch is mlp (experts = 0) or moe (the other None). In
+    the decode layout (kit.inputs.merge) w_q / w_q_a and w_kv live in `inputs`."""
 
     attn_norm: jax.Array  # [D]
     w_q: jax.Array | None  # [D, H, qk_nope + qk_rope]
@@ -37,6 +39,10 @@ class LayerWeights:
     w_o: jax.Array  # [H, dv, D]
     mlp: layers.MLPWeights | None
     moe: moe.MoEWeights | None
+    # kit.inputs.MergedInputs: the input projections (w_q or w_q_a, w_kv, at an anchor layer the
+    # indexer's input weights) in one matrix, those fields then None; None as drawn and in
+    # checkpoints (a None field has no leaves: the checkpoint layout is unchanged).
+    inputs: Any = None
 
 
 @jax.tree_util.register_dataclass

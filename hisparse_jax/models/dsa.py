@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,7 @@ from ..kit.attention import attention_kernel_domain, uses_attention_kernel
 from ..kit.model import decode_step, prefill
 from ..kit.state import init_state, state_class
 from ..kit.family import metadata_bytes_read, selecting_layout
-from . import layers, shapes
+from . import layers, products, shapes
 from .config import require
 from .weights import init_normal, ones, split_layers
 
@@ -105,6 +106,9 @@ class LightningIndexer(Indexer):
     rope_dim: int = 0
     implementation: str = "auto"
 
+    # h's projections, which kit.inputs merges with the anchor layer's into one decode matmul
+    input_weights: ClassVar[tuple[str, ...]] = ("w_q", "w_k", "w_head")
+
     @property
     def name(self) -> str:
         return "lightning"
@@ -143,7 +147,7 @@ class LightningIndexer(Indexer):
 
     def key(self, config, iw: IndexerWeights, h, positions=None):
         """h [..., D] -> (k_I [..., dI] in the key dtype, scale [...] float32 or None)."""
-        key = layers.layer_norm(layers.weight_einsum("...d,de->...e", h, iw.w_k), iw.k_scale, iw.k_bias,
+        key = layers.layer_norm(products.project("...d,de->...e", h, iw.w_k), iw.k_scale, iw.k_bias,
                                 config.norm_eps)
         key = self._rope(config, key, positions)
         if self.dtype == "fp8":
@@ -152,9 +156,9 @@ class LightningIndexer(Indexer):
 
     def query(self, config, iw: IndexerWeights, h, positions=None):
         """h [..., D] -> (q_I [..., HI, dI] in dtype, head weights [..., HI] float32, 1/sqrt(HI dI) in)."""
-        q = layers.weight_einsum("...d,dje->...je", h, iw.w_q)
+        q = products.project("...d,dje->...je", h, iw.w_q)
         q = self._rope(config, q, None if positions is None else jnp.asarray(positions)[..., None])
-        head = layers.weight_einsum("...d,dj->...j", h, iw.w_head, preferred_element_type=jnp.float32)
+        head = products.project("...d,dj->...j", h, iw.w_head, preferred_element_type=jnp.float32)
         return q, head / math.sqrt(self.heads * self.dim)
 
     def write(self, config, params, metadata, h, positions, written):

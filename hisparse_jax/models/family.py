@@ -25,6 +25,9 @@ class Family:
         protocol's functions (hisparse_jax.models).
       selection_weights: names, on their pytree paths, of the weights the family's selection
         reads (weights.weight_bytes counts them as "selection").
+      decode_weights: (config, weights) -> the same weights in the layout decoding reads fastest
+        (the kit: each layer's input projections in one matrix, kit.inputs), made once at load;
+        decode_step and prefill take either layout. None: init_weights' layout is the one.
     """
 
     name: str
@@ -36,3 +39,13 @@ class Family:
     selecting_layout: Callable
     metadata_bytes_read: Callable
     selection_weights: tuple[str, ...] = ()
+    decode_weights: Callable | None = None
+
+
+def decode_weights(family: Family, config, weights):
+    """`weights` in the family's decode layout (Family.decode_weights; unchanged without one).
+    `family`: a Family, a family module or a name (models.get_family)."""
+    from . import get_family  # models/__init__ imports this module
+
+    convert = get_family(family).decode_weights
+    return weights if convert is None else convert(config, weights)

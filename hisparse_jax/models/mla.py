@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from . import layers
+from . import layers, products
 
 if TYPE_CHECKING:
     from ..kit.config import MLAConfig
@@ -24,12 +24,13 @@ if TYPE_CHECKING:
 
 
 def query(config: MLAConfig, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
-    """h [..., D] at positions (broadcast to h.shape[:-1]) -> absorbed q [..., H, dc + dr] float32."""
+    """h [..., D] at positions (broadcast to h.shape[:-1]) -> absorbed q [..., H, dc + dr] float32.
+    w.w_q / w.w_q_a (and w.w_kv in kv_record) may be products.Product of h (kit.inputs.apply)."""
     if config.q_lora_rank:
-        latent = layers.rms_norm(layers.weight_einsum("...d,dr->...r", h, w.w_q_a), w.q_norm, config.norm_eps)
+        latent = layers.rms_norm(products.project("...d,dr->...r", h, w.w_q_a), w.q_norm, config.norm_eps)
         q = layers.weight_einsum("...r,rhe->...he", latent, w.w_q_b)
     else:
-        q = layers.weight_einsum("...d,dhe->...he", h, w.w_q)
+        q = products.project("...d,dhe->...he", h, w.w_q)
     q_nope, q_rope = q[..., : config.qk_nope_dim], q[..., config.qk_nope_dim :]
     q_rope = layers.rope(q_rope, positions[..., None], config.rope_theta)
     q_latent = layers.weight_einsum("...hn,hnc->...hc", q_nope, w.w_uk, preferred_element_type=jnp.float32)
@@ -38,7 +39,7 @@ def query(config: MLAConfig, w: LayerWeights, h: jax.Array, positions: jax.Array
 
 def kv_record(config: MLAConfig, w: LayerWeights, h: jax.Array, positions: jax.Array) -> jax.Array:
     """h [..., D] -> record [..., dc + dr] in config.dtype: [rms-normed latent c, rope key]."""
-    kv = layers.weight_einsum("...d,dw->...w", h, w.w_kv)
+    kv = products.project("...d,dw->...w", h, w.w_kv)
     latent = layers.rms_norm(kv[..., : config.kv_lora_rank], w.kv_norm, config.norm_eps)
     k_rope = layers.rope(kv[..., config.kv_lora_rank :], positions, config.rope_theta)
     return jnp.concatenate([latent, k_rope], axis=-1).astype(config.dtype)

@@ -150,6 +150,10 @@ def route(config: ModelConfig, router: jax.Array, h: jax.Array) -> tuple[jax.Arr
     operands to TF32), the k best by lax.top_k (equal scores: the lower id first), weights = the
     chosen scores over their sum, times routed_scaling.
     """
+    # One float32 dot here (XLA:CPU compiles it as one fusion). On an H200 XLA's autotuner makes it
+    # a split-K GEMM plus a partial-sum fusion at 6-9x its bytes (BENCHMARKS.md, weights/FFN at
+    # 128K): [b, D] x [D, E] at HIGHEST has too few output tiles to spread D x E x 4 bytes over the
+    # SMs, and no tensor cores. Same-numerics alternatives: benchmarks/projection_bench.py.
     logits = layers.weight_einsum("...d,de->...e", h.astype(jnp.float32), router.astype(jnp.float32),
                         precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
     top, chosen = jax.lax.top_k(jax.nn.sigmoid(logits), config.experts_per_token)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import decode, hlo, layout, targets
+from ..models.family import decode_weights
 from . import arguments
 
 
@@ -155,13 +156,21 @@ def assert_host_pool_stays_pinned(program: hlo.Module, config, batch: int) -> No
             raise AssertionError(f"{name} = {what} produces a pool-shaped array: a copy of the pool")
 
 
-def big_shapes(config, weights, state) -> set[str]:
+def big_shapes(config, weights, state, family=None) -> set[str]:
     """HLO types of every weight matrix, every per-layer device state buffer and the device KV:
-    arrays a step must read in place (a copy of one is a copy of weights, keys or KV)."""
+    arrays a step must read in place (a copy of one is a copy of weights, keys or KV).
+
+    With `family`, the weight matrices of both its layouts count, whichever `weights` is in:
+    init_weights' and Family.decode_weights' (the kit: each layer's input projections in one
+    matrix), so a step that concatenates the pieces (or slices the merged matrix) is a copy too."""
     shapes = {hlo.shape_text(leaf.value.shape, leaf.value.dtype) for leaf in layout.leaves(state)
               if leaf.layout.category not in (layout.COUNTERS, layout.OPEN_PAGE) and leaf.layout.memory == layout.DEVICE
               and not leaf.path.startswith("store.cache")}
-    return shapes | {hlo.shape_text(w.shape, w.dtype) for w in jax.tree.leaves(weights) if len(w.shape) >= 2}
+    layouts = [weights]
+    if family is not None:
+        canonical = jax.eval_shape(lambda: family.init_weights(config, 0))
+        layouts += [canonical, jax.eval_shape(lambda w: decode_weights(family, config, w), canonical)]
+    return shapes | {hlo.shape_text(w.shape, w.dtype) for t in layouts for w in jax.tree.leaves(t) if len(w.shape) >= 2}
 
 
 # Opcodes that may produce a big array: passing it through, or updating it in place.
@@ -183,7 +192,7 @@ def assert_no_big_copies(family, config, weights, mode: str = "hisparse", batch:
     traced = trace_decode(family, config, weights, batch, mode, steps)
     program = hlo.parse(fully_optimized(traced.lower()))
     state = jax.eval_shape(lambda: family.init_state(config, batch, mode))
-    big = big_shapes(config, weights, state)
+    big = big_shapes(config, weights, state, family)
     bad = [f"{name} = {shape} {opcode} (root {root})" for name, shape, opcode, root in program.materialized()
            if hlo.array_type(shape) in big and opcode not in IN_PLACE
            and not (opcode == "fusion" and root in ("dynamic-update-slice", "scatter"))]  # in-place update fusions

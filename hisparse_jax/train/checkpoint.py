@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..kit import inputs as kit_inputs
 from ..npz_files import NpzFile
 from . import indexer_spec
 from .model import config_fields, family_of, kit_indexer, make_config
@@ -66,8 +67,9 @@ def _hashed_fields(fields: dict, indexer: dict | None) -> dict:
 
 def save_model(path: str | Path, config, weights, meta: dict | None = None) -> int:
     """Writes the weights (cast to config.dtype) with the config, its protocol indexer (if any),
-    `meta` and the content hash of them all (checked by load_model); returns the file's bytes."""
-    leaves, _ = jax.tree_util.tree_flatten_with_path(weights)
+    `meta` and the content hash of them all (checked by load_model); returns the file's bytes.
+    Weights in the decode layout (kit.inputs.merge) are written split: a checkpoint has one layout."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(kit_inputs.split(config, weights))
     arrays = {}
     for i, (path_, leaf) in enumerate(leaves):
         a = np.asarray(jax.device_get(jnp.asarray(leaf, config.dtype)))

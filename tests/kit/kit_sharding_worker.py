@@ -10,11 +10,12 @@ import numpy as np
 
 from hisparse_jax import decode, kit
 from hisparse_jax import sharding as hsh
+from hisparse_jax.models.family import decode_weights
 
 jax.config.update("jax_disable_most_optimizations", True)
 family = kit.family(kit.PageMinMax(page=8, dim=16, heads=2))
 config = family.Config.tiny(num_layers=2, top_k=8, hot_slots=10, max_context=64)
-weights = family.init_weights(config, 0)
+weights = decode_weights(family, config, family.init_weights(config, 0))  # the decode layout, replicated too
 prompts = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 40)).astype(np.int32))
 lengths = jnp.asarray([37, 20], jnp.int32)
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from hisparse_jax.models import get_family
+from hisparse_jax.models.family import decode_weights
 from hisparse_jax.testing import Run, assert_runs_equal, run_decode
 
 STEPS = 64
@@ -28,9 +29,12 @@ def make_prompts(seed: int = 0, lengths=(37, 20, 5), T: int = 40, vocab: int = 2
 
 @functools.cache
 def weights_for(family: str, config: Any, seed: int = 0):
-    """family.init_weights(config, seed), cached. Its values depend on the weight shapes and the
-    seed only, so configs differing in cache fields (top_k, hot_slots, ...) get equal weights."""
-    return get_family(family).init_weights(config, seed)
+    """family.init_weights(config, seed) in the family's decode layout (Family.decode_weights: the
+    layout the decode benchmark runs; DSA's merged input projections), cached. Its values depend on
+    the weight shapes and the seed only, so configs differing in cache fields (top_k, hot_slots,
+    ...) get equal weights."""
+    f = get_family(family)
+    return decode_weights(f, config, f.init_weights(config, seed))
 
 
 @functools.cache

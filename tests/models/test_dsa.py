@@ -71,7 +71,7 @@ def _oracle_record_scores(config, iw, h, keys, scale, sealed):
                          ids=["tokens", "pages", "fp8"])
 def test_indexer_scores_match_a_numpy_oracle(overrides):
     config = dsa.Config.tiny(**overrides)
-    iw = CASE.weights(config).indexers[0]
+    iw = dsa.init_weights(config, 0).indexers[0]  # the layout apart (the decode layout merges w_q, w_k, w_head)
     rng = np.random.default_rng(0)
     b = 3
     h = jnp.asarray(rng.standard_normal((b, config.d_model)), config.dtype)
@@ -88,7 +88,7 @@ def test_indexer_scores_match_a_numpy_oracle(overrides):
 
 def test_fp8_keys_are_the_quantized_layer_norm():
     config = dsa.Config.tiny(index_dtype="fp8")
-    iw = CASE.weights(config).indexers[0]
+    iw = dsa.init_weights(config, 0).indexers[0]  # the layout apart (the decode layout merges w_q, w_k, w_head)
     x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 5, config.d_model)), jnp.float32)
     keys, scale = dsa.index_key(config, iw, x)
     exact, none = dsa.index_key(dsa.Config.tiny(), iw, x)

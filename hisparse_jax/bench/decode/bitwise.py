@@ -21,6 +21,7 @@ import numpy as np
 
 from ... import decode
 from ...models import get_family
+from ...models.family import decode_weights
 from .. import outputs
 from ..errors import BenchError
 from .runner import DecodeRun, time_in_turns, tokens_needed, warm_up
@@ -77,7 +78,7 @@ def compare(args) -> dict:
     """The summary of both modes at the command line's shape."""
     family = get_family(args.family)
     config = bitwise_config(family, args.preset, args.context, args.steps, args.reps, args.num_layers)
-    weights = family.init_weights(config, 0)
+    weights = decode_weights(family, config, family.init_weights(config, 0))  # the layout decode timings read
     prompts, lengths = ragged_prompts(config, args.batch, args.context)
     results = {m: decode_mode(family, config, weights, prompts, lengths, m, args.steps, args.reps) for m in MODES}
     h, d = results["hisparse"], results["device"]

@@ -33,6 +33,7 @@ import jax
 
 from ... import _ffi
 from ...selection import synthetic as traces
+from ...models.family import decode_weights
 from ...models.weights import weight_bytes
 from .. import outputs
 from .. import profile as profile_lib
@@ -159,7 +160,8 @@ def run_decode(args, plan_: Plan) -> dict:
                      "token-level figures applied to pages (page-level locality uncalibrated)")
     with Progress(_progress_total(args, plan_), "decode") as progress:
         for c in plan_.contexts:
-            weights = plan_.family.init_weights(c.config, 0)
+            # the decode layout (the kit: merged input projections), made once here, never per step
+            weights = decode_weights(plan_.family, c.config, plan_.family.init_weights(c.config, 0))
             timings, measured = _measure(args, plan_, c, weights, progress)
             profiles += measured
             del weights

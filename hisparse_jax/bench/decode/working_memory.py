@@ -49,6 +49,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ... import decode, layout
+from ...models.family import decode_weights
 
 # Two batches the affine model is fitted to when no search bound is known. Not batch 1: small
 # dims of size 1 change what XLA does (on CPU, DSA's index keys are copied at batch 1, updated in
@@ -232,7 +233,8 @@ def _compiled_memory(family, config, mode, batch, steps, trace, skip_indexer, ba
     del no_opt  # a cache key: a program compiled under another setting is another program
     start = time.perf_counter()
     state = abstract_state(family, config, batch, mode)
-    weights = jax.eval_shape(lambda: family.init_weights(config, 0))
+    # the layout the runs decode with (command.run_decode: the family's decode_weights)
+    weights = jax.eval_shape(lambda: decode_weights(family, config, family.init_weights(config, 0)))
     # The arguments decode.generate builds (decode._arguments), as ShapeDtypeStructs: first tokens
     # committed like state.lengths, the key, and with a trace the ids and the forced flag as the
     # runner puts them on device (uncommitted, default memory).

@@ -19,6 +19,7 @@ from hisparse_jax.bench.decode import working_memory as wm
 from hisparse_jax.bench.decode.capacity import largest_fitting, account, capacity
 from hisparse_jax.bench.decode.plan import build_plan
 from hisparse_jax.models import get_family
+from hisparse_jax.models.family import decode_weights
 
 STEPS, CONTEXT = 3, 40
 
@@ -31,7 +32,7 @@ def _real_call_analysis(family, config, mode: str, batch: int, trace: bool):
     """The memory analysis of generate's program compiled (default options) for arrays placed as
     the runner's are: a filled state, first tokens, weights and trace ids in default device memory
     (their values do not change the program: zeros, which are quicker to make)."""
-    shapes = jax.eval_shape(lambda: family.init_weights(config, 0))
+    shapes = jax.eval_shape(lambda: decode_weights(family, config, family.init_weights(config, 0)))  # as run_decode
     weights = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     state, first = runner.initial_state(family, config, weights, mode, batch, CONTEXT, fill="synthetic")
     selection = {}
