@@ -138,7 +138,8 @@ class TwoLevel(Indexer):
     def page_scores(self, params, h, coarse_sum):
         """S [b, pages] float32 of queries h [b, D] against every page's mean coarse key."""
         q, w = self._query(params, h, "c", self.coarse_dim)
-        return self._scores(q, w, coarse_sum / self.page, ("bjd,bpd->bjp", "bjp,bj->bp"))
+        # The mean's 1 / page on the query: scaling the sums would write a metadata-sized copy.
+        return self._scores(q / self.page, w, coarse_sum, ("bjd,bpd->bjp", "bjp,bj->bp"))
 
     # ------------------------------------------------------------------ the fine record kind
 
