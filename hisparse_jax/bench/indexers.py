@@ -150,8 +150,16 @@ def _bytes(config, contexts) -> dict:
         sized = dataclasses.replace(config, max_context=context)
         hisparse, full = account(family, sized, 1, "hisparse"), account(family, sized, 1, "device")
         out[str(context)] = dict(hisparse=hisparse.per_request("device"), full_kv=full.per_request("device"),
-                                 hisparse_by_category=hisparse.by_category("device", per_request=True))
+                                 hisparse_by_category=hisparse.by_category("device", per_request=True),
+                                 hisparse_indexer_records=_indexer_records(hisparse))
     return out
+
+
+def _indexer_records(bytes_account) -> int:
+    """Device bytes per request of an indexer's own record kind (kit.RecordKind): its hot buffer,
+    slot map, LRU and open record (0 without one); the byte account files them as records."""
+    return sum(per for path, (memory, _, _, per) in bytes_account.arrays.items()
+               if memory == "device" and path.startswith(("index_store.", "index_tail")))
 
 
 def _measure(c: Candidate, args, corpus: Corpus, out: Path) -> dict:

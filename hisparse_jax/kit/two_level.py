@@ -208,3 +208,11 @@ class TwoLevel(Indexer):
         fine = self._scores(take(f["fq"]), take(f["fw"]), f["fine_keys"], ("bcjd,btd->bcjt", "bcjt,bcj->bct"))
         coarse = self._scores(take(f["cq"]), take(f["cw"]), f["page_keys"], ("bcjd,bpd->bcjp", "bcjp,bcj->bcp"))
         return TrainLevels(fine=fine, coarse=coarse, page=self.page, candidates=self.candidates)
+
+
+# Named settings for sweeps (`--indexer hisparse_jax.kit.two_level:PAGE64_C64`): candidate tokens
+# (candidates x page) at 2-8x the trace model's k = 2048, hot buffers of 2 x candidates pages.
+PAGE64_C64 = TwoLevel(page=64, candidates=64, hot_pages=128)
+PAGE64_C128 = TwoLevel(page=64, candidates=128, hot_pages=256)
+PAGE32_C128 = TwoLevel(page=32, candidates=128, hot_pages=256)
+PAGE128_C32 = TwoLevel(page=128, candidates=32, hot_pages=64)

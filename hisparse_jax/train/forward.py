@@ -74,7 +74,7 @@ def _chunk_attention(config, q, keys, index, start, chunk: int, sparse: bool, me
         rows = jnp.broadcast_to(positions, (b, chunk)).reshape(-1)  # each query's sealed keys
         ranked = jax.lax.stop_gradient(index)
         if levels is not None:  # decode's two-level rule: the top-k tokens of the candidate pages
-            allowed = _candidate_tokens(config, levels, positions, T)
+            allowed = candidate_tokens(config, levels, positions, T)
             ranked = jnp.where(allowed, ranked, -jnp.inf)
         ids = select_topk(ranked.reshape(b * chunk, T), rows, config.top_k, implementation=config.implementation)
         put = jnp.where(ids >= 0, ids, T)  # -1 padding goes to a dropped column
@@ -118,7 +118,7 @@ def _chunk_attention(config, q, keys, index, start, chunk: int, sparse: bool, me
     return latent, tuple(stats)
 
 
-def _candidate_tokens(config, levels: TrainLevels, positions, T: int) -> jax.Array:
+def candidate_tokens(config, levels: TrainLevels, positions, T: int) -> jax.Array:
     """[b, C, T] bool: the tokens of each query's candidate pages, as decode picks them: the
     `candidates` closed pages (wholly before the query's own) best by the coarse logits (the
     library's top-k, ties to the lower page) and the query's own page."""

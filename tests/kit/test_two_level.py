@@ -123,7 +123,7 @@ def test_training_selects_what_decode_selects_and_scores_what_it_scores():
     positions = jnp.arange(T, dtype=jnp.int32)
     features = checks.train_features(INDEXER, config, PARAMS, h, positions)
     levels = checks.train_scores(INDEXER, config, PARAMS, features, positions, 16, 32)  # queries 16..47
-    allowed = forward._candidate_tokens(config, levels, 16 + jnp.arange(32), T)
+    allowed = forward.candidate_tokens(config, levels, 16 + jnp.arange(32), T)
     ranked = jnp.where(allowed, levels.fine, -jnp.inf).reshape(B * 32, T)
     train_ids = np.asarray(select_topk(ranked, jnp.tile(16 + jnp.arange(32, dtype=jnp.int32), B), config.top_k))
     train_ids = train_ids.reshape(B, 32, -1)
