@@ -217,3 +217,22 @@ def test_byte_account_counts_both_record_kinds():
     assert device["kv records"] == hot
     host = cap.total("host")
     assert host == CONFIG.num_layers * CONFIG.num_records * kv_record + CONFIG.groups * pages * fine_record
+
+
+def test_training_distills_both_levels():
+    """The forward's KL reaches the coarse parameters (page KL) and the fine ones (token KL) in
+    sparse training, which attends to the two-level selection (the dense warm-up takes the same
+    KLs over every sealed key)."""
+    config = FAMILY.Config.tiny(num_layers=1, top_k=6, hot_slots=8, max_context=64)  # page_size 1
+    weights = FAMILY.init_weights(config, 1)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 256, (1, 33)), jnp.int32)  # 4 pages of 8
+
+    def kl(indexers):
+        _, parts = forward.forward_loss(config, dataclasses.replace(weights, indexers=indexers), tokens,
+                                        sparse=True, chunk=16)
+        return jnp.sum(parts["kl"])
+
+    value, grads = jax.value_and_grad(kl)(weights.indexers)
+    assert np.isfinite(float(value)) and float(value) > 0
+    for name, g in grads[0].items():
+        assert np.isfinite(np.asarray(g)).all() and np.abs(np.asarray(g)).max() > 0, name
