@@ -129,6 +129,12 @@ class Config(MLAConfig):
                              "Config from kit.family(MyIndexer(...)).Config")
         checks.check_indexer(self.indexer)
         self.indexer.check(self)
+        try:  # a record kind of its own must make a store (e.g. records of whole 8-byte words)
+            self.index_cache_config(1)
+        except checks.IndexerError:
+            raise
+        except ValueError as err:
+            raise ValueError(f"{type(self.indexer).__name__}.record_kind: {err}") from None
 
 
 def config_class(indexer: Indexer) -> type:

@@ -236,3 +236,11 @@ def test_training_distills_both_levels():
     assert np.isfinite(float(value)) and float(value) > 0
     for name, g in grads[0].items():
         assert np.isfinite(np.asarray(g)).all() and np.abs(np.asarray(g)).max() > 0, name
+
+
+def test_a_record_kind_that_makes_no_store_is_a_one_line_error():
+    """Records of page x width x itemsize bytes must be whole 8-byte words (RESOLVE copies words)."""
+    with pytest.raises(ValueError, match=r"^TwoLevel.record_kind: CacheConfig: a record is 36 bytes") as caught:
+        FAMILY.Config.tiny(num_layers=2, top_k=6, hot_slots=8, max_context=64,  # page_size 1
+                           indexer=dataclasses.replace(INDEXER, page=3, fine_dim=3))
+    assert "\n" not in str(caught.value)
