@@ -244,3 +244,38 @@ def test_a_record_kind_that_makes_no_store_is_a_one_line_error():
         FAMILY.Config.tiny(num_layers=2, top_k=6, hot_slots=8, max_context=64,  # page_size 1
                            indexer=dataclasses.replace(INDEXER, page=3, fine_dim=3))
     assert "\n" not in str(caught.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoFetch(kit.Indexer):
+    """Declares a record kind but not the fetch that names its records."""
+
+    def record_kind(self, config):
+        return kit.RecordKind(page=4, width=2, fetch=2, hot_slots=2)
+
+    def record_values(self, config, params, h, positions):
+        return h[..., :2]
+
+    def select(self, config, params, metadata, h, positions, sealed, fetched=None):
+        return jnp.full((h.shape[0], config.top_k), -1, jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FewSlots(_NoFetch):
+    """A record kind with fewer hot slots than the records it fetches."""
+
+    def record_kind(self, config):
+        return kit.RecordKind(page=4, width=2, fetch=3, hot_slots=2)
+
+    def fetch(self, config, params, metadata, h, positions, sealed):
+        return jnp.full((h.shape[0], 3), -1, jnp.int32)
+
+
+@pytest.mark.parametrize("indexer, error", [
+    (_NoFetch(), "_NoFetch.fetch: not defined, but record_kind is"),
+    (_FewSlots(), "_FewSlots.record_kind: RecordKind.hot_slots=2 < fetch=3"),
+])
+def test_record_kind_protocol_errors_name_the_method(indexer, error):
+    with pytest.raises(ValueError, match=error) as caught:
+        kit.family(indexer).Config.tiny(**SHAPES)
+    assert "\n" not in str(caught.value)
