@@ -19,19 +19,13 @@ import dataclasses
 import sys
 
 from hisparse_jax import kit
-from hisparse_jax.bench.decode.capacity import account
+from hisparse_jax.bench.decode.capacity import INDEXER_RECORDS, account
 from hisparse_jax.bench.deployments import get_deployment
 from hisparse_jax.kit import two_level
 from hisparse_jax.models import dsa
 
 MiB = 2**20
 SETTINGS = ("TwoLevel", "PAGE64_C64", "PAGE64_C128", "PAGE32_C128", "PAGE128_C32")
-
-
-def indexer_records(bytes_account) -> int:
-    """Per-request device bytes of the indexer's own record kind (index_store, index_tail)."""
-    return sum(per for path, (memory, _, _, per) in bytes_account.arrays.items()
-               if memory == "device" and path.startswith(("index_store.", "index_tail")))
 
 
 def lines(deployment: str, contexts, settings) -> list[str]:
@@ -54,8 +48,8 @@ def lines(deployment: str, contexts, settings) -> list[str]:
             config = family.Config.preset("realistic", max_context=max_context,
                                           **{k: v for k, v in derived.overrides.items() if k in kit_fields})
             bytes_account = account(family, config, 1, "hisparse")
-            meta = bytes_account.by_category("device", per_request=True).get("indexer metadata", 0)
-            records = indexer_records(bytes_account)
+            per_request = bytes_account.by_category("device", per_request=True)
+            meta, records = per_request.get("indexer metadata", 0), per_request.get(INDEXER_RECORDS, 0)
             out.append(f"| {context // 1024}K | {indexer.name} | {meta / MiB:.2f} MiB | {records / MiB:.2f} MiB "
                        f"| {(meta + records) / MiB:.2f} MiB | 1/{keys / (meta + records):.1f} "
                        f"| {bytes_account.per_request('device') / MiB:.1f} MiB "

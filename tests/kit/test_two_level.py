@@ -15,7 +15,7 @@ import pytest
 
 import hisparse_jax
 from hisparse_jax import kit, testing
-from hisparse_jax.bench.decode.capacity import account
+from hisparse_jax.bench.decode.capacity import INDEXER_RECORDS, account
 from hisparse_jax.kit import checks
 from hisparse_jax.kit.protocol import Fetched
 from hisparse_jax.kit.two_level import TwoLevel
@@ -205,18 +205,19 @@ def test_bad_knobs_are_one_line_errors_naming_the_knob(knobs, error):
 
 
 def test_byte_account_counts_both_record_kinds():
-    """Device: the coarse sums (float32 per page) as indexer metadata, the fine keys' hot buffer
-    and open page beside the KV's; host: both pools."""
+    """Device: the coarse sums (float32 per page) as indexer metadata; the fine keys' hot buffer,
+    slot map, LRU and open page as "indexer records", apart from the KV's; host: both pools."""
     cap = account(FAMILY, CONFIG, 1, "hisparse")
     device = cap.by_category("device", per_request=True)
     pages = -(-CONFIG.max_context // INDEXER.page)
     assert device["indexer metadata"] == CONFIG.groups * pages * INDEXER.coarse_dim * 4
     fine_record = INDEXER.page * INDEXER.fine_dim * 4
     kv_record = CONFIG.page_size * CONFIG.record_width * 4
-    hot = CONFIG.num_layers * CONFIG.hot_slots * kv_record + CONFIG.groups * INDEXER.hot_pages * fine_record
-    assert device["kv records"] == hot
-    host = cap.total("host")
-    assert host == CONFIG.num_layers * CONFIG.num_records * kv_record + CONFIG.groups * pages * fine_record
+    assert device["kv records"] == CONFIG.num_layers * CONFIG.hot_slots * kv_record
+    slots = INDEXER.hot_pages * (fine_record + 2 * 4)  # a record and its slot_record and lru entries
+    assert device[INDEXER_RECORDS] == CONFIG.groups * (slots + fine_record) + 4  # + open pages, its sealed count
+    assert cap.total("host", "kv records") == CONFIG.num_layers * CONFIG.num_records * kv_record
+    assert cap.total("host", INDEXER_RECORDS) == CONFIG.groups * pages * fine_record
 
 
 def test_training_distills_both_levels():

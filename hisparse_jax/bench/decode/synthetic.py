@@ -170,5 +170,9 @@ def _pool_chunk(pool_shape, dtype, salt, chunk, first):
 
 
 def without_fetch(state):
-    """`state` whose RESOLVE skips the record copy (no-IO benchmark runs)."""
-    return dataclasses.replace(state, store=dataclasses.replace(state.store, fetch=False))
+    """`state` whose RESOLVE calls skip the record copy (no-IO benchmark runs): the KV's, and a kit
+    indexer's own records' (state.index_store, whose stale hot slots then steer its selection:
+    a timing run, like the KV's stale records)."""
+    changes = {name: dataclasses.replace(getattr(state, name), fetch=False)
+               for name in ("store", "index_store") if isinstance(getattr(state, name, None), RecordStore)}
+    return dataclasses.replace(state, **changes)
