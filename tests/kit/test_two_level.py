@@ -191,6 +191,15 @@ def test_decode_program_is_clean():
     testing.assert_clean_decode_program(FAMILY, CONFIG, WEIGHTS, batch=2, steps=2)
 
 
+def test_decode_program_is_clean_with_prefetch():
+    """With the KV's copies prefetched (a resolve_prefetch and a join per sparse layer), the fine
+    keys' RESOLVE stays one plain call per selecting group: its records are read at once."""
+    if not hisparse_jax.has_ffi():
+        pytest.skip("the compiled-program checks need RESOLVE's handler (hisparse_jax.has_ffi())")
+    config = dataclasses.replace(CONFIG, prefetch=True)
+    testing.assert_clean_decode_program(FAMILY, config, WEIGHTS, batch=2, steps=2)
+
+
 @pytest.mark.parametrize("knobs, error", [
     (dict(page=0), "TwoLevel.page: must be a positive int, got 0"),
     (dict(page=5), "TwoLevel.page: page=5 must be a multiple of the model's page_size=2"),
