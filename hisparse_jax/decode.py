@@ -48,6 +48,8 @@ class Generated:
       state: the new state (its host pool still pinned_host); the one passed in was donated.
       selections: with record_selection, [steps, layers, *S, k] int32 ids every selecting layer
         attended to (ascending per stream, -1 padding); else None.
+      index_misses: [steps, groups, *S] int32 records of a kit indexer's own record kind
+        RESOLVE fetched (kit.RecordKind; zeros outside "hisparse"); None for other models.
     """
 
     tokens: jax.Array
@@ -55,6 +57,7 @@ class Generated:
     misses: jax.Array
     state: object
     selections: jax.Array | None = None
+    index_misses: jax.Array | None = None
 
 
 _STATIC = ("family", "config", "steps", "sampling", "return_logits", "skip_indexer", "record_selection")
@@ -82,11 +85,14 @@ def _generate_program(family, config, steps, sampling, return_logits, skip_index
         with jax.named_scope("sample"):
             nxt = next_tokens(out.logits, sampling, jax.random.fold_in(key, i))
         fed = nxt if teacher is None else teacher
-        return (out.state, fed), (nxt, out.logits if return_logits else None, out.misses, out.selected)
+        return (out.state, fed), (nxt, out.logits if return_logits else None, out.misses, out.selected,
+                                  out.index_misses)
 
     carry = (state, first_tokens)
     xs = (jnp.arange(steps, dtype=jnp.int32), selections, teacher_tokens)
-    (state, _), (tokens, logits, misses, recorded) = jax.lax.scan(step, carry, xs)
+    (state, _), (tokens, logits, misses, recorded, index_misses) = jax.lax.scan(step, carry, xs)
+    if index_misses is not None:  # a kit indexer's own records (kit.RecordKind)
+        return tokens, logits, misses, state, recorded, index_misses
     if record_selection:
         return tokens, logits, misses, state, recorded
     return tokens, logits, misses, state

@@ -36,7 +36,7 @@ from ..train.indexer_spec import load_indexer
 from ..train.model import MODELS, family_of, kit_indexer
 from ..train.record import record_trace
 from . import indexer_slice as slice_run, indexers_report, outputs
-from .decode.capacity import account
+from .decode.capacity import INDEXER_RECORDS, account
 from .errors import BenchError
 
 DSA = "dsa"  # --indexer dsa: DSA's lightning indexer (fit without --indexer)
@@ -150,7 +150,9 @@ def _bytes(config, contexts) -> dict:
         sized = dataclasses.replace(config, max_context=context)
         hisparse, full = account(family, sized, 1, "hisparse"), account(family, sized, 1, "device")
         out[str(context)] = dict(hisparse=hisparse.per_request("device"), full_kv=full.per_request("device"),
-                                 hisparse_by_category=hisparse.by_category("device", per_request=True))
+                                 hisparse_by_category=hisparse.by_category("device", per_request=True),
+                                 hisparse_indexer_records=hisparse.by_category("device", per_request=True).get(
+                                     INDEXER_RECORDS, 0))
     return out
 
 

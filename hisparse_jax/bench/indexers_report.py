@@ -70,6 +70,9 @@ def bytes_table(report: dict) -> list[str]:
         rows = (("HiSparse, indexer metadata", lambda x: x["hisparse_by_category"].get("indexer metadata", 0)),
                 ("HiSparse, all device state", lambda x: x["hisparse"]), ("full-KV, all device state",
                                                                           lambda x: x["full_kv"]))
+        if any(b[str(c)].get("hisparse_indexer_records") for c in contexts):  # a kit.RecordKind's hot buffer
+            rows = (rows[0], ("HiSparse, indexer records (hot buffer, open page)",
+                              lambda x: x["hisparse_indexer_records"]), *rows[1:])
         for i, (name, pick) in enumerate(rows):
             lines.append(f"| {e['label'] if i == 0 else ''} | {name} | "
                          + " | ".join(fmt_bytes(pick(b[str(c)])) for c in contexts) + " |")

@@ -87,7 +87,9 @@ def profile_decode(family, config, weights, state, first_tokens, steps: int, *, 
     busy = timeline(kernels, steps)
     if bandwidths is None:
         bandwidths = measure_bandwidths(config.record_bytes)
-    moved = step_bytes(family, config, weights, batch, context, float(np.asarray(misses).sum()) / steps)
+    index = generated.index_misses  # a kit indexer's own records (kit.RecordKind), else None
+    moved = step_bytes(family, config, weights, batch, context, float(np.asarray(misses).sum()) / steps,
+                       0.0 if index is None else float(np.asarray(index).sum()) / steps)
     roofline = roofline_seconds(moved, bandwidths)
     return StepProfile(seconds, wall, roofline, moved, dict(bandwidths), top, overlap, **busy), out, state
 

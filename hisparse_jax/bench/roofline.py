@@ -84,17 +84,21 @@ def weight_bytes(weights, batch: int, config=None) -> float:
     return total - embed.nbytes + batch * embed.shape[1] * embed.dtype.itemsize
 
 
-def step_bytes(family, config, weights, batch: int, context: int, misses_per_step: float) -> dict[str, float]:
+def step_bytes(family, config, weights, batch: int, context: int, misses_per_step: float,
+               index_misses_per_step: float = 0.0) -> dict[str, float]:
     """Bytes one decode step must move: weights, the family's metadata, the attended records
-    (HBM), and the miss IO (host link)."""
+    (HBM), and the miss IO (host link): the KV's, and a kit indexer's own records
+    (`index_misses_per_step` of kit.RecordKind records, fetched by their own RESOLVE)."""
     cache = config.cache_config(batch)
+    index = getattr(config, "index_cache_config", lambda b: None)(batch)
+    index_io = 0.0 if index is None else index_misses_per_step * index.record_bytes
     streams = int(np.prod(cache.stream_shape))
     attended = cache.num_layers * streams * (config.top_k + 1) * config.record_bytes
     return {
         "weights": float(weight_bytes(weights, batch, config)),
         "metadata": float(batch * family.metadata_bytes_read(config, context)),
         "attended KV": float(attended),
-        "miss IO": float(misses_per_step * config.record_bytes),
+        "miss IO": float(misses_per_step * config.record_bytes + index_io),
     }
 
 

@@ -10,6 +10,8 @@ from .checks import IndexerError
 from .config import Config, MLAConfig
 from .family import family, make_family
 from .page_minmax import PageMinMax
-from .protocol import Indexer, NoMetadata
+from .protocol import Fetched, Indexer, NoMetadata, RecordKind, TrainLevels
+from .two_level import TwoLevel
 
-__all__ = ["Config", "Indexer", "IndexerError", "MLAConfig", "NoMetadata", "PageMinMax", "family", "make_family"]
+__all__ = ["Config", "Fetched", "Indexer", "IndexerError", "MLAConfig", "NoMetadata", "PageMinMax", "RecordKind",
+           "TrainLevels", "TwoLevel", "family", "make_family"]

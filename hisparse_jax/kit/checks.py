@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import layout
-from .protocol import SCORE, SELECT, Indexer, overrides
+from .protocol import SCORE, SELECT, Indexer, RecordKind, TrainLevels, overrides
 
 # The kit's own fields of a model State; a metadata field of the same name would shadow them.
-STATE_FIELDS = ("store", "tail", "lengths")
+STATE_FIELDS = ("store", "tail", "lengths", "index_store", "index_tail")
 
 
 class IndexerError(ValueError):
@@ -61,6 +61,12 @@ def check_indexer(indexer) -> Indexer:
         have, lack = ("init_metadata", "write") if overrides(indexer, "init_metadata") else ("write", "init_metadata")
         raise IndexerError(f"{_label(indexer, lack)}: not defined, but {have} is; an indexer that keeps metadata "
                            "defines both (one that keeps nothing, neither)")
+    if overrides(indexer, "record_kind"):
+        for method in ("record_values", "fetch", SELECT):
+            if not overrides(indexer, method):
+                raise IndexerError(f"{_label(indexer, method)}: not defined, but record_kind is; an indexer with a "
+                                   "record kind defines record_values, fetch and select (which receives the "
+                                   "fetched records as fetched=)")
     if not isinstance(indexer.name, str) or not indexer.name:
         raise IndexerError(f"{_label(indexer, 'name')}: must be a non-empty str, got {indexer.name!r}")
     return indexer
@@ -158,8 +164,46 @@ def score(indexer, config, params, metadata, h, positions, sealed) -> jax.Array:
     return out
 
 
-def select(indexer, config, params, metadata, h, positions, sealed) -> jax.Array:
-    out = indexer.select(config, params, metadata, h, positions, sealed)
+def record_kind(indexer, config) -> RecordKind | None:
+    """indexer.record_kind(config), checked: None or a RecordKind of positive ints, hot_slots >= fetch."""
+    kind = indexer.record_kind(config)
+    if kind is None:
+        return None
+    where = _label(indexer, "record_kind")
+    if not isinstance(kind, RecordKind):
+        raise IndexerError(f"{where}: returned a {type(kind).__name__}; return a kit.RecordKind(page, width, fetch, "
+                           "hot_slots) or None")
+    for name in ("page", "width", "fetch", "hot_slots"):
+        value = getattr(kind, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise IndexerError(f"{where}: RecordKind.{name} must be a positive int, got {value!r}")
+    if kind.hot_slots < kind.fetch:
+        raise IndexerError(f"{where}: RecordKind.hot_slots={kind.hot_slots} < fetch={kind.fetch}; every fetched "
+                           "record needs a hot slot: raise hot_slots")
+    return kind
+
+
+def record_values(indexer, config, params, h, positions) -> jax.Array:
+    kind = record_kind(indexer, config)
+    out = indexer.record_values(config, params, h, positions)
+    _array(indexer, "record_values", out, (*h.shape[:2], kind.width), "[b, T, width]",
+           jnp.dtype(kind.dtype or config.dtype), "the record kind's values per token")
+    return out
+
+
+def fetch(indexer, config, params, metadata, h, positions, sealed) -> jax.Array:
+    kind = record_kind(indexer, config)
+    out = indexer.fetch(config, params, metadata, h, positions, sealed)
+    _array(indexer, "fetch", out, (h.shape[0], kind.fetch), "[b, fetch]", jnp.int32,
+           "RecordKind.fetch ids of the indexer's own records, ascending, -1 padding")
+    return out
+
+
+def select(indexer, config, params, metadata, h, positions, sealed, fetched=None) -> jax.Array:
+    if fetched is None:
+        out = indexer.select(config, params, metadata, h, positions, sealed)
+    else:
+        out = indexer.select(config, params, metadata, h, positions, sealed, fetched=fetched)
     want = (h.shape[0], config.top_k)
     _array(indexer, "select", out, want, "[b, k]", jnp.int32,
            "k = config.top_k record ids per stream, ascending, -1 padding")
@@ -180,8 +224,14 @@ def train_scores(indexer, config, params, features, positions, start, chunk: int
     """indexer.train_scores, checked: [b, chunk, T] float32 (b from the features' axis 0, T from
     positions), or None."""
     out = indexer.train_scores(config, params, features, positions, start, chunk)
-    if out is not None:
-        want = (jax.tree.leaves(features)[0].shape[0], chunk, positions.shape[0])
+    want = (jax.tree.leaves(features)[0].shape[0], chunk, positions.shape[0])
+    if isinstance(out, TrainLevels):
+        _array(indexer, "train_scores", out.fine, want, "TrainLevels.fine [b, chunk, T]", jnp.float32,
+               "a logit per query of the chunk and per token")
+        pages = -(-positions.shape[0] // out.page)
+        _array(indexer, "train_scores", out.coarse, (*want[:2], pages), "TrainLevels.coarse [b, chunk, ceil(T / page)]",
+               jnp.float32, "a logit per query of the chunk and per page")
+    elif out is not None:
         _array(indexer, "train_scores", out, want, "[b, chunk, T]", jnp.float32,
                "a logit per query of the chunk and per token")
     return out

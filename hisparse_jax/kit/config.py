@@ -99,6 +99,17 @@ class MLAConfig(ModelConfig):
     def cache_config(self, batch: int) -> CacheConfig:
         return self.store_config(self.num_layers, (batch,))
 
+    def index_cache_config(self, batch: int) -> CacheConfig | None:
+        """The store of the indexer's own records (a kit.RecordKind; None without one): one
+        "layer" per selecting group, ceil(max_context / page) records of `page` tokens per stream,
+        the kind's hot slots, `fetch` records selected per step."""
+        kind = checks.record_kind(self.indexer, self)
+        if kind is None:
+            return None
+        return CacheConfig(num_layers=self.groups, stream_shape=(batch,), pool_records=-(-self.max_context // kind.page),
+                           hot_slots=kind.hot_slots, top_k=kind.fetch, record_width=kind.width, page_size=kind.page,
+                           dtype=kind.dtype or self.dtype)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config(MLAConfig):
@@ -118,6 +129,12 @@ class Config(MLAConfig):
                              "Config from kit.family(MyIndexer(...)).Config")
         checks.check_indexer(self.indexer)
         self.indexer.check(self)
+        try:  # a record kind of its own must make a store (e.g. records of whole 8-byte words)
+            self.index_cache_config(1)
+        except checks.IndexerError:
+            raise
+        except ValueError as err:
+            raise ValueError(f"{type(self.indexer).__name__}.record_kind: {err}") from None
 
 
 def config_class(indexer: Indexer) -> type:

@@ -19,8 +19,8 @@ from ..models import layers, mla, moe, paging
 from ..models.paging import ForcedSelection
 from ..topk import select_topk
 from . import checks, inputs, overlap
-from .protocol import SCORE, selection_rule
-from .state import group_metadata, replace_metadata
+from .protocol import SCORE, Fetched, selection_rule
+from .state import group_metadata, has_records, replace_metadata
 
 
 def _selection(config, params, metadata, h, pos, store, forced, group: int):
@@ -35,6 +35,26 @@ def _selection(config, params, metadata, h, pos, store, forced, group: int):
         def choose():
             return checks.select(indexer, config, params, metadata, h, pos, store.sealed)
     return paging.select_ids(store, choose, forced, group)
+
+
+def _fetched_selection(config, params, metadata, h, pos, store, forced, group: int, index_store, index_tail):
+    """`_selection` of an indexer with a record kind: the records its `fetch` names located (RESOLVE on
+    the index store in "hisparse", a read of its device buffer in "device") and gathered, then its
+    select on them. Returns (ids or None, index_store, misses [b] of the index store)."""
+    indexer, out = config.indexer, {}
+
+    def choose():
+        wanted = checks.fetch(indexer, config, params, metadata, h, pos, index_store.sealed)
+        with jax.named_scope("resolve_index_records"):
+            where, located_store = kv_store.locate(index_store, group, wanted)
+        records, valid = kv_store.gather(located_store, group, where)
+        out.update(store=located_store, misses=where.misses)
+        fetched = Fetched(ids=wanted, records=records, valid=valid, open_page=index_tail)
+        return checks.select(indexer, config, params, metadata, h, pos, store.sealed, fetched=fetched)
+
+    ids = paging.select_ids(store, choose, forced, group)
+    # Not chosen ("dense", or a forced trace without the indexer): the index store is untouched.
+    return ids, out.get("store", index_store), out.get("misses", jnp.zeros(pos.shape, jnp.int32))
 
 
 def _decode_layer(config, w, store, located, pos, x, tail, layer: int, groups: int):
@@ -68,6 +88,9 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
     """
     c, indexer, pos = config, config.indexer, state.lengths
     store, tails = state.store, list(state.tail)
+    records = has_records(state)
+    index_store = state.index_store if records else None
+    index_tails, index_misses = (list(state.index_tail) if records else None), []
     # Overlap groups (hisparse with prefetch): each layer's RESOLVE and attention run per group
     # of streams, one group's copy beside another's work (kit.overlap).
     groups = overlap.groups_of(c, store)
@@ -88,7 +111,16 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
             # The token is written before the group selects, so a step's scores see the whole
             # sealed prefix (the write orders itself before the read: an in-place update).
             metadata[g] = checks.write(indexer, c, params, metadata[g], h[:, None], pos[:, None], written)
-            selection = _selection(c, params, metadata[g], h, pos, store, forced, g)
+            if records:
+                # The token's own record values too: its open record is read by this step's select.
+                values = checks.record_values(indexer, c, params, h[:, None], pos[:, None])[:, 0]
+                index_tails[g] = paging.tail_write(index_tails[g], values, pos)
+                index_store = kv_store.write_open_page(index_store, g, index_tails[g])
+                selection, index_store, m = _fetched_selection(c, params, metadata[g], h, pos, store, forced, g,
+                                                               index_store, index_tails[g])
+                index_misses.append(m)
+            else:
+                selection = _selection(c, params, metadata[g], h, pos, store, forced, g)
             chosen.append(selection)
         group = range(g * c.index_share, (g + 1) * c.index_share)
         located = []
@@ -104,8 +136,14 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
     misses = jnp.stack(misses)
     with jax.named_scope("seal"):
         store = paging.seal_full_pages(store, tails, pos + 1, misses)
-    state = replace_metadata(state, metadata, store=store, tail=tuple(tails), lengths=pos + 1)
-    return paging.StepOutput(state, logits, misses, paging.stack_selected(chosen) if record_selection else None)
+        extra = {}
+        if records:
+            index_misses = jnp.stack(index_misses)  # [G, b]
+            extra = dict(index_store=paging.seal_full_pages(index_store, index_tails, pos + 1, index_misses),
+                         index_tail=tuple(index_tails))
+    state = replace_metadata(state, metadata, store=store, tail=tuple(tails), lengths=pos + 1, **extra)
+    return paging.StepOutput(state, logits, misses, paging.stack_selected(chosen) if record_selection else None,
+                             index_misses if records else None)
 
 
 def _prefill_layer(config, w, positions, chunk, x):
@@ -136,16 +174,30 @@ def prefill(config, weights, state, prompts: jax.Array, lengths: jax.Array):
     written = positions[:keep] < lengths[:, None]  # [b, keep]
     token_pos = jnp.broadcast_to(positions[:keep], written.shape)
     metadata = [group_metadata(state, g) for g in range(c.groups)]
-    records = []
+    records, values = [], []
     for g in range(c.groups):
         with jax.named_scope("indexer"):
             h = layers.rms_norm(x, weights.layers[g * c.index_share].attn_norm, c.norm_eps)
             metadata[g] = checks.write(indexer, c, weights.indexers[g], metadata[g], h[:, :keep], token_pos, written)
+            if has_records(state):
+                values.append(checks.record_values(indexer, c, weights.indexers[g], h[:, :keep], token_pos))
         for i in range(c.index_share):
             x, record = _prefill_layer(c, weights.layers[g * c.index_share + i], positions, chunk, x)
             records.append(record[:, :keep])
     with jax.named_scope("write_sealed"):
         pages, count, tails = paging.prefill_pages(jnp.stack(records), lengths, c.page_size)
         store = kv_store.write_sealed(state.store, pages, count)
+    extra = {} if not values else _prefill_index_records(state.index_store, jnp.stack(values), lengths)
     logits = layers.lm_head(weights, layers.last_token(x, lengths), c.norm_eps)
-    return replace_metadata(state, metadata, store=store, tail=tuple(tails), lengths=lengths), logits
+    return replace_metadata(state, metadata, store=store, tail=tuple(tails), lengths=lengths, **extra), logits
+
+
+def _prefill_index_records(index_store, values, lengths):
+    """The prompt's record-kind values [G, b, T, width] paged into the index store: its full
+    records sealed, the rest its open records (State fields index_store, index_tail)."""
+    page = index_store.host_pool.shape[-2] if index_store.mode == "hisparse" else index_store.device_kv[0].shape[-2]
+    T = values.shape[2]
+    padded = jnp.pad(values, ((0, 0), (0, 0), (0, -T % page), (0, 0)))
+    with jax.named_scope("write_index_records"):
+        pages, count, tails = paging.prefill_pages(padded, lengths, page)
+        return dict(index_store=kv_store.write_sealed(index_store, pages, count), index_tail=tuple(tails))

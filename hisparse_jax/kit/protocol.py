@@ -17,6 +17,9 @@ and recording all come from the kit. The researcher subclasses `Indexer` and wri
 - exactly one of `score` (a float per record; the kit runs the library's top-k, ties to the
   lower id, so hisparse, device and every kernel choose the same ids) or `select` (the ids
   themselves, for page-level or non-top-k rules);
+- optionally a record kind of its own (`record_kind`, `record_values`, `fetch`): per-token
+  values the kit keeps off the device like the KV ("hisparse": host pool, hot buffer, RESOLVE)
+  and brings to the device for the candidates the indexer names, before `select`;
 - optionally `train_scores` (token-level logits, so the kit's training can distill it from the
   attention) with `train_features` (what they read, computed once per sequence), and `check`
   (its rules against a model Config).
@@ -106,6 +109,24 @@ class Indexer:
         outside [0, sealed) counts as padding everywhere, RESOLVE's rule 0: a wasted slot)."""
         raise NotImplementedError
 
+    def record_kind(self, config) -> "RecordKind | None":
+        """A record kind of the indexer's own (RecordKind), or None (the default): per-token
+        values kept off the device ("hisparse": a host pool + hot buffer, fetched by RESOLVE). An
+        indexer with one defines `record_values` and `fetch`, and `select` receives the
+        fetched records as the keyword argument `fetched` (a Fetched)."""
+        return None
+
+    def record_values(self, config, params, h: jax.Array, positions: jax.Array) -> jax.Array:
+        """[b, T, width] the record kind's values of tokens h [b, T, D] at positions [b, T], in
+        the kind's dtype; the kit pages them (written at prefill and every step, before selecting)."""
+        raise NotImplementedError
+
+    def fetch(self, config, params, metadata, h: jax.Array, positions: jax.Array, sealed: jax.Array) -> jax.Array:
+        """[b, fetch] int32 ids of the indexer's own records to fetch for the query (ascending,
+        -1 padding, every id < sealed, here the record kind's sealed count [b]); the kit brings
+        them to the device (RESOLVE in "hisparse") and calls select(..., fetched=Fetched)."""
+        raise NotImplementedError
+
     def train_features(self, config, params, h: jax.Array, positions: jax.Array):
         """What train_scores reads of a whole sequence, computed once per layer: training calls
         it outside its loop over blocks of queries (and outside their rematerialization), so
@@ -119,8 +140,72 @@ class Indexer:
         positions [T] int32 (`start` may be traced). The kit applies the causal mask (values at
         keys >= the query may be anything, -inf included). Training fits them to the
         head-summed attention by KL and, in its sparse phase, attends to their top-k. None
-        (the default): nothing to train."""
+        (the default): nothing to train. A two-level indexer returns a TrainLevels instead
+        (token and page logits, both distilled; training selects as decode does)."""
         return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordKind:
+    """An indexer's own records (`Indexer.record_kind`): per-token values the kit pages like the
+    KV, `page` tokens to a record, in a store of their own: the pinned host pool with a hot
+    buffer and LRU per stream and group in "hisparse" mode (fetched by RESOLVE, the same call
+    as the KV's), a device buffer read in place in "device" mode. The open record (the newest
+    tokens, page not yet full) stays on the device.
+
+    Attributes:
+      page: tokens per record.
+      width: values per token (`record_values`' last axis).
+      fetch: records the indexer asks for per step (`Indexer.fetch`'s width; RESOLVE's k).
+      hot_slots: hot buffer slots per stream and group ("hisparse"), >= fetch.
+      dtype: the values' dtype (None: the model's).
+    """
+
+    page: int
+    width: int
+    fetch: int
+    hot_slots: int
+    dtype: str | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Fetched:
+    """What `select` of an indexer with a record kind receives: the records it asked for, fetched.
+
+    Attributes:
+      ids: [b, c] int32 the ids as `Indexer.fetch` returned them (-1 padding).
+      records: [b, c, page, width] their values (zeros where not valid).
+      valid: [b, c] bool: ids in [0, sealed) of the record kind.
+      open_page: [b, page, width] the open record: tokens sealed_kind * page .. the query's
+        position (this step's token written); rows past the position hold stale values.
+    """
+
+    ids: jax.Array
+    records: jax.Array
+    valid: jax.Array
+    open_page: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainLevels:
+    """`train_scores` of a two-level indexer (in place of one [b, chunk, T] array): token logits
+    and page logits, each distilled from the attention, and the selection rule training then
+    applies (the decode rule): per query, the `candidates` best closed pages by `coarse`
+    (ties to the lower page) plus the query's own page, then the top-k tokens of those by `fine`.
+
+    Attributes:
+      fine: [b, chunk, T] float32 token logits (KL against the head-summed token attention).
+      coarse: [b, chunk, ceil(T / page)] float32 page logits (KL against the attention summed
+        over each closed page: pages wholly before the query's own).
+      page, candidates: static ints.
+    """
+
+    fine: jax.Array
+    coarse: jax.Array
+    page: int = dataclasses.field(metadata=dict(static=True))
+    candidates: int = dataclasses.field(metadata=dict(static=True))
 
 
 @jax.tree_util.register_dataclass

@@ -22,12 +22,17 @@ from . import checks
 
 
 @functools.cache
-def state_class(metadata_cls: type) -> type:
+def state_class(metadata_cls: type, records: bool = False) -> type:
     """The State class of a model whose indexer keeps `metadata_cls` (one class per metadata
-    class, so a state's type says what it holds and jit sees one pytree structure)."""
+    class, so a state's type says what it holds and jit sees one pytree structure); `records`:
+    the indexer has a record kind of its own (kit.RecordKind), kept in `index_store` (a
+    RecordStore: "hisparse" host pool + hot buffer, else device buffers; one layer per group)
+    with its open records in `index_tail` (G arrays [b, page, width] on the device)."""
     fields = [("store", RecordStore),
               ("tail", tuple, layout.field(layout.OPEN_PAGE, batch_axis=0))]
     fields += [(f.name, tuple, dataclasses.field(metadata=f.metadata)) for f in dataclasses.fields(metadata_cls)]
+    if records:
+        fields += [("index_store", RecordStore), ("index_tail", tuple, layout.field(layout.OPEN_PAGE, batch_axis=0))]
     fields.append(("lengths", jax.Array, layout.field(layout.COUNTERS, batch_axis=0)))
     names = ", ".join(f.name for f in dataclasses.fields(metadata_cls))
     doc = (f"Decode state of a kit model whose indexer keeps {metadata_cls.__name__}.\n\n"
@@ -39,6 +44,11 @@ def state_class(metadata_cls: type) -> type:
     cls = dataclasses.make_dataclass("State", fields, frozen=True, namespace={"METADATA": metadata_cls, "__doc__": doc})
     cls.__module__ = __name__
     return jax.tree_util.register_dataclass(cls)
+
+
+def has_records(state) -> bool:
+    """Whether the state keeps an indexer record kind (index_store, index_tail)."""
+    return any(f.name == "index_store" for f in dataclasses.fields(state))
 
 
 def metadata_names(state) -> tuple[str, ...]:
@@ -69,10 +79,19 @@ def init_state(config, batch: int, mode: kv_store.Mode, sharding=None):
     """An empty state for `batch` streams; `mode` is "hisparse", "device" or "dense"."""
     c, indexer = config, config.indexer
     groups = [checks.check_metadata(indexer, c, batch, indexer.init_metadata(c, batch)) for _ in range(c.groups)]
-    state = state_class(type(groups[0]))(
+    index = c.index_cache_config(batch)
+    records = {}
+    if index is not None:
+        # "dense" selects nothing: the indexer's records are kept (device buffers) but never read.
+        index_mode = "device" if mode == "dense" else mode
+        records = dict(index_store=kv_store.init_store(index_mode, index, sharding, c.implementation),
+                       index_tail=tuple(jnp.zeros((batch, index.page_size, index.record_width), index.dtype)
+                                        for _ in range(c.groups)))
+    state = state_class(type(groups[0]), index is not None)(
         store=kv_store.init_store(mode, c.cache_config(batch), sharding, c.implementation, c.prefetch),
         tail=tuple(jnp.zeros((batch, c.page_size, c.record_width), c.dtype) for _ in range(c.num_layers)),
         **metadata_fields(groups),
+        **records,
         lengths=jnp.zeros((batch,), jnp.int32),
     )
     return layout.commit(state, sharding)

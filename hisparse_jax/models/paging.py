@@ -151,12 +151,15 @@ class StepOutput:
       misses: [L, *streams] int32 records RESOLVE fetched per layer (zeros outside "hisparse").
       selected: with record_selection, [layers, *S, k] int32: the ids every selecting layer
         attended to (the model's top-k, or the forced ids); else None.
+      index_misses: [groups, *S] int32 records of the indexer's own record kind RESOLVE fetched
+        per selecting group (a kit indexer with a kit.RecordKind); else None.
     """
 
     state: object
     logits: jax.Array
     misses: jax.Array
     selected: jax.Array | None = None
+    index_misses: jax.Array | None = None
 
 
 def stack_selected(chosen: Sequence[jax.Array | None]) -> jax.Array:

@@ -98,13 +98,19 @@ def assert_one_resolve_per_sparse_layer_per_step(traced, config, steps: int) -> 
     calls = [(e.params["target_name"], n, s) for e, n, s in eqns]
     layers = config.cache_config(1).num_layers
     groups = overlap_groups(config)
+    # A kit indexer with a record kind of its own resolves its records once per selecting group
+    # (a plain RESOLVE on its own store, whole batch, never prefetched): index_layers more.
+    index = index_store_config(config, 1)
+    index_layers = 0 if index is None else index.num_layers
     wanted = (targets.RESOLVE_PREFETCH, targets.PREFETCH_JOIN) if config.prefetch else (targets.RESOLVE,)
     per = "sparse layer" if groups == 1 else f"overlap group ({groups}) per sparse layer"
     for target in wanted:
         sites = [c for c in calls if c[0] == target]
-        if len(sites) != layers * groups or any(trips != steps or scans != 1 for _, trips, scans in sites):
-            raise AssertionError(f"{target}: expected one call per {per} ({layers * groups}) per step ({steps}) in "
-                                 f"one scan, found (target, runs, scans) {sites}")
+        want = layers * groups + (index_layers if target == targets.RESOLVE else 0)
+        if len(sites) != want or any(trips != steps or scans != 1 for _, trips, scans in sites):
+            extra = f" and one per indexer group ({index_layers}) for its records" if index_layers else ""
+            raise AssertionError(f"{target}: expected one call per {per} ({layers * groups}){extra} per step "
+                                 f"({steps}) in one scan, found (target, runs, scans) {sites}")
     if config.prefetch:
         slots = {t: [_attribute(e, "prefetch_slot") for e, _, _ in eqns if e.params["target_name"] == t]
                  for t in (targets.RESOLVE_PREFETCH, targets.PREFETCH_JOIN)}
@@ -112,19 +118,30 @@ def assert_one_resolve_per_sparse_layer_per_step(traced, config, steps: int) -> 
         if len(set(forks)) != len(forks) or sorted(forks) != sorted(joins):
             raise AssertionError(f"prefetch slots: resolves {sorted(forks)}, joins {sorted(joins)}; expected one "
                                  "distinct slot per group and sparse layer, each joined once")
-    if config.prefetch and any(c[0] == targets.RESOLVE for c in calls):
+    if config.prefetch and sum(c[0] == targets.RESOLVE for c in calls) != index_layers:
         raise AssertionError("a plain RESOLVE next to the prefetch: a layer resolves twice")
     resolves = [e for e, _, _ in eqns if e.params["target_name"] == wanted[0]]
     streams = math.prod(resolves[0].invars[1].aval.shape[:-1])  # selection [*S, k]
     share = streams // groups
     ranges = sorted((_attribute(e, "stream_begin"), _attribute(e, "stream_count")) for e in resolves)
-    expected = sorted((g * share, share) for g in range(groups) for _ in range(layers))
+    # The indexer's own records resolve the whole batch (plain RESOLVE, also next to the prefetch).
+    whole = [(0, streams)] * index_layers if wanted[0] == targets.RESOLVE else []
+    expected = sorted([(g * share, share) for g in range(groups) for _ in range(layers)] + whole)
     if ranges != expected:
         raise AssertionError(f"{wanted[0]}: stream ranges (begin, count) {ranges}; expected each of the {groups} "
-                             f"groups' ranges of {share} streams once per sparse layer ({layers}): {expected}")
+                             f"groups' ranges of {share} streams once per sparse layer ({layers})"
+                             f"{' and the whole batch once per indexer group' if whole else ''}: {expected}")
     writes = [c for c in calls if c[0] == targets.POOL_WRITE]
-    if len(writes) != 1 or writes[0][1] != steps:
-        raise AssertionError(f"{targets.POOL_WRITE}: expected one pool write per step ({steps}), found {writes}")
+    pools = 1 + (index is not None)
+    if len(writes) != pools or any(w[1] != steps for w in writes):
+        raise AssertionError(f"{targets.POOL_WRITE}: expected one pool write per pool ({pools}) per step ({steps}), "
+                             f"found {writes}")
+
+
+def index_store_config(config, batch: int):
+    """The CacheConfig of a kit indexer's own record kind (MLAConfig.index_cache_config), or None."""
+    get = getattr(config, "index_cache_config", None)
+    return None if get is None else get(batch)
 
 
 # Opcodes that may produce a pool-shaped array without copying it.
@@ -136,21 +153,23 @@ def assert_host_pool_stays_pinned(program: hlo.Module, config, batch: int) -> No
     every RESOLVE without a copy (on a GPU: still in S(5); the CPU compiler keeps memory spaces at
     the entry only), and no instruction produces a pool-shaped array but a pass-through or the
     pool write."""
-    cache = config.cache_config(batch)
-    pool = hlo.shape_text(cache.pool_shape, cache.dtype)
+    caches = [c for c in (config.cache_config(batch), index_store_config(config, batch)) if c is not None]
+    pools = [hlo.shape_text(cache.pool_shape, cache.dtype) for cache in caches]  # the KV's, the indexer's
     params, result = program.entry_layout()
-    host_pool = re.escape(pool[:-1]) + r"\]\{[\d,]+:S\(5\)\}"
-    if not any(re.search(host_pool, p) for p in params) or not re.search(host_pool, result):
-        raise AssertionError(f"the pool {pool} is not an S(5) (pinned host) parameter and result of the program")
+    for pool in pools:
+        host_pool = re.escape(pool[:-1]) + r"\]\{[\d,]+:S\(5\)\}"
+        if not any(re.search(host_pool, p) for p in params) or not re.search(host_pool, result):
+            raise AssertionError(f"the pool {pool} is not an S(5) (pinned host) parameter and result of the program")
     resolves = [i for i in program.instructions.values() if i.target in (targets.RESOLVE, targets.RESOLVE_PREFETCH)]
     if not resolves:
         raise AssertionError("no RESOLVE custom call in the compiled program")
     for resolve in resolves:
         shape = program.instructions[resolve.operands[0]].shape
-        if not shape.startswith(pool[:-1]) or (jax.default_backend() == "gpu" and ":S(5)" not in shape):
-            raise AssertionError(f"{resolve.name} reads the pool from {shape}, expected the pinned-host pool {pool}")
+        if not any(shape.startswith(pool[:-1]) for pool in pools) or (
+                jax.default_backend() == "gpu" and ":S(5)" not in shape):
+            raise AssertionError(f"{resolve.name} reads the pool from {shape}, expected a pinned-host pool of {pools}")
     for name, inst in program.instructions.items():
-        if inst.shape.startswith(pool[:-1]) and (
+        if any(inst.shape.startswith(pool[:-1]) for pool in pools) and (
                 inst.opcode not in _POOL_PASSING or (inst.opcode == "custom-call" and inst.target != targets.POOL_WRITE)):
             what = f"custom call {inst.target}" if inst.target else inst.opcode
             raise AssertionError(f"{name} = {what} produces a pool-shaped array: a copy of the pool")
@@ -165,7 +184,7 @@ def big_shapes(config, weights, state, family=None) -> set[str]:
     matrix), so a step that concatenates the pieces (or slices the merged matrix) is a copy too."""
     shapes = {hlo.shape_text(leaf.value.shape, leaf.value.dtype) for leaf in layout.leaves(state)
               if leaf.layout.category not in (layout.COUNTERS, layout.OPEN_PAGE) and leaf.layout.memory == layout.DEVICE
-              and not leaf.path.startswith("store.cache")}
+              and not leaf.path.startswith(("store.cache", "index_store.cache"))}
     layouts = [weights]
     if family is not None:
         canonical = jax.eval_shape(lambda: family.init_weights(config, 0))
@@ -206,7 +225,8 @@ def assert_clean_decode_program(family, config, weights, batch: int = 3, steps: 
     """The "hisparse" decode program is what the hierarchy promises, on any backend with the
     RESOLVE handler (C++ on CPU, CUDA on GPU):
 
-    - one RESOLVE per sparse layer per step and one pool write per step (traced jaxpr);
+    - one RESOLVE per sparse layer per step and one pool write per step (traced jaxpr); a kit
+      indexer with a record kind: one more RESOLVE per selecting group and pool write per step;
     - the host pool is an S(5) (pinned host) parameter and result, reaches RESOLVE without a copy
       and is never copied (compiled HLO);
     - no weight-, key- or KV-sized array is copied in the step (fully optimized HLO).

@@ -20,7 +20,10 @@ Two phases, as DeepSeek trained DSA (DeepSeek-V3.2 report, section 2.1):
 The indexer's input is detached from the model (train_features reads stop_gradient(h)) and its
 target is detached too, so the KL trains the indexer alone and the next-token loss trains the
 rest. Each layer has its own indexer (index_share = 1) and page_size is 1. An indexer whose
-train_scores returns None has nothing to learn: its KL is 0 and only dense phases train it.
+train_scores returns None has nothing to learn: its KL is 0 and only dense phases train it. A
+two-level indexer's train_scores (kit.TrainLevels) adds the KL of its page logits against the
+attention summed per closed page, and training selects as its decode does: the top-k tokens of
+the candidate pages (the best closed pages by the page logits, plus the query's own).
 `measure=True` also returns the share of the dense attention mass the indexer's top-k captures
 (the comparison of hisparse-bench indexers).
 """
@@ -31,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from ..kit import checks
-from ..kit.protocol import Indexer
+from ..kit.protocol import Indexer, TrainLevels
 from ..models import layers, mla, moe
 from ..topk import select_topk
 
@@ -58,6 +61,9 @@ def _chunk_attention(config, q, keys, index, start, chunk: int, sparse: bool, me
     """
     b, T = keys.shape[:2]
     positions = start + jnp.arange(chunk, dtype=jnp.int32)  # [C]
+    levels = index if isinstance(index, TrainLevels) else None
+    if levels is not None:
+        index = levels.fine
     key_pos = jnp.arange(T, dtype=jnp.int32)
     take = lambda a: jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=1)
     scores = jnp.einsum("bchw,btw->bhct", take(q).astype(config.dtype), keys, preferred_element_type=f32)
@@ -66,11 +72,16 @@ def _chunk_attention(config, q, keys, index, start, chunk: int, sparse: bool, me
     chosen = None
     if index is not None and (sparse or measure):
         rows = jnp.broadcast_to(positions, (b, chunk)).reshape(-1)  # each query's sealed keys
-        ids = select_topk(jax.lax.stop_gradient(index).reshape(b * chunk, T), rows, config.top_k,
-                          implementation=config.implementation)
+        ranked = jax.lax.stop_gradient(index)
+        if levels is not None:  # decode's two-level rule: the top-k tokens of the candidate pages
+            allowed = candidate_tokens(config, levels, positions, T)
+            ranked = jnp.where(allowed, ranked, -jnp.inf)
+        ids = select_topk(ranked.reshape(b * chunk, T), rows, config.top_k, implementation=config.implementation)
         put = jnp.where(ids >= 0, ids, T)  # -1 padding goes to a dropped column
         chosen = jnp.zeros((b * chunk, T + 1), bool).at[jnp.arange(b * chunk)[:, None], put].set(True)
         chosen = chosen[:, :T].reshape(b, chunk, T)
+        if levels is not None:  # fewer than top_k candidate tokens: the top-k took others, at -inf
+            chosen &= allowed
     if sparse:
         if chosen is None:
             raise ValueError(f"{type(config.indexer).__name__}.train_scores: returned None, so sparse attention has no "
@@ -96,6 +107,8 @@ def _chunk_attention(config, q, keys, index, start, chunk: int, sparse: bool, me
         log_q = jnp.where(target_keys, log_q, 0.0)
         log_t = jnp.log(jnp.where(target > 0, target, 1.0))
         kl = jnp.sum(jnp.where(target > 0, target * (log_t - log_q), 0.0), axis=-1)  # [b, C]
+        if levels is not None:
+            kl = kl + _page_kl(levels, target, positions)
     stats = [jnp.sum(jnp.where(has_target, kl, 0.0)), jnp.sum(has_target.astype(f32))]
     if measure:  # the dense target's mass on the top-k, where the top-k leaves keys out
         drops = jnp.broadcast_to(positions > config.top_k, has_target.shape) & has_target
@@ -103,6 +116,38 @@ def _chunk_attention(config, q, keys, index, start, chunk: int, sparse: bool, me
                     else jnp.full_like(kl, jnp.nan))  # no scores: no top-k to measure
         stats += [jnp.sum(jnp.where(drops, captured, 0.0)), jnp.sum(drops.astype(f32))]
     return latent, tuple(stats)
+
+
+def candidate_tokens(config, levels: TrainLevels, positions, T: int) -> jax.Array:
+    """[b, C, T] bool: the tokens of each query's candidate pages, as decode picks them: the
+    `candidates` closed pages (wholly before the query's own) best by the coarse logits (the
+    library's top-k, ties to the lower page) and the query's own page."""
+    coarse = jax.lax.stop_gradient(levels.coarse)  # [b, C, n]
+    b, C, n = coarse.shape
+    own = positions // levels.page  # [C]: the query's page; pages before it are closed
+    top = min(levels.candidates, n)
+    closed = jnp.broadcast_to(own, (b, C)).reshape(-1)
+    ids = select_topk(coarse.reshape(b * C, n), closed, top, implementation=config.implementation)
+    put = jnp.where(ids >= 0, ids, n)
+    pages = jnp.zeros((b * C, n + 1), bool).at[jnp.arange(b * C)[:, None], put].set(True)[:, :n].reshape(b, C, n)
+    pages |= jnp.arange(n)[None, None, :] == own[None, :, None]
+    return jnp.take(pages, jnp.arange(T) // levels.page, axis=2)
+
+
+def _page_kl(levels: TrainLevels, target, positions) -> jax.Array:
+    """[b, C] KL(page target || softmax of the coarse logits over the closed pages): the page
+    target is the token target (the head-summed attention, normalized) summed over each closed
+    page and renormalized; 0 for a query with no closed page or no mass on one."""
+    b, C, T = target.shape
+    n, page = levels.coarse.shape[-1], levels.page
+    mass = jnp.pad(target, ((0, 0), (0, 0), (0, n * page - T))).reshape(b, C, n, page).sum(axis=-1)
+    closed = jnp.arange(n)[None, None, :] < (positions // page)[None, :, None]  # [1, C, n]
+    mass = jnp.where(closed, mass, 0.0)
+    total = jnp.sum(mass, axis=-1, keepdims=True)
+    t = mass / jnp.where(total > 0, total, 1.0)
+    log_q = jnp.where(closed, jax.nn.log_softmax(jnp.where(closed, levels.coarse, -jnp.inf), axis=-1), 0.0)
+    log_t = jnp.log(jnp.where(t > 0, t, 1.0))
+    return jnp.sum(jnp.where(t > 0, t * (log_t - log_q), 0.0), axis=-1)
 
 
 def _layer(config, indexer: Indexer, w, params, x, positions, chunk: int, sparse: bool, measure: bool):

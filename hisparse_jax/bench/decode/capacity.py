@@ -2,7 +2,8 @@
 
 The account is read off the family's real State pytree (jax.eval_shape of `init_state`, so
 nothing is allocated) through the layout every state field declares (hisparse_jax.layout):
-every array is counted, by the memory it lives in and the category it declares; an array's bytes
+every array is counted, by the memory it lives in and the category it declares (a kit indexer's
+own records: "indexer records"); an array's bytes
 per request are its bytes over its batch axis, and arrays without one are counted once.
 
 With the decode's working memory (hisparse_jax.bench.decode.working_memory), a batch's device bytes are
@@ -25,6 +26,11 @@ if TYPE_CHECKING:  # working_memory imports the decode and the models; the accou
     from .working_memory import WorkingMemory
 
 MEMORY = {layout.DEVICE: "device", layout.PINNED_HOST: "host"}
+# A kit indexer's own record kind (kit.RecordKind: state.index_store, state.index_tail) is a
+# RecordStore like the KV's, declared as records, slot metadata and an open page; the account
+# files all of it under one category of its own, so the KV's part stays the KV's.
+INDEXER_RECORDS = "indexer records"
+_INDEXER_RECORD_PATHS = ("index_store.", "index_tail")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +66,8 @@ def account(family: ModuleType, config, batch: int, mode: str) -> ByteAccount:
         nbytes = int(np.prod(leaf.value.shape)) * np.dtype(leaf.value.dtype).itemsize
         axis = leaf.layout.batch_axis
         per = nbytes // leaf.value.shape[axis] if axis is not None else 0
-        arrays[leaf.path] = (MEMORY[leaf.layout.memory], leaf.layout.category, nbytes, per)
+        category = INDEXER_RECORDS if leaf.path.startswith(_INDEXER_RECORD_PATHS) else leaf.layout.category
+        arrays[leaf.path] = (MEMORY[leaf.layout.memory], category, nbytes, per)
     return ByteAccount(arrays)
 
 

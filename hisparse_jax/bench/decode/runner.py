@@ -54,6 +54,8 @@ class DecodeTiming:
       selected_per_step: records selected per step (all layers and streams).
       fetch: False for a no-IO run (RESOLVE without the record copy).
       tokens: [steps, batch] int32 tokens of the last timed call (for equality checks).
+      index_misses_per_step: as misses_per_step, for a kit indexer's own records
+        (kit.RecordKind: its second RESOLVE per selecting group); 0 without them.
     """
 
     mode: str
@@ -65,6 +67,7 @@ class DecodeTiming:
     selected_per_step: float
     fetch: bool
     tokens: np.ndarray
+    index_misses_per_step: float = 0.0
 
     @property
     def step_seconds(self) -> float:
@@ -106,6 +109,7 @@ class DecodeRun:
     misses_shape: tuple[int, ...] = ()
     step_seconds: list[float] = dataclasses.field(default_factory=list)
     fetched_per_step: list[float] = dataclasses.field(default_factory=list)
+    index_fetched_per_step: list[float] = dataclasses.field(default_factory=list)
 
 
 def initial_state(family: ModuleType, config, weights, mode: str, batch: int, context: int, *,
@@ -270,6 +274,8 @@ def timed_call(run: DecodeRun) -> None:
     run.step_seconds.append((time.perf_counter() - t0) / run.steps)
     run.state, run.last_tokens = generated.state, generated.tokens
     run.fetched_per_step.append(float(np.asarray(generated.misses).sum()) / run.steps)
+    if generated.index_misses is not None:
+        run.index_fetched_per_step.append(float(np.asarray(generated.index_misses).sum()) / run.steps)
 
 
 def time_in_turns(runs: list[DecodeRun], reps: int, on_round=None) -> list[DecodeTiming]:
@@ -307,4 +313,6 @@ def timing_of(run: DecodeRun) -> DecodeTiming:
         selected_per_step=float(layers_and_streams * run.config.top_k),
         fetch=run.state.store.fetch,
         tokens=np.asarray(run.last_tokens),
+        index_misses_per_step=(float(np.mean(run.index_fetched_per_step))
+                               if mode == "hisparse" and run.index_fetched_per_step else 0.0),
     )

@@ -9,7 +9,8 @@ variance), in place, by what their declared layout (hisparse_jax.layout) says th
 - a RecordStore's records: the host pool ("hisparse") in chunks through the pool-write FFI call
   (no device buffer of the pool's size is ever needed), the per-layer device KV in one jitted
   call; a record gets the same bytes in both, so "hisparse" and "device" states decode to the
-  same tokens, bit for bit; `sealed` = context // page_size; hot caches stay empty (the first
+  same tokens, bit for bit; `sealed` = context // the store's page (page_size for the KV, a kit
+  indexer's RecordKind.page for its own records); hot caches stay empty (the first
   decode steps fill them, as after a real prefill);
 - counters: `lengths` = context;
 - every other array (open pages, indexer metadata, windows, compressed KV) hashed, in one
@@ -83,14 +84,16 @@ def synthetic_state(family: ModuleType, config, batch: int, mode: str, context: 
             f"{config.max_context - 1}] so that decode steps have room"
         )
     state = family.init_state(config, batch, mode)
-    sealed = context // config.page_size
     stores = [f.name for f in dataclasses.fields(state) if isinstance(getattr(state, f.name), RecordStore)]
     in_store = lambda leaf: leaf.path.split(".", 1)[0] in stores
     others = [leaf for leaf in layout.leaves(state) if not in_store(leaf)]
     plans = tuple(_plan(leaf, context, seed) for leaf in others)
     filled = dict(zip((leaf.path for leaf in others), _fill_device(plans, tuple(leaf.value for leaf in others))))
     state = layout.map_arrays(lambda leaf: filled.get(leaf.path, leaf.value), state)
-    changes = {name: _fill_store(getattr(state, name), sealed, _salt(name, seed), chunk_bytes) for name in stores}
+    # Each store seals whole records of its own page (the KV's page_size, or a kit indexer's
+    # record kind: kit.RecordKind.page).
+    changes = {name: _fill_store(getattr(state, name), context // _store_page(getattr(state, name)),
+                                 _salt(name, seed), chunk_bytes) for name in stores}
     # Committed, like the arrays a jitted decode returns (one compiled program for every call).
     return layout.commit(dataclasses.replace(state, **changes))
 
@@ -118,6 +121,11 @@ def _fill_device(plans, arrays):
         else:
             out.append(hashed(array.shape, array.dtype, value))
     return tuple(out)
+
+
+def _store_page(store: RecordStore) -> int:
+    """Tokens per record of a store (its records are [..., R, page, W])."""
+    return (store.host_pool if store.mode == "hisparse" else store.device_kv[0]).shape[-2]
 
 
 def _fill_store(store: RecordStore, sealed: int, salt: int, chunk_bytes: int) -> RecordStore:
@@ -162,5 +170,9 @@ def _pool_chunk(pool_shape, dtype, salt, chunk, first):
 
 
 def without_fetch(state):
-    """`state` whose RESOLVE skips the record copy (no-IO benchmark runs)."""
-    return dataclasses.replace(state, store=dataclasses.replace(state.store, fetch=False))
+    """`state` whose RESOLVE calls skip the record copy (no-IO benchmark runs): the KV's, and a kit
+    indexer's own records' (state.index_store, whose stale hot slots then steer its selection:
+    a timing run, like the KV's stale records)."""
+    changes = {name: dataclasses.replace(getattr(state, name), fetch=False)
+               for name in ("store", "index_store") if isinstance(getattr(state, name, None), RecordStore)}
+    return dataclasses.replace(state, **changes)

@@ -1,0 +1,72 @@
+"""Device bytes per request of a deployment slice's HiSparse state with DSA's lightning indexer
+and with two-level indexers (hisparse_jax.kit.two_level), from the declared layout of the real
+state (hisparse_jax.bench.decode.capacity.account: jax.eval_shape, nothing allocated; CPU is fine).
+
+    python3 benchmarks/two_level_bytes.py [--deployment glm5-h200] [--contexts 131072 262144]
+        [--indexers TwoLevel PAGE64_C64 ...]
+
+Per context: DSA's index keys (its "indexer metadata") and whole device state per request; per
+two-level setting its coarse keys (device metadata), its fine keys' hot buffer, slot map, LRU
+and open page (the second record kind's device part), their sum as a fraction of DSA's keys,
+the whole device state and the host pools per request. max_context = context + 65 (the decode
+bench's room for its steps at page_size 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from hisparse_jax import kit
+from hisparse_jax.bench.decode.capacity import INDEXER_RECORDS, account
+from hisparse_jax.bench.deployments import get_deployment
+from hisparse_jax.kit import two_level
+from hisparse_jax.models import dsa
+
+MiB = 2**20
+SETTINGS = ("TwoLevel", "PAGE64_C64", "PAGE64_C128", "PAGE32_C128", "PAGE128_C32")
+
+
+def lines(deployment: str, contexts, settings) -> list[str]:
+    derived = get_deployment(deployment).derive()
+    kit_fields = {f.name for f in dataclasses.fields(kit.Config)}
+    out = [f"{deployment}: {derived.layers} layers per GPU", "",
+           "| context | indexer | indexer device metadata | indexer records (device) | together | / DSA keys "
+           "| all device state | host pools |", "|---|---|---|---|---|---|---|---|"]
+    for context in contexts:
+        max_context = context + 65
+        dsa_config = dsa.Config.preset("realistic", **derived.overrides, max_context=max_context)
+        base = account(dsa.FAMILY, dsa_config, 1, "hisparse")
+        keys = base.by_category("device", per_request=True).get("indexer metadata", 0)
+        out.append(f"| {context // 1024}K | DSA (fp8 keys) | {keys / MiB:.2f} MiB | - | {keys / MiB:.2f} MiB | 1 "
+                   f"| {base.per_request('device') / MiB:.1f} MiB | {base.per_request('host') / MiB:.0f} MiB |")
+        for name in settings:
+            indexer = getattr(two_level, name)
+            indexer = indexer() if isinstance(indexer, type) else indexer
+            family = kit.family(indexer)
+            config = family.Config.preset("realistic", max_context=max_context,
+                                          **{k: v for k, v in derived.overrides.items() if k in kit_fields})
+            bytes_account = account(family, config, 1, "hisparse")
+            per_request = bytes_account.by_category("device", per_request=True)
+            meta, records = per_request.get("indexer metadata", 0), per_request.get(INDEXER_RECORDS, 0)
+            out.append(f"| {context // 1024}K | {indexer.name} | {meta / MiB:.2f} MiB | {records / MiB:.2f} MiB "
+                       f"| {(meta + records) / MiB:.2f} MiB | 1/{keys / (meta + records):.1f} "
+                       f"| {bytes_account.per_request('device') / MiB:.1f} MiB "
+                       f"| {bytes_account.per_request('host') / MiB:.0f} MiB |")
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--deployment", default="glm5-h200", help="a DSA deployment slice (docs/deployments.md)")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[131072, 262144], help="tokens per request")
+    parser.add_argument("--indexers", nargs="+", default=list(SETTINGS),
+                        help="names in hisparse_jax.kit.two_level: the class (its defaults) or a named setting")
+    args = parser.parse_args(argv)
+    print("\n".join(lines(args.deployment, args.contexts, args.indexers)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
