@@ -6,8 +6,7 @@ installed build, e.g.:
   pip install --no-build-isolation --no-deps --target SITE .
   PYTHONPATH=SITE python -m pytest tests -q
 Knobs: HISPARSE_TEST_SCALE=10 multiplies the random sequences and hypothesis
-examples (soak runs); HYPOTHESIS_PROFILE=hisparse-ci derandomizes hypothesis;
-HISPARSE_TEST_XLA_CACHE=0 turns off the run's shared compilation cache (below).
+examples (soak runs); HYPOTHESIS_PROFILE=hisparse-ci derandomizes hypothesis.
 GPU: on a machine whose default backend is gpu, build with HISPARSE_CUDA=ON;
 "ffi" then means the CUDA handler and the tests marked `gpu` run.
 """
@@ -15,9 +14,7 @@ GPU: on a machine whose default backend is gpu, build with HISPARSE_CUDA=ON;
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -77,44 +74,7 @@ settings.register_profile("hisparse-ci", parent=settings.get_profile("hisparse")
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "hisparse"))
 
 
-_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
-_cache_made_here: str | None = None
-
-
-def _share_compiled_programs() -> None:
-    """One XLA compilation cache for the whole run, in a fresh temporary folder: XLA:CPU compiles
-    are most of the suite's time, and the xdist workers, the subprocesses the tests start and
-    tests that build their own jax.jit of the same program compile the same HLO; each now
-    compiles it once and the others load the executable. A hit is the executable XLA built for
-    the same HLO and compile options (jax_disable_most_optimizations included), so every result
-    has the same bits; decode tests that check a program is not rebuilt count traces and jit's
-    own cache, which a hit leaves as they are. The folder lives for this run only (made by the
-    process that starts the run; xdist workers and subprocesses inherit it through the
-    environment), so no executable outlives the build of hisparse_jax it called. A folder given
-    in JAX_COMPILATION_CACHE_DIR is used as it is (kept after the run)."""
-    global _cache_made_here
-    if os.environ.get("HISPARSE_TEST_XLA_CACHE") == "0":
-        return
-    if not os.environ.get(_CACHE_ENV):
-        _cache_made_here = tempfile.mkdtemp(prefix="hisparse-test-xla-cache-")
-        os.environ[_CACHE_ENV] = _cache_made_here
-    # Every program, however small or fast to compile: most of the suite's are both.
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-    jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_ENV])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                      float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes",
-                      int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
-
-
-def pytest_unconfigure(config):
-    if _cache_made_here is not None:
-        shutil.rmtree(_cache_made_here, ignore_errors=True)
-
-
 def pytest_configure(config):
-    _share_compiled_programs()
     # The controller of an xdist run only (workers have `workerinput`): it sees every report.
     if (config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None)
             and not hasattr(config, "workerinput")):
