@@ -29,12 +29,12 @@ def _median_seconds(fn, *args, reps: int = 5, calls: int = 20) -> float:
 
 
 def hbm_bandwidth(nbytes: int | None = None) -> float:
-    """Bytes/s the device reads weights at: the faster of a sum over `nbytes` (default 2 GiB, 32
+    """Bytes/s the device reads weights at: the faster of a sum over `nbytes` (default 2 GiB, 4
     MiB on CPU, where the figure is the host's and only keeps --profile's plumbing running: 256
-    MiB took half a minute there) and a matrix-vector product with a bf16 matrix of `nbytes`
-    (what a decode step does with its weights). The roofline's bytes are reads (weights, keys,
-    records)."""
-    nbytes = nbytes or (2**25 if jax.default_backend() == "cpu" else 2**31)
+    MiB took half a minute there, 32 MiB 7 s of every --profile run in the test suite) and a
+    matrix-vector product with a bf16 matrix of `nbytes` (what a decode step does with its
+    weights). The roofline's bytes are reads (weights, keys, records)."""
+    nbytes = nbytes or (2**22 if jax.default_backend() == "cpu" else 2**31)
     x = jnp.ones((nbytes // 4,), jnp.float32)
     summed = nbytes / _median_seconds(jax.jit(jnp.sum), x)
     del x

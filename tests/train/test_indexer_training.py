@@ -83,12 +83,14 @@ def test_the_forward_trains_a_kit_indexer_by_its_train_scores():
     assert isinstance(config, kit.Config) and not hasattr(config, "index_dim")
     weights = kit.family(config.indexer).init_weights(config, 0)
     tokens = jax.numpy.asarray(np.random.default_rng(0).integers(0, 256, (2, 65)), jax.numpy.int32)
-    loss, parts = forward_loss(config, weights, tokens, sparse=False, chunk=32, measure=True)
+    # Jitted, as fit runs them: one compile each instead of an eager op-by-op forward and
+    # backward (30 s of dispatch and per-op compiles on XLA:CPU); the same values are checked.
+    loss, parts = jax.jit(lambda w: forward_loss(config, w, tokens, sparse=False, chunk=32, measure=True))(weights)
     assert np.isfinite(float(loss)) and np.all(np.asarray(parts["kl"]) > 0)
     # every query past top_k has keys left out: the top-k keeps part of the attention's mass
     assert np.all((np.asarray(parts["captured"]) > 0) & (np.asarray(parts["captured"]) < 1))
-    (loss, parts), grads = jax.value_and_grad(
-        lambda w: forward_loss(config, w, tokens, sparse=True, chunk=32), has_aux=True)(weights)
+    (loss, parts), grads = jax.jit(jax.value_and_grad(
+        lambda w: forward_loss(config, w, tokens, sparse=True, chunk=32), has_aux=True))(weights)
     assert np.isfinite(float(loss)) and np.all(np.asarray(parts["kl"]) > 0)
     assert all(float(np.abs(g).sum()) > 0 for g in jax.tree.leaves(grads.indexers))  # the KL trains the indexer
 

@@ -50,6 +50,12 @@ def corpus_windows(corpus: Corpus, batch: int, length: int) -> WindowSampler:
     return WindowSampler(Corpus.packed(corpus.held_out), batch, length, seed=0)
 
 
+# The forward jitted, as fit runs it: one compile per (config, sparse) instead of an eager
+# op-by-op forward (per-op dispatch and compiles made these tests 10-18 s each on XLA:CPU).
+jit_forward = jax.jit(forward, static_argnames=("config", "sparse", "chunk", "measure"))
+jit_forward_loss = jax.jit(forward_loss, static_argnames=("config", "sparse", "chunk", "measure"))
+
+
 def _tiny_plan(**changes) -> fit_lib.TrainPlan:
     return dataclasses.replace(fit_lib.PLANS["tiny"], **changes)
 
@@ -79,8 +85,8 @@ def test_sparse_attention_with_every_key_selected_is_dense(corpus):
     config = fit_lib.model_config("tiny", top_k=64, hot_slots=64)
     weights = dsa.init_weights(config, 3)
     tokens = jnp.asarray(next(iter(corpus_windows(corpus, 2, 65))))
-    dense = forward_loss(config, weights, tokens, sparse=False, chunk=32)
-    sparse = forward_loss(config, weights, tokens, sparse=True, chunk=32)
+    dense = jit_forward_loss(config, weights, tokens, sparse=False, chunk=32)
+    sparse = jit_forward_loss(config, weights, tokens, sparse=True, chunk=32)
     assert np.array_equal(np.asarray(dense[0]), np.asarray(sparse[0]))
     assert np.array_equal(np.asarray(dense[1]["kl"]), np.asarray(sparse[1]["kl"]))
 
@@ -89,8 +95,8 @@ def test_sparse_attention_depends_on_the_selection(corpus):
     config = fit_lib.model_config("tiny")  # top_k 16 of 64 keys
     weights = dsa.init_weights(config, 3)
     tokens = jnp.asarray(next(iter(corpus_windows(corpus, 2, 65))))
-    dense, _ = forward(config, weights, tokens[:, :-1], sparse=False, chunk=32)
-    sparse, _ = forward(config, weights, tokens[:, :-1], sparse=True, chunk=32)
+    dense, _ = jit_forward(config, weights, tokens[:, :-1], sparse=False, chunk=32)
+    sparse, _ = jit_forward(config, weights, tokens[:, :-1], sparse=True, chunk=32)
     d, s = np.asarray(dense), np.asarray(sparse)
     # positions 0..16 have at most 16 sealed keys: all selected, the same logits; later ones differ
     np.testing.assert_allclose(d[:, :17], s[:, :17], rtol=1e-5, atol=1e-5)
@@ -104,7 +110,7 @@ def test_training_forward_is_the_decode_model(corpus):
     config = fit_lib.model_config("tiny", max_context=64, prefill_chunk=32)
     weights = dsa.init_weights(config, 5)
     tokens = np.asarray(next(iter(corpus_windows(corpus, 2, 64))))
-    expected, _ = forward(config, weights, jnp.asarray(tokens), sparse=True, chunk=32)
+    expected, _ = jit_forward(config, weights, jnp.asarray(tokens), sparse=True, chunk=32)
     state = dsa.init_state(config, 2, "device")
     state, first_logits = decode.prefill(dsa, config, weights, state, jnp.asarray(tokens[:, :1]),
                                          jnp.ones((2,), jnp.int32))
