@@ -111,3 +111,11 @@ def implementation(request) -> str:
     """Every implementation that runs on the default backend ("reference", and
     "ffi" where a handler is registered: C++ on CPU, CUDA on GPU)."""
     return request.param
+
+
+@pytest.fixture(scope="module")
+def text_root(tmp_path_factory) -> Path:
+    """A folder of standard-library text (tests/stdlib_text.py), one per test module."""
+    import stdlib_text
+
+    return stdlib_text.copy_to(tmp_path_factory.mktemp("corpus") / "text")

@@ -6,7 +6,6 @@ researcher types, with nothing inside hisparse_jax naming it."""
 from __future__ import annotations
 
 import json
-import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +20,8 @@ from hisparse_jax.train.checkpoint import load_model
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "my_indexer.py"
 SPEC = f"{EXAMPLE}:INDEXER"
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-# A few standard-library modules; the default split holds text/dataclasses.py (58K tokens) out,
-# a document long enough to record.
-FILES = ("argparse.py", "dataclasses.py", "typing.py", "functools.py", "enum.py", "inspect.py", "pathlib.py",
-         "textwrap.py", "random.py", "string.py", "glob.py", "shlex.py")
+# text_root (tests/conftest.py): the default split holds text/dataclasses.py (58K tokens) out, a
+# document long enough to record.
 
 
 def test_the_example_is_a_small_file_outside_the_package():
@@ -33,15 +29,6 @@ def test_the_example_is_a_small_file_outside_the_package():
     assert "hisparse_jax" not in EXAMPLE.parent.parts
     assert not any("DotIndexer" in p.read_text() for p in (ROOT / "hisparse_jax").rglob("*.py"))
     assert EXAMPLE.read_text().strip() in (ROOT / "docs" / "research.md").read_text()  # the page shows this file
-
-
-@pytest.fixture(scope="module")
-def text_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("corpus") / "text"
-    root.mkdir()
-    for name in FILES:
-        (root / name).write_bytes((STDLIB / name).read_bytes())
-    return root
 
 
 @pytest.fixture(scope="module")

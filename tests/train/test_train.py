@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sysconfig
 from pathlib import Path
 
 import jax
@@ -24,19 +23,7 @@ from hisparse_jax.train.corpus import Corpus, WindowSampler
 from hisparse_jax.train.forward import check_trainable, forward, forward_loss
 from hisparse_jax.train.record import record_trace
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-# A few standard-library modules, one of them long enough to be decoded by the recorder.
-FILES = ("argparse.py", "dataclasses.py", "typing.py", "functools.py", "enum.py", "inspect.py", "pathlib.py",
-         "textwrap.py", "random.py", "string.py", "glob.py", "shlex.py")
-
-
-@pytest.fixture(scope="module")
-def text_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("corpus") / "text"
-    root.mkdir()
-    for name in FILES:
-        (root / name).write_bytes((STDLIB / name).read_bytes())
-    return root
+import stdlib_text
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +167,7 @@ def test_corpus_split_is_by_path_and_complete(text_root):
     b = Corpus.from_roots([text_root], held_out_fraction=0.3)
     assert [d.name for d in a.held_out] == [d.name for d in b.held_out]
     names = sorted(d.name for d in a.train + a.held_out)
-    assert names == sorted(f"text/{n}" for n in FILES)
+    assert names == sorted(f"text/{n}" for n in stdlib_text.FILES)
     assert set(d.name for d in a.train).isdisjoint(d.name for d in a.held_out)
 
 
