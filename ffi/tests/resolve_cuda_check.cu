@@ -603,7 +603,9 @@ bool RunVariant(const Case& c, const Variant& v, const PinnedBuffer& pool, uint6
       if (!buf->GuardsIntact()) report.Line(Format("call %d: write outside %s", call, name));
     }
     if (!hot.GuardsIntact()) report.Line(Format("call %d: write outside hot", call));
-    if (call > 0 && c.expect_no_misses_after_first) {
+    // Judged on whole-batch calls only: a range variant's first call loads only its range, so a
+    // stream outside it misses when a later call's range takes it in.
+    if (call > 0 && c.expect_no_misses_after_first && !v.range) {
       for (int64_t s = 0; s < S; ++s)
         if (cpu_misses[s] != 0)
           report.Line(Format("call %d: case expects only hits, reference has %d misses (stream "
