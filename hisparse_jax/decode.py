@@ -50,6 +50,8 @@ class Generated:
         attended to (ascending per stream, -1 padding); else None.
       index_misses: [steps, groups, *S] int32 records of a kit indexer's own record kind
         RESOLVE fetched (kit.RecordKind; zeros outside "hisparse"); None for other models.
+      index_selections: with record_selection and a kit.RecordKind, [steps, groups, *S, fetch]
+        int32 ids of the indexer's own records each group fetched (ascending, -1 padding).
     """
 
     tokens: jax.Array
@@ -58,6 +60,7 @@ class Generated:
     state: object
     selections: jax.Array | None = None
     index_misses: jax.Array | None = None
+    index_selections: jax.Array | None = None
 
 
 _STATIC = ("family", "config", "steps", "sampling", "return_logits", "skip_indexer", "record_selection")
@@ -86,11 +89,13 @@ def _generate_program(family, config, steps, sampling, return_logits, skip_index
             nxt = next_tokens(out.logits, sampling, jax.random.fold_in(key, i))
         fed = nxt if teacher is None else teacher
         return (out.state, fed), (nxt, out.logits if return_logits else None, out.misses, out.selected,
-                                  out.index_misses)
+                                  out.index_misses, out.index_selected)
 
     carry = (state, first_tokens)
     xs = (jnp.arange(steps, dtype=jnp.int32), selections, teacher_tokens)
-    (state, _), (tokens, logits, misses, recorded, index_misses) = jax.lax.scan(step, carry, xs)
+    (state, _), (tokens, logits, misses, recorded, index_misses, index_recorded) = jax.lax.scan(step, carry, xs)
+    if index_recorded is not None:
+        return tokens, logits, misses, state, recorded, index_misses, index_recorded
     if index_misses is not None:  # a kit indexer's own records (kit.RecordKind)
         return tokens, logits, misses, state, recorded, index_misses
     if record_selection:

@@ -7,7 +7,11 @@ indexer outside hisparse_jax) it measures:
   the indexer's KL to the head-summed attention, and the share of that attention's mass its
   top-k keeps (queries with more than top_k sealed keys; hisparse_jax.train.forward);
 - the misses of every cache policy at B/k = 1..4 on the trace it records while decoding held-out
-  documents (python -m hisparse_jax.train record; hisparse_jax.selection.policies);
+  documents (python -m hisparse_jax.train record; hisparse_jax.selection.policies), and the KV
+  bytes LRU fetches per decoded token;
+- for an indexer with a record kind of its own (kit.RecordKind: the two-level indexer's fine
+  keys), the ids of those records it fetched, recorded with the trace, replayed through LRU at
+  the indexer's hot slots and at each B/k: their miss rate and miss bytes per decoded token;
 - the device bytes per request of the trained model's HiSparse state at 32K-256K tokens, from
   the declared layout of its state (indexer metadata, hot buffer, the rest), and full-KV's;
 - on a GPU, the capacity batch and the HiSparse / full-KV throughput on a deployment slice with
@@ -123,8 +127,9 @@ def _held_out(config, weights, meta: dict, corpus: Corpus) -> dict:
                 captured_per_layer=e["dense"]["captured"], windows=count, window_tokens=length)
 
 
-def _misses(c: Candidate, args, corpus: Corpus, model: str, folder: Path) -> dict:
-    """The candidate's recorded trace (out/LABEL/trace.npz) replayed through every policy."""
+def _misses(c: Candidate, args, corpus: Corpus, model: str, folder: Path, config) -> dict:
+    """The candidate's recorded trace (out/LABEL/trace.npz) replayed through every policy, and
+    its indexer's own records (if it has a record kind) through LRU."""
     shape = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in RECORD[model].items()}
     trace = record_trace(c.checkpoint, corpus, mode="device", indexer=c.code, **shape)
     save_trace(folder / "trace.npz", trace)
@@ -138,7 +143,37 @@ def _misses(c: Candidate, args, corpus: Corpus, model: str, folder: Path) -> dic
     result["layer_overlap"] = floats(cache_policies.layer_overlap(trace.ids))
     result["trace"] = dict(file=str(folder / "trace.npz"), decode_loss=trace.source["decode_loss_nats_per_byte"],
                            num_records=trace.num_records, **shape)
+    # KV bytes fetched per decoded token: every layer of a selecting group fetches its misses.
+    tokens = (trace.steps - warm) * trace.streams
+    kv_bytes = config.cache_config(1).record_bytes * getattr(config, "index_share", 1)
+    result["record_bytes"] = config.cache_config(1).record_bytes
+    result["miss_bytes_per_token"] = {p: [m * kv_bytes / tokens for m in result["misses"][p]] for p in result["misses"]}
+    result["index_records"] = None if trace.index is None else index_misses(trace.index, args.ratios, warm)
     return result
+
+
+def index_misses(index, ratios, warm: int) -> dict:
+    """A trace's index (RecordedTrace.index: the ids of the indexer's own records each group
+    fetched) replayed through LRU, RESOLVE's policy, at the kind's hot slots and at B/k = each of
+    `ratios`: misses, miss rate and miss bytes per decoded token (a step of every stream is a
+    token), from step `warm` on."""
+    kind = index.source
+    hot, record_bytes = kind.get("hot_slots"), kind.get("record_bytes")
+    for name, value in (("hot_slots", hot), ("record_bytes", record_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"the trace's index names {name}={value!r}, expected a positive int; record the trace again")
+    if hot < index.k:
+        raise ValueError(f"the trace's index has hot_slots={hot} below its fetch={index.k}; record the trace again")
+    at_hot = hot / index.k
+    asked = [float(r) for r in ratios] + ([] if any(round(r * index.k) == hot for r in ratios) else [at_hot])
+    replayed = cache_policies.replay(index.ids, ratios=asked, policies=["lru"], warm=warm)
+    tokens = (index.steps - warm) * index.streams
+    misses = replayed["misses"]["lru"]
+    return dict(kind=kind, fetch=index.k, hot_slots=hot, groups=index.layers, ratios=asked,
+                capacities=replayed["capacities"], hot_ratio=at_hot, selected=replayed["selected"],
+                misses=misses, miss_rate=replayed["miss_rate"]["lru"],
+                layer_miss_rate=replayed["layer_miss_rate"]["lru"],
+                miss_bytes_per_token=[m * record_bytes / tokens for m in misses])
 
 
 def _bytes(config, contexts) -> dict:
@@ -174,7 +209,7 @@ def _measure(c: Candidate, args, corpus: Corpus, out: Path) -> dict:
     print(f"indexers: {c.label}: held-out loss and KL", flush=True)
     entry["held_out"] = _held_out(config, weights, meta, corpus)
     print(f"indexers: {c.label}: recording its trace and replaying it", flush=True)
-    entry["misses"] = _misses(c, args, corpus, model, folder)
+    entry["misses"] = _misses(c, args, corpus, model, folder, config)
     entry["bytes_per_request"] = _bytes(config, args.contexts)
     entry["deployment"] = None
     if args.deployment is not None and not on_cpu:

@@ -55,6 +55,39 @@ def misses_table(report: dict) -> list[str]:
     return lines
 
 
+def index_records_table(report: dict) -> list[str]:
+    """For indexers with a record kind of their own (kit.RecordKind): their records' LRU misses
+    at each B/k and at the kind's hot slots, in rate and in bytes per decoded token, beside the
+    KV records' LRU miss bytes per token at the same B/k."""
+    entries = [e for e in report["indexers"] if (e["misses"].get("index_records") or None) is not None]
+    if not entries:
+        return []
+    ratios = report["ratios"]
+    lines = ["| indexer | records (LRU) | " + " | ".join(f"B/k = {r:g}" for r in ratios) + " | at hot slots |",
+             "|---|---|" + "---|" * (len(ratios) + 1)]
+    for e in entries:
+        x, m = e["misses"]["index_records"], e["misses"]
+        at = lambda values, r: values[x["ratios"].index(float(r))] if float(r) in x["ratios"] else None
+        hot = lambda values: values[x["capacities"].index(x["hot_slots"])]
+        kv = (m.get("miss_bytes_per_token") or {}).get("lru")
+        kv_at = lambda r: kv[m["ratios"].index(float(r))] if kv and float(r) in m["ratios"] else None
+        size = f"{x['kind'].get('page')} tokens x {x['kind'].get('width')} {x['kind'].get('dtype')}"
+        lines += [f"| {e['label']} | index records ({size}), miss rate | "
+                  + " | ".join(_percent(at(x["miss_rate"], r)) for r in ratios)
+                  + f" | {_percent(hot(x['miss_rate']))} (B = {x['hot_slots']}, fetch {x['fetch']}) |",
+                  "| | index records, miss bytes / token | "
+                  + " | ".join(_bytes(at(x["miss_bytes_per_token"], r)) for r in ratios)
+                  + f" | {_bytes(hot(x['miss_bytes_per_token']))} |",
+                  "| | KV records, miss bytes / token | " + " | ".join(_bytes(kv_at(r)) for r in ratios) + " | |"]
+    lines += ["", "the indexer's own records (kit.RecordKind) it fetched while recording the trace, replayed through "
+              "LRU per group and stream; B/k here is hot slots over records fetched per step"]
+    return lines
+
+
+def _bytes(value) -> str:
+    return "-" if value is None else fmt_bytes(value)
+
+
 def _mean_known(values) -> str:
     known = [v for v in values if v is not None]
     return f"{np.mean(known):.3f}" if known else "-"
@@ -97,9 +130,11 @@ def deployment_lines(report: dict) -> list[str]:
 
 
 def format_report(report: dict) -> str:
-    """The tables: quality, misses per policy, bytes per request, the deployment slice."""
+    """The tables: quality, misses per policy, the indexer's own records' misses (a record kind),
+    bytes per request, the deployment slice."""
     return "\n".join([f"indexers compared on {report['device']}", "", *quality_table(report), "",
-                      *misses_table(report), "", *bytes_table(report), "", *deployment_lines(report)])
+                      *misses_table(report), "", *([*index, ""] if (index := index_records_table(report)) else []),
+                      *bytes_table(report), "", *deployment_lines(report)])
 
 
 def write_plot(report: dict, out: Path) -> list[Path]:

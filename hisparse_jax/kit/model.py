@@ -40,7 +40,8 @@ def _selection(config, params, metadata, h, pos, store, forced, group: int):
 def _fetched_selection(config, params, metadata, h, pos, store, forced, group: int, index_store, index_tail):
     """`_selection` of an indexer with a record kind: the records its `fetch` names located (RESOLVE on
     the index store in "hisparse", a read of its device buffer in "device") and gathered, then its
-    select on them. Returns (ids or None, index_store, misses [b] of the index store)."""
+    select on them. Returns (ids or None, index_store, misses [b] of the index store, the fetched
+    ids [b, fetch] or None where the indexer did not choose)."""
     indexer, out = config.indexer, {}
 
     def choose():
@@ -48,13 +49,13 @@ def _fetched_selection(config, params, metadata, h, pos, store, forced, group: i
         with jax.named_scope("resolve_index_records"):
             where, located_store = kv_store.locate(index_store, group, wanted)
         records, valid = kv_store.gather(located_store, group, where)
-        out.update(store=located_store, misses=where.misses)
+        out.update(store=located_store, misses=where.misses, wanted=wanted)
         fetched = Fetched(ids=wanted, records=records, valid=valid, open_page=index_tail)
         return checks.select(indexer, config, params, metadata, h, pos, store.sealed, fetched=fetched)
 
     ids = paging.select_ids(store, choose, forced, group)
     # Not chosen ("dense", or a forced trace without the indexer): the index store is untouched.
-    return ids, out.get("store", index_store), out.get("misses", jnp.zeros(pos.shape, jnp.int32))
+    return ids, out.get("store", index_store), out.get("misses", jnp.zeros(pos.shape, jnp.int32)), out.get("wanted")
 
 
 def _decode_layer(config, w, store, located, pos, x, tail, layer: int, groups: int):
@@ -81,7 +82,8 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
     Args:
       tokens: [b] int32, the token at position state.lengths.
       forced: a trace's ids [G, b, k] for this step (benchmarks), or None.
-      record_selection: also return the ids each indexer group selected ([G, b, k]).
+      record_selection: also return the ids each indexer group selected ([G, b, k]) and, with a
+        record kind, the ids of its own records each group fetched ([G, b, fetch]).
     Returns:
       StepOutput(state, logits [b, V] float32, misses [L, b] int32: records RESOLVE fetched per
       layer, zeros outside "hisparse", selected).
@@ -90,7 +92,7 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
     store, tails = state.store, list(state.tail)
     records = has_records(state)
     index_store = state.index_store if records else None
-    index_tails, index_misses = (list(state.index_tail) if records else None), []
+    index_tails, index_misses, index_chosen = (list(state.index_tail) if records else None), [], []
     # Overlap groups (hisparse with prefetch): each layer's RESOLVE and attention run per group
     # of streams, one group's copy beside another's work (kit.overlap).
     groups = overlap.groups_of(c, store)
@@ -116,9 +118,10 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
                 values = checks.record_values(indexer, c, params, h[:, None], pos[:, None])[:, 0]
                 index_tails[g] = paging.tail_write(index_tails[g], values, pos)
                 index_store = kv_store.write_open_page(index_store, g, index_tails[g])
-                selection, index_store, m = _fetched_selection(c, params, metadata[g], h, pos, store, forced, g,
-                                                               index_store, index_tails[g])
+                selection, index_store, m, wanted = _fetched_selection(c, params, metadata[g], h, pos, store, forced,
+                                                                       g, index_store, index_tails[g])
                 index_misses.append(m)
+                index_chosen.append(wanted)
             else:
                 selection = _selection(c, params, metadata[g], h, pos, store, forced, g)
             chosen.append(selection)
@@ -142,8 +145,11 @@ def decode_step(config, weights, state, tokens: jax.Array, forced: ForcedSelecti
             extra = dict(index_store=paging.seal_full_pages(index_store, index_tails, pos + 1, index_misses),
                          index_tail=tuple(index_tails))
     state = replace_metadata(state, metadata, store=store, tail=tuple(tails), lengths=pos + 1, **extra)
-    return paging.StepOutput(state, logits, misses, paging.stack_selected(chosen) if record_selection else None,
-                             index_misses if records else None)
+    selected = paging.stack_selected(chosen) if record_selection else None
+    # None where the indexer never fetched (a forced trace with skip_indexer): nothing to record.
+    fetched_all = record_selection and records and all(w is not None for w in index_chosen)
+    index_selected = jnp.stack(index_chosen) if fetched_all else None
+    return paging.StepOutput(state, logits, misses, selected, index_misses if records else None, index_selected)
 
 
 def _prefill_layer(config, w, positions, chunk, x):

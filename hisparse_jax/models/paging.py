@@ -153,6 +153,8 @@ class StepOutput:
         attended to (the model's top-k, or the forced ids); else None.
       index_misses: [groups, *S] int32 records of the indexer's own record kind RESOLVE fetched
         per selecting group (a kit indexer with a kit.RecordKind); else None.
+      index_selected: with record_selection and a kit.RecordKind, [groups, *S, fetch] int32: the
+        ids of the indexer's own records each group asked for (Indexer.fetch); else None.
     """
 
     state: object
@@ -160,6 +162,7 @@ class StepOutput:
     misses: jax.Array
     selected: jax.Array | None = None
     index_misses: jax.Array | None = None
+    index_selected: jax.Array | None = None
 
 
 def stack_selected(chosen: Sequence[jax.Array | None]) -> jax.Array:

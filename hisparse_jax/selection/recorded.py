@@ -11,6 +11,13 @@ The file (`.npz`, version 1) stores each (layer, stream) sequence of selections 
 that changed from the step before (S_t xor S_t-1: the ids added and the ids dropped), their gaps
 as LEB128 varints, and zlib over the whole stream. A trained indexer keeps most of its selection
 from one step to the next, so a step costs a few hundred bytes instead of 4 k.
+
+A kit indexer with a record kind of its own (kit.RecordKind: the two-level indexer's fine keys)
+also fetches ids of its own records every step. The trace carries those as a second trace of the
+same steps and streams (`RecordedTrace.index`), stored the same way in the members
+`index_counts`, `index_sealed` and `index_payload`, its shape in the header's `index` object. The
+members are optional: a file without them is still version 1 and byte for byte what it was, and
+a reader that does not know them ignores them.
 """
 
 from __future__ import annotations
@@ -45,12 +52,17 @@ class RecordedTrace:
       sealed: [steps, streams] int32, records sealed at that step: every id lies in [0, sealed).
       page_size: tokens per record.
       source: provenance, JSON-able (model, data, documents, the command that recorded it).
+      index: the ids of the indexer's own records (kit.RecordKind) each selecting group fetched
+        at the same steps, as a trace of their own: ids [steps, groups, streams, fetch], sealed
+        the kind's sealed records, page_size its page, source its shape (record_bytes, ...);
+        None (the default) for an indexer without a record kind. It has no index itself.
     """
 
     ids: np.ndarray
     sealed: np.ndarray
     page_size: int = 1
     source: dict = dataclasses.field(default_factory=dict)
+    index: RecordedTrace | None = None
 
     def __post_init__(self):
         ids = np.asarray(self.ids)
@@ -73,6 +85,13 @@ class RecordedTrace:
         object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "sealed", sealed.astype(np.int32))
         json.dumps(self.source)  # raises on a source that cannot be stored
+        if self.index is not None:
+            if not isinstance(self.index, RecordedTrace) or self.index.index is not None:
+                raise ValueError("RecordedTrace.index must be a RecordedTrace without an index of its own, got "
+                                 f"{type(self.index).__name__}")
+            if (self.index.steps, self.index.streams) != (steps, streams):
+                raise ValueError(f"RecordedTrace.index has {self.index.steps} steps x {self.index.streams} streams; "
+                                 f"it must match the trace's {steps} x {streams}")
 
     # The four axes of ids, by name.
     steps = _ids_axis(0, "Decode steps.")
@@ -308,16 +327,28 @@ def decode(counts: np.ndarray, payload: bytes, steps: int, layers: int, streams:
     return ids.reshape(steps, layers, streams, k)
 
 
+def _members(trace: RecordedTrace, prefix: str = "") -> tuple[dict, dict]:
+    """(the header fields of one trace's ids, its arrays under `prefix`)."""
+    counts, payload = encode(trace)
+    count_dtype = np.uint16 if counts.max(initial=0) < 2**16 else np.uint32
+    fields = dict(layers=trace.layers, k=trace.k, page_size=int(trace.page_size), width=max(trace.num_records, 1))
+    arrays = {f"{prefix}counts": counts.astype(count_dtype), f"{prefix}sealed": trace.sealed,
+              f"{prefix}payload": np.frombuffer(payload, np.uint8)}
+    return fields, arrays
+
+
 def save_trace(path: str | Path, trace: RecordedTrace) -> int:
     """Writes `trace` to `path` (.npz); returns the file's bytes."""
-    counts, payload = encode(trace)
-    header = dict(format=FORMAT, version=VERSION, steps=trace.steps, layers=trace.layers, streams=trace.streams,
-                  k=trace.k, page_size=int(trace.page_size), width=max(trace.num_records, 1), source=trace.source)
-    count_dtype = np.uint16 if counts.max(initial=0) < 2**16 else np.uint32
+    fields, arrays = _members(trace)
+    # The fields in the order files have always had them: a trace without an index is the same bytes.
+    header = dict(format=FORMAT, version=VERSION, steps=trace.steps, layers=fields["layers"], streams=trace.streams,
+                  k=fields["k"], page_size=fields["page_size"], width=fields["width"], source=trace.source)
+    if trace.index is not None:
+        index_fields, index_arrays = _members(trace.index, INDEX_PREFIX)
+        header["index"] = dict(**index_fields, source=trace.index.source)
+        arrays.update(index_arrays)
     buffer = io.BytesIO()
-    np.savez_compressed(buffer, header=np.frombuffer(json.dumps(header).encode(), np.uint8),
-                        counts=counts.astype(count_dtype), sealed=trace.sealed,
-                        payload=np.frombuffer(payload, np.uint8))
+    np.savez_compressed(buffer, header=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
     Path(path).write_bytes(buffer.getvalue())
     return len(buffer.getvalue())
 
@@ -325,6 +356,7 @@ def save_trace(path: str | Path, trace: RecordedTrace) -> int:
 # Bounds a trace file must respect before anything is allocated for it.
 MAX_TRACE_BYTES = 4 << 30  # its decoded ids (steps x layers x streams x k int32); load_trace(max_bytes=)
 MAX_K = 1 << 16  # ids per selection (top-k sizes in use are up to 8192)
+INDEX_PREFIX = "index_"  # the members of the index's ids (RecordedTrace.index)
 _INT32_MAX = 2**31 - 1
 
 
@@ -335,10 +367,45 @@ def _header_int(f: NpzFile, header: dict, name: str, low: int, high: int) -> int
     return value
 
 
+def _part(f: NpzFile, header: dict, label: str) -> tuple[int, int, int, int]:
+    """(layers, k, width, page_size) of one trace's ids in the header, each range-checked."""
+    L = _header_int(f, header, label + "layers", 1, _INT32_MAX)
+    k = _header_int(f, header, label + "k", 1, MAX_K)
+    width = _header_int(f, header, label + "width", 1, _INT32_MAX)
+    page_size = _header_int(f, header, label + "page_size", 1, _INT32_MAX)
+    return L, k, width, page_size
+
+
+def _read_ids(f: NpzFile, s: int, S: int, part: tuple[int, int, int, int], prefix: str, what: str):
+    """(ids [s, L, S, k] int32, sealed [s, S] int32) of one trace's members under `prefix`,
+    every integer range-checked before it is cast."""
+    L, k, width, _ = part
+    rows = L * S
+    counts = f.array(prefix + "counts", max_bytes=s * rows * 8, kinds="iu")
+    sealed = f.array(prefix + "sealed", max_bytes=s * S * 8, kinds="iu")
+    if counts.shape != (s, rows) or sealed.shape != (s, S):
+        f.fail(f"{what}counts {list(counts.shape)} and sealed {list(sealed.shape)} do not match the header's "
+               f"[steps, layers x streams] = [{s}, {rows}] and [steps, streams] = [{s}, {S}]")
+    if counts.size and (counts.min() < 0 or counts.max() > 2 * k):
+        f.fail(f"{what}a step toggles {int(counts.max())} ids of a row; at most 2 k = {2 * k} can change")
+    if sealed.min() < 0 or sealed.max() > _INT32_MAX:
+        f.fail(f"{what}sealed holds {int(sealed.min()) if sealed.min() < 0 else int(sealed.max())}, "
+               "outside [0, 2^31)")
+    if width != max(int(sealed.max()), 1):
+        f.fail(f"{what}its header's width {width} is not the most records sealed ({int(sealed.max())})")
+    total = int(counts.sum(dtype=np.int64))
+    payload = f.array(prefix + "payload", max_bytes=5 * total + total // 100 + 1024, kinds="u").tobytes()
+    try:
+        return decode(counts.astype(np.int64), payload, s, L, S, k, width), sealed.astype(np.int32)
+    except (ValueError, TypeError) as err:
+        f.fail(what + str(err))
+
+
 def load_trace(path: str | Path, *, max_bytes: int = MAX_TRACE_BYTES) -> RecordedTrace:
     """Reads a trace `save_trace` wrote. Whatever the bytes (truncated, tampered, empty, another
-    kind of file, a declared shape too large for `max_bytes` of decoded ids), the error is one
-    ValueError naming the file, raised before the memory a bad header asks for is allocated."""
+    kind of file, a declared shape too large for `max_bytes` of decoded ids, the index's ids
+    included), the error is one ValueError naming the file, raised before the memory a bad
+    header asks for is allocated."""
     with NpzFile(path, "recorded trace") as f:
         header: dict[str, Any] = f.json("header", max_bytes=1 << 20)
         if header.get("format") != FORMAT or header.get("version") != VERSION:
@@ -346,30 +413,31 @@ def load_trace(path: str | Path, *, max_bytes: int = MAX_TRACE_BYTES) -> Recorde
                    f"version {VERSION}")
         if not isinstance(header.get("source", {}), dict):
             f.fail(f"its header's source is {type(header['source']).__name__}, expected an object")
-        s, L, S = (_header_int(f, header, n, 1, _INT32_MAX) for n in ("steps", "layers", "streams"))
-        k = _header_int(f, header, "k", 1, MAX_K)
-        width = _header_int(f, header, "width", 1, _INT32_MAX)
-        page_size = _header_int(f, header, "page_size", 1, _INT32_MAX)
-        rows = L * S
-        if s * rows * k * 4 > max_bytes:
-            f.fail(f"{s} steps x {L} layers x {S} streams x k = {k} ids would take {s * rows * k * 4 / 2**30:.1f} GiB "
-                   f"decoded, more than max_bytes = {max_bytes / 2**30:.1f} GiB")
-        counts = f.array("counts", max_bytes=s * rows * 8, kinds="iu")
-        sealed = f.array("sealed", max_bytes=s * S * 8, kinds="iu")
-        if counts.shape != (s, rows) or sealed.shape != (s, S):
-            f.fail(f"counts {list(counts.shape)} and sealed {list(sealed.shape)} do not match the header's "
-                   f"[steps, layers x streams] = [{s}, {rows}] and [steps, streams] = [{s}, {S}]")
-        if counts.size and (counts.min() < 0 or counts.max() > 2 * k):
-            f.fail(f"a step toggles {int(counts.max())} ids of a row; at most 2 k = {2 * k} can change")
-        if sealed.min() < 0 or sealed.max() > _INT32_MAX:
-            f.fail(f"sealed holds {int(sealed.min()) if sealed.min() < 0 else int(sealed.max())}, outside [0, 2^31)")
-        if width != max(int(sealed.max()), 1):
-            f.fail(f"its header's width {width} is not the most records sealed ({int(sealed.max())})")
-        total = int(counts.sum(dtype=np.int64))
-        payload = f.array("payload", max_bytes=5 * total + total // 100 + 1024, kinds="u").tobytes()
+        s, S = (_header_int(f, header, n, 1, _INT32_MAX) for n in ("steps", "streams"))
+        part = _part(f, header, "")
+        index = header.get("index")
+        if index is not None and not isinstance(index, dict):
+            f.fail(f"its header's index is {type(index).__name__}, expected an object")
+        if index is not None and not isinstance(index.get("source", {}), dict):
+            f.fail(f"its header's index.source is {type(index['source']).__name__}, expected an object")
+        index_part = None if index is None else _part(f, {f"index.{n}": v for n, v in index.items()}, "index.")
+        decoded = sum(s * p[0] * S * p[1] * 4 for p in (part, index_part) if p is not None)
+        if decoded > max_bytes:
+            shown = " + ".join(f"{s} steps x {p[0]} layers x {S} streams x k = {p[1]}"
+                               for p in (part, index_part) if p is not None)
+            f.fail(f"{shown} ids would take {decoded / 2**30:.1f} GiB decoded, more than max_bytes = "
+                   f"{max_bytes / 2**30:.1f} GiB")
+        ids, sealed = _read_ids(f, s, S, part, "", "")
+        index_trace = None
+        if index_part is not None:
+            index_ids, index_sealed = _read_ids(f, s, S, index_part, INDEX_PREFIX, "its index: ")
+            try:
+                index_trace = RecordedTrace(ids=index_ids, sealed=index_sealed, page_size=index_part[3],
+                                            source=index.get("source", {}))
+            except (ValueError, TypeError) as err:
+                f.fail(f"its index: {err}")
         try:
-            ids = decode(counts.astype(np.int64), payload, s, L, S, k, width)
-            return RecordedTrace(ids=ids, sealed=sealed.astype(np.int32), page_size=page_size,
-                                 source=header.get("source", {}))
+            return RecordedTrace(ids=ids, sealed=sealed, page_size=part[3], source=header.get("source", {}),
+                                 index=index_trace)
         except (ValueError, TypeError) as err:
             f.fail(str(err))

@@ -80,4 +80,19 @@ def record_trace(model_path: str | Path, corpus: Corpus, *, documents: int, pref
         teacher_forced="each step is fed the document's next token; the ids are the model's own top-k",
     )
     sealed = prefill + np.arange(steps, dtype=np.int32)[:, None].repeat(documents, 1)
-    return RecordedTrace(ids=np.asarray(jax.device_get(ids), np.int32), sealed=sealed, page_size=1, source=source)
+    return RecordedTrace(ids=np.asarray(jax.device_get(ids), np.int32), sealed=sealed, page_size=1, source=source,
+                         index=_index_trace(config, out.index_selections, sealed))
+
+
+def _index_trace(config, fetched, sealed_tokens) -> RecordedTrace | None:
+    """The ids of the indexer's own records (kit.RecordKind) each group fetched, as a trace of
+    their own (RecordedTrace.index), or None for an indexer without a record kind. At the step
+    whose token is at position p the kind holds p // page sealed records (the token is written to
+    its open record before the group fetches)."""
+    if fetched is None:
+        return None
+    store = config.index_cache_config(1)
+    kind = dict(kind="index-records", page=store.page_size, width=store.record_width, dtype=store.dtype.name,
+                fetch=store.top_k, hot_slots=store.hot_slots, record_bytes=store.record_bytes)
+    return RecordedTrace(ids=np.asarray(jax.device_get(fetched), np.int32), sealed=sealed_tokens // store.page_size,
+                         page_size=store.page_size, source=kind)

@@ -50,3 +50,8 @@ class KeyNorm(kit.Indexer):
 
     def score(self, config, params, metadata, h, positions, sealed):
         return metadata.norm.reshape(h.shape[0], config.num_records, config.page_size).max(axis=-1)
+
+
+# The two-level indexer at the tiny model's size (k = 16): pages of 16 tokens, 8 candidates, 12
+# hot pages, so a trace recorded after a few hundred tokens fetches and evicts fine-key pages.
+TWO_LEVEL_TINY = kit.TwoLevel(page=16, candidates=8, coarse_dim=8, fine_dim=16, heads=2, hot_pages=12)
