@@ -4,9 +4,11 @@ bad header asks for is allocated."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
-import os
 import json
+import os
+import tempfile
 import time
 import zipfile
 import zlib
@@ -199,3 +201,87 @@ def test_a_device_or_a_pipe_is_refused_without_reading(tmp_path):
     _refused("/dev/zero", "is not a regular file")
     os.mkfifo(tmp_path / "pipe.npz")
     _refused(tmp_path / "pipe.npz", "is not a regular file")
+
+
+# --------------------------------------------------------------------------- the index's ids
+# (RecordedTrace.index: the ids a kit indexer's own record kind fetched, in optional members)
+
+
+def _indexed(steps=3, streams=2) -> RecordedTrace:
+    sealed = (3 + np.arange(steps))[:, None].repeat(streams, 1).astype(np.int32)
+    ids = np.full((steps, 1, streams, 2), -1, np.int32)
+    ids[..., 0] = 0
+    ids[1:, :, :, 1] = 3
+    index = RecordedTrace(ids=ids, sealed=sealed, page_size=4, source=dict(kind="index-records", record_bytes=64))
+    return dataclasses.replace(_trace(steps=steps, streams=streams), index=index)
+
+
+@pytest.fixture
+def indexed(tmp_path):
+    path = tmp_path / "indexed.npz"
+    save_trace(path, _indexed())
+    return path
+
+
+def test_a_trace_without_an_index_keeps_the_version_1_members(good):
+    """Backward compatible: no index, no new member nor header field (the file of before)."""
+    assert sorted(_members(good)) == ["counts", "header", "payload", "sealed"]
+    header = json.loads(_members(good)["header"].tobytes())
+    assert list(header) == ["format", "version", "steps", "layers", "streams", "k", "page_size", "width", "source"]
+    assert load_trace(good).index is None
+
+
+def test_the_index_round_trips(indexed):
+    want, got = _indexed(), load_trace(indexed)
+    assert np.array_equal(got.ids, want.ids) and np.array_equal(got.sealed, want.sealed)
+    assert np.array_equal(got.index.ids, want.index.ids) and np.array_equal(got.index.sealed, want.index.sealed)
+    assert (got.index.page_size, got.index.source) == (4, want.index.source)
+    assert sorted(_members(indexed)) == ["counts", "header", "index_counts", "index_payload", "index_sealed",
+                                         "payload", "sealed"]
+
+
+def _index_header(**changes) -> dict:
+    """Header changes: the index object of _indexed's file with `changes`."""
+    with tempfile.TemporaryDirectory() as folder:
+        save_trace(f"{folder}/t.npz", _indexed())
+        header = json.loads(_members(f"{folder}/t.npz")["header"].tobytes())
+    return dict(index={**header["index"], **changes})
+
+
+@pytest.mark.parametrize("changes, needle", [
+    (dict(index="pages"), "its header's index is str, expected an object"),
+    (dict(index=dict(layers=1, k=2, page_size=4, width=5, source=[])), "its header's index.source is list"),
+    (_index_header(k=2**29), f"its header's index.k is {2**29}, expected an int in [1, {MAX_K}]"),
+    (_index_header(layers=True), "its header's index.layers is True"),
+    (_index_header(page_size=0), "its header's index.page_size is 0"),
+    (_index_header(width=9), "its index: its header's width 9 is not the most records sealed (5)"),
+    (_index_header(layers=2**28), "GiB decoded, more than max_bytes"),
+    (_index_header(layers=2), "its index: counts [3, 2] and sealed [3, 2] do not match"),
+])
+def test_an_index_header_declaring_what_the_file_is_not(tmp_path, indexed, changes, needle):
+    _write(tmp_path / "bad.npz", _members(indexed), changes)
+    _refused(tmp_path / "bad.npz", needle)
+
+
+def test_bad_index_members_are_one_line(tmp_path, indexed):
+    members = _members(indexed)
+    _write(tmp_path / "missing.npz", {n: v for n, v in members.items() if n != "index_payload"})
+    _refused(tmp_path / "missing.npz", "has no 'index_payload' array")
+    _write(tmp_path / "wide.npz", {**members, "index_sealed": members["index_sealed"].astype(np.int64) + 2**32})
+    _refused(tmp_path / "wide.npz", "its index: sealed holds 4294967301, outside [0, 2^31)")
+    bomb = np.frombuffer(zlib.compress(b"\x01" * (1 << 20), 9), np.uint8)
+    _write(tmp_path / "bomb.npz", {**members, "index_counts": np.full_like(members["index_counts"], 4),
+                                   "index_payload": bomb})
+    _refused(tmp_path / "bomb.npz", "its index: ")
+    sealed = members["index_sealed"].copy()
+    sealed[1] = 3  # step 1 fetches page 3 of 3 sealed
+    _write(tmp_path / "past.npz", {**members, "index_sealed": sealed})
+    _refused(tmp_path / "past.npz", "its index: RecordedTrace.ids: an id is not below its stream's sealed count")
+
+
+def test_an_index_must_match_the_trace():
+    trace = _indexed()
+    with pytest.raises(ValueError, match="RecordedTrace.index has 2 steps x 2 streams; it must match"):
+        dataclasses.replace(trace, index=_indexed(steps=2).index)
+    with pytest.raises(ValueError, match="without an index of its own"):
+        dataclasses.replace(trace, index=trace)
