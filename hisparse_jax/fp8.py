@@ -14,6 +14,11 @@ is below 448 * 2**-126 is not divided by a subnormal scale that a flush-to-zero 
 read as 0. A row holding inf or NaN gets codes 0 and scale NaN, so its non-finiteness shows
 (in every product with its scale) instead of vanishing; no fp8 NaN code is ever written (the
 CUDA kernels do not decode them).
+
+A record store keeps such rows as bytes (`pack_rows`: the codes, then the scale's 4 bytes, uint8),
+never as fp8 values: records are copied as bits, and no select or copy must meet the NaN patterns
+a scale's bytes can hold. `round_trip` is what a trained model sees of fp8 keys: the values
+decode reads back, with the gradient passed straight through the rounding.
 """
 
 from __future__ import annotations
@@ -46,3 +51,32 @@ def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 def dequantize_rows(codes: jax.Array, scale: jax.Array) -> jax.Array:
     """codes * scale in float32: the values `quantize_rows` stands for ([..., n] float32)."""
     return codes.astype(jnp.float32) * scale[..., None]
+
+
+# The bytes of a row's float32 scale, stored after its codes (pack_rows).
+SCALE_BYTES = 4
+
+
+def pack_rows(codes: jax.Array, scale: jax.Array) -> jax.Array:
+    """codes [..., n] float8_e4m3fn and scale [...] float32 (quantize_rows) -> [..., n + 4] uint8:
+    each row's code bytes, then its scale's bytes."""
+    return jnp.concatenate([jax.lax.bitcast_convert_type(codes, jnp.uint8),
+                            jax.lax.bitcast_convert_type(scale.astype(jnp.float32), jnp.uint8)], axis=-1)
+
+
+def unpack_rows(packed: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The inverse of pack_rows, bit for bit: [..., n + 4] uint8 -> (codes [..., n] float8_e4m3fn,
+    scale [...] float32)."""
+    codes = jax.lax.bitcast_convert_type(packed[..., :-SCALE_BYTES], jnp.float8_e4m3fn)
+    return codes, jax.lax.bitcast_convert_type(packed[..., -SCALE_BYTES:], jnp.float32)
+
+
+@jax.custom_vjp
+def round_trip(x: jax.Array) -> jax.Array:
+    """x [..., n] -> dequantize_rows(*quantize_rows(x)) float32: the values fp8 rows of x stand
+    for, bit for bit what a reader of the codes and scales computes; the gradient is the identity
+    (straight through the rounding, as quantization-aware training takes it)."""
+    return dequantize_rows(*quantize_rows(x))
+
+
+round_trip.defvjp(lambda x: (round_trip(x), None), lambda _, g: (g,))

@@ -109,3 +109,29 @@ def test_both_call_sites_use_the_one_quantizer(quantizer):
     got, want = quantizer(jnp.asarray(x)), fp8.quantize_rows(jnp.asarray(x))
     np.testing.assert_array_equal(np.asarray(got[0]).view(np.uint8), np.asarray(want[0]).view(np.uint8))
     np.testing.assert_array_equal(np.asarray(got[1]).view(np.uint32), np.asarray(want[1]).view(np.uint32))
+
+
+def test_packed_rows_round_trip_bit_for_bit_nan_patterns_included():
+    """pack_rows keeps codes and scale as bytes: unpack_rows gives back their bits, a NaN scale
+    and scales whose bytes read as fp8 NaN patterns (0x7f, 0xff) included."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3, 6, 16)).astype(np.float32)
+    x[0, 1, 3] = np.nan
+    codes, scale = fp8.quantize_rows(jnp.asarray(x))
+    scale = scale.at[2, :2].set(jnp.asarray(np.array([0x7F7F7F7F, 0x3FFFFFFF], np.uint32).view(np.float32)))
+    packed = jax.jit(fp8.pack_rows)(codes, scale)
+    assert packed.dtype == jnp.uint8 and packed.shape == (3, 6, 16 + fp8.SCALE_BYTES)
+    back_codes, back_scale = jax.jit(fp8.unpack_rows)(packed)
+    np.testing.assert_array_equal(np.asarray(back_codes).view(np.uint8), np.asarray(codes).view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(back_scale).view(np.uint32), np.asarray(scale).view(np.uint32))
+
+
+def test_round_trip_is_what_a_reader_of_the_codes_computes_with_a_straight_through_gradient():
+    x = jnp.asarray(np.random.default_rng(9).standard_normal((4, 32)).astype(np.float32))
+    want = fp8.dequantize_rows(*fp8.unpack_rows(fp8.pack_rows(*fp8.quantize_rows(x))))
+    np.testing.assert_array_equal(np.asarray(jax.jit(fp8.round_trip)(x)).view(np.uint32),
+                                  np.asarray(want).view(np.uint32))
+    assert not np.array_equal(np.asarray(want), np.asarray(x))  # it did round
+    weights = jnp.arange(32.0)
+    grad = jax.grad(lambda v: jnp.sum(fp8.round_trip(v) * weights))(x)
+    np.testing.assert_array_equal(np.asarray(grad), np.broadcast_to(np.asarray(weights), x.shape))

@@ -11,7 +11,9 @@ device state). Here a step reads per-token keys for `candidates` pages only:
   score page p by S_p = sum_j w_j relu(q_j . K_p) / sqrt(heads coarse_dim) (DSA's form), and
   the library's top-k picks the `candidates` best closed pages (ties to the lower page);
 - fine level (a record kind of the indexer's own, kit.RecordKind): per token the key
-  f_s = W_fk h_s [fine_dim]; a page of them is one record. "hisparse": sealed pages in the
+  f_s = W_fk h_s [fine_dim] in the model's dtype, or (fine_dtype="float8_e4m3fn") as DSA's
+  lightning indexer stores its keys: e4m3 codes with a float32 scale per token (hisparse_jax.fp8,
+  the package's one quantizer), fine_dim + 4 bytes a token; a page of them is one record. "hisparse": sealed pages in the
   pinned host pool, fetched into a hot buffer with its own LRU by RESOLVE (a second RESOLVE per
   selecting layer, on the candidate page ids); "device": a device buffer read in place. Tokens
   score s_t = sum_j u_j relu(r_j . f_t) / sqrt(heads fine_dim);
@@ -28,6 +30,8 @@ forced page would spend a fetch slot on every query.
 Training (kit.TrainLevels): the fine logits are distilled from the head-summed token attention,
 the coarse logits from that attention summed over each closed page; sparse training attends to
 what decode would pick (candidate pages by the coarse logits, then the top-k tokens by fine).
+With fp8 fine keys training scores the keys decode reads, quantized and dequantized (as DSA's
+train_features does with fp8 keys); the gradient passes the rounding straight through.
 """
 
 from __future__ import annotations
@@ -38,13 +42,15 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .. import layout
+from .. import fp8, layout
 from ..models import layers
 from ..models.weights import init_normal
 from ..topk import select_topk
 from .protocol import Indexer, RecordKind, TrainLevels
 
 f32 = jnp.float32
+FP8 = "float8_e4m3fn"
+FINE_DTYPES = (None, "bfloat16", FP8)
 
 
 @jax.tree_util.register_dataclass
@@ -64,6 +70,9 @@ class TwoLevel(Indexer):
       coarse_dim, fine_dim: the coarse and fine keys' widths.
       heads: query heads of each level, summed with learned weights.
       hot_pages: hot buffer slots of fine-key pages per stream and group ("hisparse"), >= candidates.
+      fine_dtype: how the fine keys are stored: None (the model's dtype: bfloat16 on the trace
+        model and the deployment slices), "bfloat16", or "float8_e4m3fn" (e4m3 codes and a
+        float32 scale per token, DSA's fp8 keys: fine_dim + 4 bytes a token, stored as uint8).
     """
 
     page: int = 64
@@ -72,10 +81,11 @@ class TwoLevel(Indexer):
     fine_dim: int = 64
     heads: int = 4
     hot_pages: int = 64
+    fine_dtype: str | None = None
 
     @property
     def name(self) -> str:
-        return f"two-level-{self.page}x{self.candidates}"
+        return f"two-level-{self.page}x{self.candidates}" + ("-fp8" if self.fine_dtype == FP8 else "")
 
     def check(self, config) -> None:
         for knob in ("page", "candidates", "coarse_dim", "fine_dim", "heads", "hot_pages"):
@@ -85,6 +95,9 @@ class TwoLevel(Indexer):
         if self.page % config.page_size:
             raise ValueError(f"TwoLevel.page: page={self.page} must be a multiple of the model's page_size="
                              f"{config.page_size} (a fine record covers whole KV records)")
+        if self.fine_dtype not in FINE_DTYPES:
+            raise ValueError(f"TwoLevel.fine_dtype: must be one of {', '.join(map(repr, FINE_DTYPES))}, got "
+                             f"{self.fine_dtype!r}")
         if self.hot_pages < self.candidates:
             raise ValueError(f"TwoLevel.hot_pages: hot_pages={self.hot_pages} < candidates={self.candidates}; every "
                              "fetched page needs a hot slot: raise hot_pages")
@@ -144,10 +157,30 @@ class TwoLevel(Indexer):
     # ------------------------------------------------------------------ the fine record kind
 
     def record_kind(self, config) -> RecordKind:
-        return RecordKind(page=self.page, width=self.fine_dim, fetch=self.candidates, hot_slots=self.hot_pages)
+        if self.fine_dtype == FP8:
+            return RecordKind(page=self.page, width=self.fine_dim + fp8.SCALE_BYTES, fetch=self.candidates,
+                              hot_slots=self.hot_pages, dtype="uint8")
+        return RecordKind(page=self.page, width=self.fine_dim, fetch=self.candidates, hot_slots=self.hot_pages,
+                          dtype=self.fine_dtype)
 
     def record_values(self, config, params, h, positions):
-        return self._key(config, params, h, "f").astype(config.dtype)
+        key = self._key(config, params, h, "f")
+        if self.fine_dtype == FP8:
+            return fp8.pack_rows(*fp8.quantize_rows(key))  # one scale per token
+        return key.astype(self.fine_dtype or config.dtype)
+
+    def fine_values(self, records):
+        """Stored fine keys [..., width] (records, the open page) -> the float32 keys they stand for."""
+        if self.fine_dtype == FP8:
+            return fp8.dequantize_rows(*fp8.unpack_rows(records))
+        return records.astype(f32)
+
+    def _train_fine_keys(self, config, params, h):
+        """Every token's fine key [b, T, fine_dim] float32 as decode reads it back from its record."""
+        key = self._key(config, params, h, "f")
+        if self.fine_dtype == FP8:
+            return fp8.round_trip(key)
+        return key.astype(self.fine_dtype or config.dtype).astype(f32)
 
     def fetch(self, config, params, metadata, h, positions, sealed):
         """The `candidates` best closed pages by coarse score (sealed: closed pages), ascending,
@@ -163,8 +196,8 @@ class TwoLevel(Indexer):
         P, b = config.page_size, h.shape[0]
         per = self.page // P  # records per index page
         q, w = self._query(params, h, "f", self.fine_dim)
-        closed = self._scores(q, w, fetched.records.astype(f32), ("bjd,bctd->bjct", "bjct,bj->bct"))  # [b, c, page]
-        own = self._scores(q, w, fetched.open_page.astype(f32), ("bjd,btd->bjt", "bjt,bj->bt"))  # [b, page]
+        closed = self._scores(q, w, self.fine_values(fetched.records), ("bjd,bctd->bjct", "bjct,bj->bct"))  # [b, c, page]
+        own = self._scores(q, w, self.fine_values(fetched.open_page), ("bjd,btd->bjt", "bjt,bj->bt"))  # [b, page]
         rec = lambda s: jnp.max(s.reshape(*s.shape[:-1], per, P), axis=-1)  # a record: its best token
         scores = jnp.concatenate([rec(closed).reshape(b, -1), rec(own)], axis=1)  # [b, (c + 1) per]
         lane = jnp.arange(per, dtype=jnp.int32)
@@ -200,7 +233,7 @@ class TwoLevel(Indexer):
         page_keys = ck.reshape(b, n, self.page, -1).sum(axis=2) / self.page  # [b, n, cd]
         cq, cw = self._query(params, h, "c", self.coarse_dim)
         fq, fw = self._query(params, h, "f", self.fine_dim)
-        return dict(page_keys=page_keys, cq=cq, cw=cw, fine_keys=self._key(config, params, h, "f"), fq=fq, fw=fw)
+        return dict(page_keys=page_keys, cq=cq, cw=cw, fine_keys=self._train_fine_keys(config, params, h), fq=fq, fw=fw)
 
     def train_scores(self, config, params, features, positions, start, chunk: int) -> TrainLevels:
         f = features
@@ -216,3 +249,6 @@ PAGE64_C64 = TwoLevel(page=64, candidates=64, hot_pages=128)
 PAGE64_C128 = TwoLevel(page=64, candidates=128, hot_pages=256)
 PAGE32_C128 = TwoLevel(page=32, candidates=128, hot_pages=256)
 PAGE128_C32 = TwoLevel(page=128, candidates=32, hot_pages=64)
+# PAGE64_C64 with fp8 fine keys: 68 B a token instead of bfloat16's 128 (fine_dim 64), so a fetched
+# page of fine keys is 4.25 KiB instead of 8 KiB.
+PAGE64_C64_FP8 = TwoLevel(page=64, candidates=64, hot_pages=128, fine_dtype=FP8)
