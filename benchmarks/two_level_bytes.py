@@ -8,7 +8,9 @@ state (hisparse_jax.bench.decode.capacity.account: jax.eval_shape, nothing alloc
 Per context: DSA's index keys (its "indexer metadata") and whole device state per request; per
 two-level setting its coarse keys (device metadata), its fine keys' hot buffer, slot map, LRU
 and open page (the second record kind's device part), their sum as a fraction of DSA's keys,
-the whole device state and the host pools per request. max_context = context + 65 (the decode
+the whole device state and the host pools per request, and the bytes of one fine-key page (what
+a fine-key miss copies over the host link: page x fine_dim x 2 in bfloat16, page x (fine_dim + 4)
+with fp8 keys, TwoLevel.fine_dtype). max_context = context + 65 (the decode
 bench's room for its steps at page_size 1).
 """
 
@@ -25,7 +27,7 @@ from hisparse_jax.kit import two_level
 from hisparse_jax.models import dsa
 
 MiB = 2**20
-SETTINGS = ("TwoLevel", "PAGE64_C64", "PAGE64_C128", "PAGE32_C128", "PAGE128_C32")
+SETTINGS = ("TwoLevel", "PAGE64_C64", "PAGE64_C64_FP8", "PAGE64_C128", "PAGE32_C128", "PAGE128_C32")
 
 
 def lines(deployment: str, contexts, settings) -> list[str]:
@@ -33,14 +35,14 @@ def lines(deployment: str, contexts, settings) -> list[str]:
     kit_fields = {f.name for f in dataclasses.fields(kit.Config)}
     out = [f"{deployment}: {derived.layers} layers per GPU", "",
            "| context | indexer | indexer device metadata | indexer records (device) | together | / DSA keys "
-           "| all device state | host pools |", "|---|---|---|---|---|---|---|---|"]
+           "| all device state | host pools | fine-key page |", "|---|---|---|---|---|---|---|---|---|"]
     for context in contexts:
         max_context = context + 65
         dsa_config = dsa.Config.preset("realistic", **derived.overrides, max_context=max_context)
         base = account(dsa.FAMILY, dsa_config, 1, "hisparse")
         keys = base.by_category("device", per_request=True).get("indexer metadata", 0)
         out.append(f"| {context // 1024}K | DSA (fp8 keys) | {keys / MiB:.2f} MiB | - | {keys / MiB:.2f} MiB | 1 "
-                   f"| {base.per_request('device') / MiB:.1f} MiB | {base.per_request('host') / MiB:.0f} MiB |")
+                   f"| {base.per_request('device') / MiB:.1f} MiB | {base.per_request('host') / MiB:.0f} MiB | - |")
         for name in settings:
             indexer = getattr(two_level, name)
             indexer = indexer() if isinstance(indexer, type) else indexer
@@ -53,7 +55,8 @@ def lines(deployment: str, contexts, settings) -> list[str]:
             out.append(f"| {context // 1024}K | {indexer.name} | {meta / MiB:.2f} MiB | {records / MiB:.2f} MiB "
                        f"| {(meta + records) / MiB:.2f} MiB | 1/{keys / (meta + records):.1f} "
                        f"| {bytes_account.per_request('device') / MiB:.1f} MiB "
-                       f"| {bytes_account.per_request('host') / MiB:.0f} MiB |")
+                       f"| {bytes_account.per_request('host') / MiB:.0f} MiB "
+                       f"| {config.index_cache_config(1).record_bytes / 1024:g} KiB |")
     return out
 
 

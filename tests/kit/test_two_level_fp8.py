@@ -127,3 +127,13 @@ def test_a_bad_fine_dtype_is_one_line_naming_the_knob():
     with pytest.raises(ValueError, match=r"^TwoLevel.fine_dtype: must be one of None, 'bfloat16', 'float8_e4m3fn', "
                                          r"got 'fp8'$"):
         dataclasses.replace(CONFIG, indexer=dataclasses.replace(INDEXER, fine_dtype="fp8"))
+
+
+def test_the_decode_bench_counts_fp8_fine_key_io():
+    """The decode bench's index IO per step: fine-key pages fetched x the fp8 page's bytes."""
+    from types import SimpleNamespace
+
+    from hisparse_jax.bench.decode import report
+
+    timing = SimpleNamespace(index_misses_per_step=3.0)
+    assert report._index_io(timing, CONFIG) == 3.0 * INDEXER.page * (INDEXER.fine_dim + 4)
