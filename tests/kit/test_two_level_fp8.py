@@ -136,4 +136,4 @@ def test_the_decode_bench_counts_fp8_fine_key_io():
     from hisparse_jax.bench.decode import report
 
     timing = SimpleNamespace(index_misses_per_step=3.0)
-    assert report._index_io(timing, CONFIG) == 3.0 * INDEXER.page * (INDEXER.fine_dim + 4)
+    assert report.index_io_bytes(timing, CONFIG) == 3.0 * INDEXER.page * (INDEXER.fine_dim + 4)

@@ -43,7 +43,7 @@ RATIO_COLUMNS = {
 MODE_NAMES = {"device": "full-KV", "hisparse": "hisparse"}
 
 
-def _index_io(timing: DecodeTiming, config) -> float:
+def index_io_bytes(timing: DecodeTiming, config) -> float:
     """Bytes per step of a kit indexer's own records fetched from the host pool (0 without them)."""
     get = getattr(config, "index_cache_config", None)
     index = None if get is None else get(1)
@@ -67,9 +67,9 @@ def row(run: str, timing: DecodeTiming, cap: Capacity, record_bytes: int, config
         step_ms_all=[t * 1e3 for t in timing.step_seconds_all],
         miss_rate=miss_rate,
         # Both record kinds' miss IO: the KV's and a kit indexer's own (kit.RecordKind; 0 for others).
-        io_bytes_per_token=(timing.misses_per_step * record_bytes + _index_io(timing, config)) / timing.batch
+        io_bytes_per_token=(timing.misses_per_step * record_bytes + index_io_bytes(timing, config)) / timing.batch
         if timing.fetch else 0.0,
-        index_io_bytes_per_token=_index_io(timing, config) / timing.batch if timing.fetch else 0.0,
+        index_io_bytes_per_token=index_io_bytes(timing, config) / timing.batch if timing.fetch else 0.0,
         device_bytes_per_request=cap.device_per_request,
         kv_device_bytes_per_request=cap.device_per_request_by_category.get("kv records", 0),
         device_bytes_by_category=cap.device_per_request_by_category,
