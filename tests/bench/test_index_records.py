@@ -6,6 +6,7 @@ model with the two-level indexer, its trace file carrying the index."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from hisparse_jax.bench import cli, indexers_report
 from hisparse_jax.bench.indexers import index_misses
 from hisparse_jax.selection.recorded import RecordedTrace, load_trace
 
-MY_INDEXERS = "tests/kit/my_indexers.py:TWO_LEVEL_TINY"
+MY_INDEXERS = f"{Path(__file__).resolve().parents[1] / 'kit' / 'my_indexers.py'}:TWO_LEVEL_TINY"
 
 
 def _lru_misses(rows: np.ndarray, capacity: int) -> np.ndarray:
@@ -83,10 +84,9 @@ def test_an_index_without_its_shape_is_one_line(changes, error):
         index_misses(bad, [1.0], 0)
 
 
-def test_the_comparison_reports_the_two_level_fine_key_misses(text_root, tmp_path, capsys, monkeypatch):
+def test_the_comparison_reports_the_two_level_fine_key_misses(text_root, tmp_path, capsys):
     """Trained 2 steps a phase on the tiny model, recorded after 256 tokens (16 pages of 16
     tokens, 8 candidates): the fine-key pages fetched are in the trace, replayed in the table."""
-    monkeypatch.chdir(__import__("pathlib").Path(__file__).resolve().parents[2])
     assert cli.main(["indexers", "--model", "tiny", "--indexer", MY_INDEXERS, "--max-steps", "2", "--roots",
                      str(text_root), "--documents", "1", "--prefill", "256", "--steps", "24", "--contexts", "32768",
                      "--policies", "lru", "--no-plots", "--out", str(tmp_path)]) == 0
