@@ -161,7 +161,8 @@ def index_misses(index, ratios, warm: int) -> dict:
     hot, record_bytes = kind.get("hot_slots"), kind.get("record_bytes")
     for name, value in (("hot_slots", hot), ("record_bytes", record_bytes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"the trace's index names {name}={value!r}, expected a positive int; record the trace again")
+            raise ValueError(f"the trace's index names {name}={value!r}, expected a positive int; "
+                             "record the trace again")
     if hot < index.k:
         raise ValueError(f"the trace's index has hot_slots={hot} below its fetch={index.k}; record the trace again")
     at_hot = hot / index.k

@@ -13,10 +13,10 @@ device state). Here a step reads per-token keys for `candidates` pages only:
 - fine level (a record kind of the indexer's own, kit.RecordKind): per token the key
   f_s = W_fk h_s [fine_dim] in the model's dtype, or (fine_dtype="float8_e4m3fn") as DSA's
   lightning indexer stores its keys: e4m3 codes with a float32 scale per token (hisparse_jax.fp8,
-  the package's one quantizer), fine_dim + 4 bytes a token; a page of them is one record. "hisparse": sealed pages in the
-  pinned host pool, fetched into a hot buffer with its own LRU by RESOLVE (a second RESOLVE per
-  selecting layer, on the candidate page ids); "device": a device buffer read in place. Tokens
-  score s_t = sum_j u_j relu(r_j . f_t) / sqrt(heads fine_dim);
+  the package's one quantizer), fine_dim + 4 bytes a token; a page of them is one record.
+  "hisparse": sealed pages in the pinned host pool, fetched into a hot buffer with its own LRU
+  by RESOLVE (a second RESOLVE per selecting layer, on the candidate page ids); "device": a
+  device buffer read in place. Tokens score s_t = sum_j u_j relu(r_j . f_t) / sqrt(heads fine_dim);
 - a record (page_size tokens) takes the best score of its tokens; the library's top-k over the
   candidates' records plus the open page's picks the k records attended, ascending.
 
@@ -196,7 +196,8 @@ class TwoLevel(Indexer):
         P, b = config.page_size, h.shape[0]
         per = self.page // P  # records per index page
         q, w = self._query(params, h, "f", self.fine_dim)
-        closed = self._scores(q, w, self.fine_values(fetched.records), ("bjd,bctd->bjct", "bjct,bj->bct"))  # [b, c, page]
+        closed = self._scores(q, w, self.fine_values(fetched.records),
+                              ("bjd,bctd->bjct", "bjct,bj->bct"))  # [b, c, page]
         own = self._scores(q, w, self.fine_values(fetched.open_page), ("bjd,btd->bjt", "bjt,bj->bt"))  # [b, page]
         rec = lambda s: jnp.max(s.reshape(*s.shape[:-1], per, P), axis=-1)  # a record: its best token
         scores = jnp.concatenate([rec(closed).reshape(b, -1), rec(own)], axis=1)  # [b, (c + 1) per]
@@ -233,7 +234,8 @@ class TwoLevel(Indexer):
         page_keys = ck.reshape(b, n, self.page, -1).sum(axis=2) / self.page  # [b, n, cd]
         cq, cw = self._query(params, h, "c", self.coarse_dim)
         fq, fw = self._query(params, h, "f", self.fine_dim)
-        return dict(page_keys=page_keys, cq=cq, cw=cw, fine_keys=self._train_fine_keys(config, params, h), fq=fq, fw=fw)
+        return dict(page_keys=page_keys, cq=cq, cw=cw, fine_keys=self._train_fine_keys(config, params, h),
+                    fq=fq, fw=fw)
 
     def train_scores(self, config, params, features, positions, start, chunk: int) -> TrainLevels:
         f = features
