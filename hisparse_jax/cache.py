@@ -57,18 +57,25 @@ def init_hot_cache(config: CacheConfig, sharding: Sharding | None = None) -> Hot
 
     Built straight into `sharding` (each device computes only its own shard).
     """
-    sharding = _device_sharding(sharding)
+    return _hot_cache_builder(config.hot_shape, config.dtype, _device_sharding(sharding))()
+
+
+# One jitted builder per (shape, dtype, sharding): states of the same cache shapes reuse its compiled
+# program (a new closure per call was a new jit, compiled again for every state built).
+@functools.lru_cache(maxsize=256)
+def _hot_cache_builder(hot_shape: tuple[int, ...], dtype: np.dtype, sharding: Sharding):
+    slot_shape, hot_slots = hot_shape[:-2], hot_shape[-3]  # hot: [L, *streams, B, page_size, width]
 
     @functools.partial(jax.jit, out_shardings=HotCache(sharding, sharding, sharding))
     def build():
-        lru = jnp.broadcast_to(jnp.arange(config.hot_slots, dtype=jnp.int32), config.slot_shape)
+        lru = jnp.broadcast_to(jnp.arange(hot_slots, dtype=jnp.int32), slot_shape)
         return HotCache(
-            hot=jnp.zeros(config.hot_shape, config.dtype),
-            slot_record=jnp.full(config.slot_shape, -1, jnp.int32),
+            hot=jnp.zeros(hot_shape, dtype),
+            slot_record=jnp.full(slot_shape, -1, jnp.int32),
             lru=lru,
         )
 
-    return build()
+    return build
 
 
 def alloc_host_pool(config: CacheConfig, sharding: Sharding | None = None) -> jax.Array:

@@ -76,16 +76,23 @@ def assert_identical(got, want, what: str) -> None:
         np.testing.assert_array_equal(got, want, err_msg=f"{what}: streams {list(bad)[:8]} differ", strict=True)
 
 
-def check_all(scores, sealed, k: int, what: str = "", reference: bool = True) -> np.ndarray:
+# select_topk under one jit: a compiled program per (shapes, k, implementation). Called eagerly,
+# JAX compiles each of the reference's ops on its own for every new shape, ~5x the time of one
+# program; the hypothesis tests draw a new shape almost every example, so they call this (the
+# same ops, integer keys: the same ids). The eager path is the named, bulk and 16-bit tests'.
+jitted_topk = jax.jit(hs.select_topk, static_argnames=("k", "implementation"))
+
+
+def check_all(scores, sealed, k: int, what: str = "", reference: bool = True, select=hs.select_topk) -> np.ndarray:
     """Oracle, then every implementation on this backend against it (and the FFI against the
     reference) with zero tolerance. reference=False leaves the reference out (see
-    reference_follows_total_order)."""
+    reference_follows_total_order); `select` is select_topk or jitted_topk."""
     want = oracle_topk(scores, sealed, k)
     got = {}
     for implementation in IMPLEMENTATIONS:
         if implementation == "reference" and not reference:
             continue
-        got[implementation] = np.asarray(hs.select_topk(scores, sealed, k, implementation=implementation))
+        got[implementation] = np.asarray(select(scores, sealed, k=k, implementation=implementation))
         assert_identical(got[implementation], want, f"{implementation} vs oracle {what}")
     if "ffi" in got and "reference" in got:
         assert_identical(got["ffi"], got["reference"], f"ffi vs reference {what}")
@@ -288,7 +295,7 @@ def problems(draw):
 @given(problem=problems())
 def test_hypothesis(problem):
     scores, sealed, k = problem
-    check_all(scores, sealed, k, f"k={k} sealed={sealed.tolist()}")
+    check_all(scores, sealed, k, f"k={k} sealed={sealed.tolist()}", select=jitted_topk)
 
 
 @settings(max_examples=examples(100))
@@ -302,7 +309,7 @@ def test_hypothesis_explicit_values(values, data):
     R = scores.shape[0]
     k = data.draw(st.integers(1, R), label="k")
     sealed = np.int32(data.draw(st.integers(-1, R + 1), label="sealed"))
-    check_all(scores, sealed, k)
+    check_all(scores, sealed, k, select=jitted_topk)
 
 
 # --------------------------------------------------------------------------- jit and scan

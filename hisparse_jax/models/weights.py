@@ -67,7 +67,13 @@ def _draw(shapes, scales, dtype, seed, stream, group):
 
 def split_layers(stacked: Mapping[str, jax.Array], count: int, build: Callable[..., object]) -> tuple:
     """Per-layer pytrees from arrays stacked on a leading [count] axis: (build(**{name: a[i]}) for i)."""
-    return tuple(build(**{name: array[i] for name, array in stacked.items()}) for i in range(count))
+    return tuple(build(**layer) for layer in _unstack(dict(stacked), count))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _unstack(stacked: dict, count: int) -> tuple:
+    # Every slice in one program: eagerly, each a[i] compiled a slice and a squeeze per shape.
+    return tuple({name: array[i] for name, array in stacked.items()} for i in range(count))
 
 
 def ones(shape: Sequence[int], dtype) -> jax.Array:
