@@ -76,7 +76,11 @@ def round_trip(x: jax.Array) -> jax.Array:
     """x [..., n] -> dequantize_rows(*quantize_rows(x)) float32: the values fp8 rows of x stand
     for, bit for bit what a reader of the codes and scales computes; the gradient is the identity
     (straight through the rounding, as quantization-aware training takes it)."""
-    return dequantize_rows(*quantize_rows(x))
+    codes, scale = quantize_rows(x)
+    # The barrier keeps the convert to fp8 and the one back apart: XLA's GPU compiler deletes such
+    # a pair when excess precision is allowed (hisparse_jax/rounding.py), which would train on
+    # unrounded keys.
+    return dequantize_rows(jax.lax.optimization_barrier(codes), scale)
 
 
 round_trip.defvjp(lambda x: (round_trip(x), None), lambda _, g: (g,))

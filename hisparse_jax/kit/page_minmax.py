@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from .. import layout
 from ..models import layers, products
 from ..models.weights import init_normal
+from ..rounding import as_stored
 from .protocol import Indexer
 
 
@@ -117,7 +118,7 @@ class PageMinMax(Indexer):
         b, T, _ = h.shape
         P, n = self.page, -(-h.shape[1] // self.page)
         # Keys rounded to the metadata dtype, as decode stores them.
-        key = layers.weight_einsum("...d,de->...e", h, params["w_k"]).astype(config.dtype).astype(jnp.float32)
+        key = as_stored(layers.weight_einsum("...d,de->...e", h, params["w_k"]), config.dtype)
         pad = lambda fill: jnp.pad(key, ((0, 0), (0, n * P - T), (0, 0)), constant_values=fill).reshape(b, n, P, -1)
         running = lambda scan, fill: scan(pad(fill), axis=2).reshape(b, n * P, -1)[:, :T]
         up, down, w = self._query(params, h)  # [b, T, heads, dim], [b, T, heads]

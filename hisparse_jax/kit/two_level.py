@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from .. import fp8, layout
 from ..models import layers
 from ..models.weights import init_normal
+from ..rounding import as_stored
 from ..topk import select_topk
 from .protocol import Indexer, RecordKind, TrainLevels
 
@@ -180,7 +181,7 @@ class TwoLevel(Indexer):
         key = self._key(config, params, h, "f")
         if self.fine_dtype == FP8:
             return fp8.round_trip(key)
-        return key.astype(self.fine_dtype or config.dtype).astype(f32)
+        return as_stored(key, self.fine_dtype or config.dtype)
 
     def fetch(self, config, params, metadata, h, positions, sealed):
         """The `candidates` best closed pages by coarse score (sealed: closed pages), ascending,

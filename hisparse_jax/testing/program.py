@@ -234,9 +234,16 @@ def assert_clean_decode_program(family, config, weights, batch: int = 3, steps: 
     Why: a copy or an extra RESOLVE gives the same bits, so the bitwise checks cannot see it, but it
     spends the memory traffic the cache exists to save. Args as assert_hisparse_matches_device;
     batch: streams of the traced program; steps: scan length. Returns the fully optimized program.
+
+    The program checked is the one decoding runs: `weights` in the family's decode layout
+    (Family.decode_weights, as the decode benchmark loads them; weights already in it pass
+    unchanged). Decoding another layout is not what this vouches for: on a GPU, XLA's dot merger
+    concatenates the kit's separate input projections every step (assert_no_big_copies on those
+    weights shows it).
     """
     family = arguments.family_of(family)
     arguments.on_ffi(config)
+    weights = decode_weights(family, config, weights)
     traced = trace_decode(family, config, weights, batch, "hisparse", steps)
     assert_one_resolve_per_sparse_layer_per_step(traced, config, arguments.steps_of(steps))
     assert_host_pool_stays_pinned(hlo.parse(traced.lower().compile().as_text()), config, batch)

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import gpu_attention_may_differ
 from model_helpers import STEPS, assert_bitwise_equal
 
 from hisparse_jax import decode
@@ -48,6 +49,8 @@ def test_hisparse_matches_device_while_evicting(case, spare):
 
 
 def test_dense_equals_a_selection_of_every_record(case):
+    if gpu_attention_may_differ(case.family):
+        pytest.skip("XLA's attention on a GPU may sum the dense read and the gathered records in other orders: a CPU check (docs/testing.md)")
     every = case.config(**case.every_record)
     hisparse, dense = case.run(every, "hisparse"), case.run(every, "dense")
     assert_bitwise_equal(hisparse, dense)
