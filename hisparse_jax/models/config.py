@@ -17,6 +17,8 @@ import numpy as np
 from .._dispatch import IMPLEMENTATIONS
 from ..config import CacheConfig
 
+# The shared expert's matmuls (ModelConfig.shared_expert_implementation).
+SHARED_EXPERT_IMPLEMENTATIONS = ("grouped", "dot")
 
 def field_error(config: Any, field: str, message: str) -> ValueError:
     return ValueError(f"{type(config).__name__}.{field}: {message}")
@@ -78,6 +80,9 @@ class ModelConfig:
       expert_implementation: the grouped matmul's kernel ("auto", "ffi": the CUDA kernel,
         "reference": XLA's ragged dot). Kept apart from `implementation` like DSA's indexer:
         the kernel and the reference agree within rounding, not bit for bit.
+      shared_expert_implementation: the shared expert's matmuls: "grouped" (the grouped matmul
+        with one expert, its kernel by expert_implementation) or "dot" (XLA's matmuls, fp8 codes
+        widened inside the dot; moe.dense_swiglu). Within rounding of each other, not bit for bit.
       routed_scaling: factor on the routing weights, which sum to 1 over a token's choices.
     """
 
@@ -103,6 +108,7 @@ class ModelConfig:
     expert_groups: int = 1
     expert_dtype: str | None = None
     expert_implementation: str = "auto"
+    shared_expert_implementation: str = "grouped"
     routed_scaling: float = 1.0
 
     PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
@@ -167,9 +173,11 @@ class ModelConfig:
                 f"must be an int in [0, 2^31) (0: the dense MLP), got {E!r}")
         require(self.expert_implementation in IMPLEMENTATIONS, self, "expert_implementation",
                 f"must be one of {IMPLEMENTATIONS}, got {self.expert_implementation!r}")
+        require(self.shared_expert_implementation in SHARED_EXPERT_IMPLEMENTATIONS, self, "shared_expert_implementation",
+                f"must be one of {SHARED_EXPERT_IMPLEMENTATIONS}, got {self.shared_expert_implementation!r}")
         if E == 0:
             moe_fields = dict(experts_per_token=0, expert_d_ff=0, shared_experts=0, expert_groups=1,
-                              expert_dtype=None, routed_scaling=1.0)
+                              expert_dtype=None, shared_expert_implementation="grouped", routed_scaling=1.0)
             for name, default in moe_fields.items():
                 require(getattr(self, name) == default, self, name,
                         f"={getattr(self, name)!r} is a mixture-of-experts field, but experts=0 (the dense "

@@ -171,6 +171,25 @@ def swiglu_experts(config: ModelConfig, w: ExpertWeights, rows: jax.Array, group
     return grouped_matmul(act, w.w_down, group_sizes, w.down_scale, implementation=impl)
 
 
+def _expert_dot(x: jax.Array, weight: jax.Array, scale: jax.Array | None) -> jax.Array:
+    """x [T, K] times one expert's weight [1, N, K] (fp8 codes widened inside the dot: exact)
+    -> [T, N] float32, times its output channels' scale [1, N] (fp8) after the sum."""
+    w = weight[0].astype(x.dtype)
+    precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None  # no TF32 on GPUs
+    y = layers.weight_einsum("...k,nk->...n", x, w, precision=precision, preferred_element_type=jnp.float32)
+    return y if scale is None else y * scale[0]
+
+
+def dense_swiglu(config: ModelConfig, w: ExpertWeights, h: jax.Array) -> jax.Array:
+    """One expert (E = 1: the shared expert) over every row of h [T, D] as XLA matmuls -> [T, D]
+    float32, the activation as swiglu_experts'. XLA sums in its own order: within rounding of the
+    grouped matmul, not bit for bit; every decode mode runs the same program."""
+    gate_up = _expert_dot(h, w.w_gate_up, w.gate_up_scale)  # [T, 2F]
+    F = w.w_down.shape[-1]
+    act = (jax.nn.silu(gate_up[:, :F]) * gate_up[:, F:]).astype(config.dtype)
+    return _expert_dot(act, w.w_down, w.down_scale)
+
+
 def moe(config: ModelConfig, w: MoEWeights, x: jax.Array) -> jax.Array:
     """The MoE branch of a layer: x [..., D] (decode [b, D], prefill [b, T, D]) -> [..., D] in x.dtype.
 
@@ -193,7 +212,9 @@ def moe(config: ModelConfig, w: MoEWeights, x: jax.Array) -> jax.Array:
     # on an H200 from batch 10 up (its 8-41 rows take more passes than a routed expert's few, and
     # the launch waits for them; grouped_matmul_bench --slices, E = 33): only at batch 1-2 was
     # that faster, by 6-9 us a layer.
-    if w.shared is not None:
+    if w.shared is not None and c.shared_expert_implementation == "dot":
+        y = y + dense_swiglu(c, w.shared, h)
+    elif w.shared is not None:
         y = y + swiglu_experts(c, w.shared, h, jnp.full((1,), T, jnp.int32))
     return y.astype(x.dtype).reshape(x.shape)
 

@@ -97,13 +97,17 @@ def _jitted(config):
 
 
 @pytest.mark.parametrize(
-    "dtype, expert_dtype, shape",
-    [("float32", None, (3, 64)), ("float32", "fp8", (2, 3, 64)), ("bfloat16", None, (3, 64)),
-     ("bfloat16", "fp8", (2, 3, 64))],
-    ids=["f32-decode", "f32-fp8-prefill", "bf16-decode", "bf16-fp8-prefill"],
+    "dtype, expert_dtype, shape, shared",
+    [("float32", None, (3, 64), "grouped"), ("float32", "fp8", (2, 3, 64), "grouped"),
+     ("bfloat16", None, (3, 64), "grouped"), ("bfloat16", "fp8", (2, 3, 64), "grouped"),
+     ("float32", None, (3, 64), "dot"), ("bfloat16", "fp8", (2, 3, 64), "dot"), ("bfloat16", "fp8", (1, 64), "dot")],
+    ids=["f32-decode", "f32-fp8-prefill", "bf16-decode", "bf16-fp8-prefill", "f32-decode-shared-dot",
+         "bf16-fp8-prefill-shared-dot", "bf16-fp8-one-row-shared-dot"],
 )
-def test_moe_matches_a_numpy_oracle(dtype, expert_dtype, shape):
-    config = _config(dtype=dtype, expert_dtype=expert_dtype)
+def test_moe_matches_a_numpy_oracle(dtype, expert_dtype, shape, shared):
+    """Either implementation of the shared expert: the grouped matmul of one expert, or XLA's dots
+    (moe.dense_swiglu, a single row through layers.weight_einsum)."""
+    config = _config(dtype=dtype, expert_dtype=expert_dtype, shared_expert_implementation=shared)
     w = moe.init_layer(config, 0, 0)
     x = jnp.asarray(np.random.default_rng(1).standard_normal(shape), config.dtype)
     got = _jitted(config)(w, x)
@@ -231,6 +235,9 @@ def test_dsa_query_lora_matches_a_numpy_oracle():
         (dict(experts=4, experts_per_token=2, expert_d_ff=16, expert_dtype="int8"), "expert_dtype"),
         (dict(experts=4, experts_per_token=2, expert_d_ff=0), "expert_d_ff"),
         (dict(experts=-1), "experts"),
+        (dict(experts=4, experts_per_token=2, expert_d_ff=16, shared_expert_implementation="cublas"),
+         "shared_expert_implementation"),
+        (dict(shared_expert_implementation="dot"), "shared_expert_implementation"),  # experts=0
         (dict(q_lora_rank=-1), "q_lora_rank"),
     ],
 )
