@@ -188,7 +188,9 @@ def main(argv=None) -> int:
         for e in events:
             by_module[str(e.get("args", {}).get("hlo_module", ""))].append(e)
         for name, _, _, wbytes, module in progs:
-            evs = sorted((e for mod, es in by_module.items() if mod.startswith(module) for e in es), key=lambda e: e["ts"])
+            # This candidate's module only: "jit_cand_2_1" is also the start of "jit_cand_2_10" and on.
+            mine = lambda mod: mod == module or (mod.startswith(module) and not mod[len(module)].isdigit())
+            evs = sorted((e for mod, es in by_module.items() if mine(mod) for e in es), key=lambda e: e["ts"])
             per_call = len(evs) // a.calls if a.calls else 0
             times = [sum(e["dur"] for e in evs[c * per_call:(c + 1) * per_call]) for c in range(a.calls)] if per_call else [0.0]
             names = [e["name"] for e in evs[:per_call]]
