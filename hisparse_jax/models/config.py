@@ -20,6 +20,7 @@ from ..config import CacheConfig
 # The shared expert's matmuls (ModelConfig.shared_expert_implementation).
 SHARED_EXPERT_IMPLEMENTATIONS = ("grouped", "dot")
 
+
 def field_error(config: Any, field: str, message: str) -> ValueError:
     return ValueError(f"{type(config).__name__}.{field}: {message}")
 
