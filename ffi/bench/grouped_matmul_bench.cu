@@ -30,6 +30,9 @@
 //   build/grouped_matmul_bench results/grouped_matmul_bench.json
 //   build/grouped_matmul_bench /tmp/gmm.json --quick     # fp8 only, no sweep
 //   build/grouped_matmul_bench /tmp/gmm.json --sweep     # every variant of every configuration
+//   build/grouped_matmul_bench /tmp/gmm.json --slices --quick --only gate_up:32:328 --iters 3
+//       # one configuration (projection:experts:rows; fp8 and bf16 both unless --quick), e.g. under
+//       # ncu --kernel-name regex:GroupedMatmulKernel --launch-skip 3 --launch-count 1
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -285,7 +288,9 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
   return r;
 }
 
-const char* kUsage = "usage: %s OUT.json [--quick] [--sweep] [--slices] [--iters N] [--seed N]\n";
+const char* kUsage =
+    "usage: %s OUT.json [--quick] [--sweep] [--slices] [--iters N] [--seed N] [--only PROJ:E:P]\n"
+    "  --only gate_up:32:328   that configuration alone (e.g. under ncu); a wrong one lists them\n";
 
 }  // namespace
 
@@ -296,6 +301,7 @@ int main(int argc, char** argv) {
   }
   const char* out_path = argv[1];
   bool quick = false, print_sweep = false, slices = false;
+  std::string only;  // PROJ:E:P, or empty: every configuration
   int iters = 30;
   uint32_t seed = 1;
   for (int i = 2; i < argc; ++i) {
@@ -305,28 +311,14 @@ int main(int argc, char** argv) {
     else if (a == "--slices") slices = true;
     else if (a == "--iters" && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
     else if (a == "--seed" && i + 1 < argc) seed = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else {
       std::fprintf(stderr, kUsage, argv[0]);
       return 2;
     }
   }
-  const harness::DeviceInfo info = harness::QueryDevice();
-  std::printf("# MoE grouped matmul benchmark\n\ndevice: %s; E = %lld experts, x bf16, y f32; %d iterations "
-              "(min / median / max)\n\n", harness::DeviceLine(info).c_str(), (long long)kExperts, iters);
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  // --- HBM ceilings ---------------------------------------------------------
-  const int64_t ceiling_bytes = quick ? kCeilingBytes / 4 : kCeilingBytes;
-  const harness::HbmCeilings hbm =
-      harness::MeasureHbmCeilingsOver(stream, ceiling_bytes, info.prop.multiProcessorCount, [&](uint8_t* src) {
-        FillWeights<<<1024, 256, 0, stream>>>(src, ceiling_bytes / 2, false, 1, 1.0f);
-      });
-  const double copy_gbs = hbm.copy_gbs, read_gbs = hbm.read_gbs;
-  std::printf("HBM: memcpy D2D of %.0f MiB %.0f GB/s (read + write), read kernel over it %.0f GB/s (medians); "
-              "nominal %.0f GB/s\n\n", ceiling_bytes / 1048576.0, copy_gbs, read_gbs, kNominalGbs);
-
-  // --- configurations -------------------------------------------------------
+  // --- configurations (before the device: a wrong --only fails fast) --------
   std::vector<Config> configs;
   // --slices: the deployment slices' shapes (GLM-5.1 per GPU, EP8, fp8): routed E = 32 at P = 8 x
   // batch pairs (batches 2, 17, 41, 64), then the shared expert (E = 1, every token) at M = batch.
@@ -348,6 +340,38 @@ int main(int argc, char** argv) {
                                      std::tuple<const char*, int64_t, int64_t>{"down", 2048, 6144}})
       for (int64_t rows : {16, 136, 640}) configs.push_back({name, k, n, fp8, rows});
   }
+  if (!only.empty()) {
+    std::vector<Config> kept;
+    std::string listed;
+    for (const Config& c : configs) {
+      const std::string name = std::string(c.projection) + ":" + std::to_string(c.experts) + ":" + std::to_string(c.rows);
+      listed += (listed.empty() ? "" : ", ") + name;
+      if (name == only) kept.push_back(c);
+    }
+    if (kept.empty()) {
+      std::fprintf(stderr, "--only %s: no such configuration in this run (PROJ:E:P, one of: %s)\n", only.c_str(),
+                   listed.c_str());
+      return 2;
+    }
+    configs = kept;
+  }
+
+  const harness::DeviceInfo info = harness::QueryDevice();
+  std::printf("# MoE grouped matmul benchmark\n\ndevice: %s; E = %lld experts, x bf16, y f32; %d iterations "
+              "(min / median / max)\n\n", harness::DeviceLine(info).c_str(), (long long)kExperts, iters);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // --- HBM ceilings ---------------------------------------------------------
+  const int64_t ceiling_bytes = quick ? kCeilingBytes / 4 : kCeilingBytes;
+  const harness::HbmCeilings hbm =
+      harness::MeasureHbmCeilingsOver(stream, ceiling_bytes, info.prop.multiProcessorCount, [&](uint8_t* src) {
+        FillWeights<<<1024, 256, 0, stream>>>(src, ceiling_bytes / 2, false, 1, 1.0f);
+      });
+  const double copy_gbs = hbm.copy_gbs, read_gbs = hbm.read_gbs;
+  std::printf("HBM: memcpy D2D of %.0f MiB %.0f GB/s (read + write), read kernel over it %.0f GB/s (medians); "
+              "nominal %.0f GB/s\n\n", ceiling_bytes / 1048576.0, copy_gbs, read_gbs, kNominalGbs);
+
   int64_t max_bytes = 0;
   for (const Config& c : configs) max_bytes = std::max(max_bytes, c.experts * c.n * c.k * c.element_bytes());
   uint8_t* w_copies[2];
