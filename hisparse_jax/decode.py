@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
+import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .models import Family, get_family
+from .models.family import in_decode_layout
 from .models.paging import ForcedSelection, StepOutput
 
 @dataclasses.dataclass(frozen=True)
@@ -195,9 +198,47 @@ def generate(
         raise ValueError(f"generate: sampling must be one of {SAMPLING}, got {sampling!r}")
     _check_batch("first_tokens", first_tokens, state.lengths.shape[0])
     _check_context(config, state.lengths, int(steps))
+    warn_unless_decode_layout(family, config, weights, jax.default_backend())
     out = generate_program(**_arguments(family, config, weights, state, first_tokens, steps, sampling, seed,
                                         return_logits, forced, record_selection, teacher_tokens))
     return Generated(*out)
+
+
+# (id(family), id(config), id(weights)) -> a weak reference to the weights whose layout was found
+# to be the decode layout: a timed decode loop passes the same objects every call, and checking
+# them again (flattening the weights, hashing the config) would put ~0.2 ms of host time in each.
+_CHECKED: dict[tuple[int, int, int], weakref.ref] = {}
+
+
+def _layout_checked(family, config, weights) -> bool:
+    ref = _CHECKED.get((id(family), id(config), id(weights)))
+    return ref is not None and ref() is weights
+
+
+def _remember_layout(family, config, weights) -> None:
+    try:
+        ref = weakref.ref(weights)
+    except TypeError:  # a dict or tuple of weights: checked on every call
+        return
+    if len(_CHECKED) > 256:
+        _CHECKED.clear()
+    _CHECKED[(id(family), id(config), id(weights))] = ref
+
+
+def warn_unless_decode_layout(family, config, weights, backend: str) -> None:
+    """On a GPU (`backend`), weights outside the family's decode layout cost a weight-sized copy
+    every step: XLA's dot merger concatenates the separate input projections that the decode layout
+    holds as one matrix (seen on an H200). The same values either way, so a warning, not an error;
+    XLA:CPU does not merge them."""
+    if backend != "gpu" or _layout_checked(family, config, weights):
+        return
+    if in_decode_layout(family, config, weights):
+        _remember_layout(family, config, weights)
+        return
+    warnings.warn(f"generate: the {family.name} weights are not in the family's decode layout, so on a GPU XLA "
+                  "concatenates their separate input projections every step (a weight-sized copy); convert them "
+                  "once when loaded: hisparse_jax.models.family.decode_weights(family, config, weights)",
+                  stacklevel=3)
 
 
 def _arguments(family, config, weights, state, first_tokens, steps, sampling, seed, return_logits,

@@ -10,7 +10,10 @@ must do.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
+
+import jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,3 +52,25 @@ def decode_weights(family: Family, config, weights):
 
     convert = get_family(family).decode_weights
     return weights if convert is None else convert(config, weights)
+
+
+def in_decode_layout(family: Family, config, weights) -> bool:
+    """Whether `weights` already are in the family's decode layout (decode_weights would return
+    them as they are): compared by tree structure and leaf shapes, traced abstractly (nothing is
+    concatenated) once per family, config and weight structure. True for families without a
+    decode layout."""
+    from . import get_family
+
+    family = get_family(family)
+    if family.decode_weights is None:
+        return True
+    leaves, tree = jax.tree.flatten(weights)
+    return _in_decode_layout(family, config, tree, tuple((tuple(a.shape), str(a.dtype)) for a in leaves))
+
+
+@functools.lru_cache(maxsize=64)
+def _in_decode_layout(family: Family, config, tree, shapes: tuple) -> bool:
+    abstract = jax.tree.unflatten(tree, [jax.ShapeDtypeStruct(s, d) for s, d in shapes])
+    converted = jax.eval_shape(lambda w: decode_weights(family, config, w), abstract)
+    leaves, converted_tree = jax.tree.flatten(converted)
+    return converted_tree == tree and tuple((tuple(a.shape), str(a.dtype)) for a in leaves) == shapes

@@ -9,6 +9,7 @@ which run DSA in this layout (tests/models/model_helpers.weights_for)."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import jax
@@ -18,10 +19,10 @@ import pytest
 
 from my_indexers import Recent
 
-from hisparse_jax import kit
+from hisparse_jax import decode, kit
 from hisparse_jax.kit import inputs
 from hisparse_jax.models import dsa, layers, products
-from hisparse_jax.models.family import decode_weights
+from hisparse_jax.models.family import decode_weights, in_decode_layout
 from hisparse_jax.train.checkpoint import load_model, save_model
 
 SHIPPED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "2026-12-02-h200" / "trace-model" / "model.npz"
@@ -132,3 +133,21 @@ def test_a_checkpoint_written_before_the_merged_layout_loads_and_merges():
     merged = decode_weights(dsa.FAMILY, config, w)
     assert all(layer.inputs is not None for layer in merged.layers)
     _assert_same_tree(inputs.split(config, merged), w)
+
+
+def test_generate_warns_on_a_gpu_when_the_weights_are_not_in_the_decode_layout():
+    """On a GPU XLA's dot merger concatenates separate input projections every step (a weight copy
+    the decode layout avoids): generate says so once per call site; CPUs and merged weights are quiet."""
+    config = _config(dtype="float32")
+    w = dsa.init_weights(config, 0)
+    merged = decode_weights(dsa.FAMILY, config, w)
+    assert not in_decode_layout(dsa.FAMILY, config, w) and in_decode_layout(dsa.FAMILY, config, merged)
+    assert in_decode_layout("nsa", None, object())  # a family without a decode layout takes any weights
+    with pytest.warns(UserWarning, match=r"^generate: the dsa weights are not in the family's decode layout"):
+        decode.warn_unless_decode_layout(dsa.FAMILY, config, w, "gpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decode.warn_unless_decode_layout(dsa.FAMILY, config, merged, "gpu")
+        decode.warn_unless_decode_layout(dsa.FAMILY, config, w, "cpu")
+    # The same weights again (a timed decode loop): remembered, not flattened and traced again.
+    assert decode._layout_checked(dsa.FAMILY, config, merged) and not decode._layout_checked(dsa.FAMILY, config, w)
