@@ -135,7 +135,7 @@ def test_a_checkpoint_written_before_the_merged_layout_loads_and_merges():
     _assert_same_tree(inputs.split(config, merged), w)
 
 
-def test_generate_warns_on_a_gpu_when_the_weights_are_not_in_the_decode_layout():
+def test_generate_warns_on_a_gpu_when_the_weights_are_not_in_the_decode_layout(monkeypatch):
     """On a GPU XLA's dot merger concatenates separate input projections every step (a weight copy
     the decode layout avoids): generate says so once per call site; CPUs and merged weights are quiet."""
     config = _config(dtype="float32")
@@ -150,4 +150,5 @@ def test_generate_warns_on_a_gpu_when_the_weights_are_not_in_the_decode_layout()
         decode.warn_unless_decode_layout(dsa.FAMILY, config, merged, "gpu")
         decode.warn_unless_decode_layout(dsa.FAMILY, config, w, "cpu")
     # The same weights again (a timed decode loop): remembered, not flattened and traced again.
-    assert decode._layout_checked(dsa.FAMILY, config, merged) and not decode._layout_checked(dsa.FAMILY, config, w)
+    monkeypatch.setattr(decode, "in_decode_layout", lambda *_: pytest.fail("checked the same weights again"))
+    decode.warn_unless_decode_layout(dsa.FAMILY, config, merged, "gpu")
