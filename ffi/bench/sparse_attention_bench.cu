@@ -4,7 +4,7 @@
 // k = 2048, P = 1. Two sources: "hot" (hot buffer, 4096 slots per request) and "kv" (device KV,
 // one row per record of the context: 128K, or 32K at b = 41). The L2 is flushed (a 256 MB write)
 // before every timed call, so the records come from HBM as in a decode step.
-// Usage: sparse_attention_bench [out.json [BATCH HEADS [PLAN]]]   (one shape, hot source only: what
+// Usage: sparse_attention_bench [out.json [BATCH HEADS [PLAN]]]   (one shape, any batch, hot source only: what
 // a profiler run of one configuration wants; PLAN auto (default), combine or cluster: an A/B of the
 // launch plans, sparse_attention_cuda.h)
 #include <numeric>
@@ -71,6 +71,11 @@ int main(int argc, char** argv) {
   const char* json_path = argc > 1 ? argv[1] : nullptr;
   const bool one = argc > 3;
   const int64_t only_b = one ? std::atoll(argv[2]) : 0, only_h = one ? std::atoll(argv[3]) : 0;
+  if (one && (only_b < 1 || only_b > 4096 || only_h < 64 || only_h % 64 != 0)) {
+    std::fprintf(stderr, "B H: batch must be in [1, 4096] and heads a positive multiple of 64 (got %s %s)\n",
+                 argv[2], argv[3]);
+    return 2;
+  }
   const std::string plan_name = argc > 4 ? argv[4] : "auto";
   const hisparse::SparseAttentionPlan plan = plan_name == "combine"   ? hisparse::SparseAttentionPlan::kCombine
                                              : plan_name == "cluster" ? hisparse::SparseAttentionPlan::kCluster
@@ -98,8 +103,11 @@ int main(int argc, char** argv) {
   for (const char* mode : {"hot", "kv"}) {
     if (one && std::string(mode) != "hot") continue;
     for (int64_t H : {64, 128}) {
-      for (int64_t b : {17, 2, 1, 41}) {
-        if (one && (b != only_b || H != only_h)) continue;
+      // One shape (B H on the command line) may be any batch, e.g. the halves of an overlap
+      // group's split (8 and 9 of 17); the table runs the deployments' batches.
+      const std::vector<int64_t> batches = one ? std::vector<int64_t>{only_b} : std::vector<int64_t>{17, 2, 1, 41};
+      for (int64_t b : batches) {
+        if (one && H != only_h) continue;
         hisparse::SparseAttentionShape s;
         s.batch = b, s.heads = H, s.top_k = k, s.page = 1;
         s.records = std::string(mode) == "hot" ? 4096 : (b == 41 ? 32768 : 131072);

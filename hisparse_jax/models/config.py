@@ -19,6 +19,8 @@ from ..config import CacheConfig
 
 # The shared expert's matmuls (ModelConfig.shared_expert_implementation).
 SHARED_EXPERT_IMPLEMENTATIONS = ("grouped", "dot")
+# How the MoE picks a token's experts and groups the pairs (ModelConfig.routing_implementation).
+ROUTING_IMPLEMENTATIONS = ("count", "sort")
 
 
 def field_error(config: Any, field: str, message: str) -> ValueError:
@@ -84,6 +86,10 @@ class ModelConfig:
       shared_expert_implementation: the shared expert's matmuls: "grouped" (the grouped matmul
         with one expert, its kernel by expert_implementation) or "dot" (XLA's matmuls, fp8 codes
         widened inside the dot; moe.dense_swiglu). Within rounding of each other, not bit for bit.
+      routing_implementation: how a token's experts are picked and the pairs grouped by expert:
+        "count" (comparison counts XLA fuses into a few reductions, where the sizes fit
+        models/routing.py's limit: decode; sorts above it) or "sort" (lax.top_k and a stable
+        argsort everywhere). The same bits either way: an A/B of the step's kernels.
       routed_scaling: factor on the routing weights, which sum to 1 over a token's choices.
     """
 
@@ -110,6 +116,7 @@ class ModelConfig:
     expert_dtype: str | None = None
     expert_implementation: str = "auto"
     shared_expert_implementation: str = "grouped"
+    routing_implementation: str = "count"
     routed_scaling: float = 1.0
 
     PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
@@ -176,9 +183,12 @@ class ModelConfig:
                 f"must be one of {IMPLEMENTATIONS}, got {self.expert_implementation!r}")
         require(self.shared_expert_implementation in SHARED_EXPERT_IMPLEMENTATIONS, self, "shared_expert_implementation",
                 f"must be one of {SHARED_EXPERT_IMPLEMENTATIONS}, got {self.shared_expert_implementation!r}")
+        require(self.routing_implementation in ROUTING_IMPLEMENTATIONS, self, "routing_implementation",
+                f"must be one of {ROUTING_IMPLEMENTATIONS}, got {self.routing_implementation!r}")
         if E == 0:
             moe_fields = dict(experts_per_token=0, expert_d_ff=0, shared_experts=0, expert_groups=1,
-                              expert_dtype=None, shared_expert_implementation="grouped", routed_scaling=1.0)
+                              expert_dtype=None, shared_expert_implementation="grouped", routing_implementation="count",
+                              routed_scaling=1.0)
             for name, default in moe_fields.items():
                 require(getattr(self, name) == default, self, name,
                         f"={getattr(self, name)!r} is a mixture-of-experts field, but experts=0 (the dense "

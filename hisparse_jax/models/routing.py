@@ -1,0 +1,77 @@
+"""The MoE's routing bookkeeping without sorts: a token's k best experts and the grouping of its
+(token, choice) pairs by local expert, as comparison counts that XLA fuses into a few reductions.
+
+Why: at decode sizes the sort-based form (lax.top_k over the router's scores, a stable argsort of
+the pairs by expert, a bincount and the inverse permutation's scatter) is a chain of small kernels
+(two sorts of ~4-5 us each, several 1-2 us scatters and gathers a layer on an H200: BENCHMARKS.md,
+the MoE's bookkeeping). Counting does the same selection exactly:
+
+  - top-k: expert e's rank is the number of experts that beat it (a higher score in the total
+    order of floats lax.top_k uses: -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN; on equal
+    scores the lower id beats the higher). The j-th choice is the expert of rank j.
+  - grouping: pair p's place in the stable sort by local expert is the number of pairs before it
+    in (expert, pair) order: exactly the inverse permutation of argsort(local, stable=True).
+
+Every output is an integer or a value picked from the input, so both forms give the same bits
+(tests/models/test_routing.py holds them equal, ties and non-finite scores included). Counting
+costs N^2 comparisons a token for N router scores and P^2 for P pairs, so it is used only where
+those fit COUNT_LIMIT elements (decode); larger inputs (prefill) take the sort-based form.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# Most comparisons a counting reduction may spell out (T x N x N for the top-k, P x P for the
+# grouping): 2^22 int32 predicates is a few microseconds of one fusion on a GPU, and covers
+# decode batches up to 64 tokens of 256 router scores and 2048 pairs.
+COUNT_LIMIT = 1 << 22
+
+
+def counting_fits(tokens: int, scores: int, pairs: int) -> bool:
+    """Whether the counting form applies to `tokens` rows of `scores` router scores and `pairs`
+    (token, choice) pairs (static shapes: the choice is made at trace time, never per value)."""
+    return tokens * scores * scores <= COUNT_LIMIT and pairs * pairs <= COUNT_LIMIT
+
+
+def _total_order_key(x: jax.Array) -> jax.Array:
+    """float32 -> int32 whose signed order is the floats' total order (lax.top_k's, NaNs by sign)."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+    return bits ^ ((bits >> 31) & jnp.int32(0x7FFFFFFF))
+
+
+def top_k(scores: jax.Array, k: int, *, counting: bool) -> tuple[jax.Array, jax.Array]:
+    """scores [T, N] float32 -> (values [T, k], ids [T, k] int32), best first: lax.top_k's result,
+    by counting when `counting`, else lax.top_k itself."""
+    if not counting:
+        values, ids = jax.lax.top_k(scores, k)
+        return values, ids.astype(jnp.int32)
+    n = scores.shape[-1]
+    key = _total_order_key(scores)
+    ids = jnp.arange(n, dtype=jnp.int32)
+    mine, other = key[..., :, None], key[..., None, :]
+    beats = (other > mine) | ((other == mine) & (ids[None, :] < ids[:, None]))  # [T, N (e), N (e')]
+    rank = jnp.sum(beats, axis=-1, dtype=jnp.int32)  # [T, N]: a permutation of 0..N-1 per row
+    ranks = jnp.arange(k, dtype=jnp.int32)
+    chosen = jnp.sum(jnp.where(rank[..., None, :] == ranks[:, None], ids, 0), axis=-1, dtype=jnp.int32)
+    return jnp.take_along_axis(scores, chosen, axis=-1), chosen
+
+
+def group_pairs(local: jax.Array, experts: int, *, counting: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """local [P] int32 (each pair's local expert, in [0, experts)) -> (order [P], inverse [P],
+    group_sizes [experts] int32): order lists the pairs by expert, each expert's in pair order
+    (argsort(local, stable=True)); inverse[p] is pair p's place in it; group_sizes counts each
+    expert's pairs."""
+    P = local.shape[0]
+    if not counting:
+        order = jnp.argsort(local, stable=True).astype(jnp.int32)
+        inverse = jnp.zeros_like(order).at[order].set(jnp.arange(P, dtype=jnp.int32), unique_indices=True)
+        return order, inverse, jnp.bincount(local, length=experts).astype(jnp.int32)
+    pair = jnp.arange(P, dtype=jnp.int32)
+    mine, other = local[:, None], local[None, :]
+    before = (other < mine) | ((other == mine) & (pair[None, :] < pair[:, None]))  # [P (p), P (q)]
+    inverse = jnp.sum(before, axis=-1, dtype=jnp.int32)
+    order = jnp.sum(jnp.where(inverse[None, :] == pair[:, None], pair[None, :], 0), axis=-1, dtype=jnp.int32)
+    group_sizes = jnp.sum(local[None, :] == jnp.arange(experts, dtype=jnp.int32)[:, None], axis=-1, dtype=jnp.int32)
+    return order, inverse, group_sizes
