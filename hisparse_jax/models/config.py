@@ -87,9 +87,10 @@ class ModelConfig:
         with one expert, its kernel by expert_implementation) or "dot" (XLA's matmuls, fp8 codes
         widened inside the dot; moe.dense_swiglu). Within rounding of each other, not bit for bit.
       routing_implementation: how a token's experts are picked and the pairs grouped by expert:
-        "count" (comparison counts XLA fuses into a few reductions, where the sizes fit
-        models/routing.py's limit: decode; sorts above it) or "sort" (lax.top_k and a stable
-        argsort everywhere). The same bits either way: an A/B of the step's kernels.
+        "count" (comparison counts XLA fuses into a few reductions where models/routing.py's
+        limits say they pay: the grouping at decode batches, the top-k at 1-4 tokens; sorts
+        elsewhere) or "sort" (lax.top_k and a stable argsort everywhere). The same bits either
+        way: an A/B of the step's kernels.
       routed_scaling: factor on the routing weights, which sum to 1 over a token's choices.
     """
 

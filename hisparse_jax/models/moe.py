@@ -156,17 +156,11 @@ def route(config: ModelConfig, router: jax.Array, h: jax.Array) -> tuple[jax.Arr
     # SMs, and no tensor cores. Same-numerics alternatives: benchmarks/projection_bench.py.
     logits = layers.weight_einsum("...d,de->...e", h.astype(jnp.float32), router.astype(jnp.float32),
                         precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
-    top, chosen = routing.top_k(jax.nn.sigmoid(logits), config.experts_per_token,
-                                counting=_counting(config, h.size // h.shape[-1], router.shape[-1]))
+    counting = config.routing_implementation == "count" and routing.top_k_counts(h.size // h.shape[-1], router.shape[-1])
+    top, chosen = routing.top_k(jax.nn.sigmoid(logits), config.experts_per_token, counting=counting)
     weights = top / jnp.sum(top, axis=-1, keepdims=True) * jnp.float32(config.routed_scaling)
     return chosen, weights
 
-
-def _counting(config: ModelConfig, tokens: int, scores: int) -> bool:
-    """Whether routing counts instead of sorting (routing.py): config.routing_implementation
-    "count" where the sizes fit routing.COUNT_LIMIT, "sort" never. The same bits either way."""
-    pairs = tokens * config.experts_per_token
-    return config.routing_implementation == "count" and routing.counting_fits(tokens, scores, pairs)
 
 
 def swiglu_experts(config: ModelConfig, w: ExpertWeights, rows: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -209,7 +203,8 @@ def moe(config: ModelConfig, w: MoEWeights, x: jax.Array) -> jax.Array:
     chosen, weights = route(c, w.router, h)
     local = (chosen % E).reshape(T * k)  # pair p = token p // k, its choice p % k
     # order: the pairs by local expert, each expert's in token order; inverse: its inverse.
-    order, inverse, group_sizes = routing.group_pairs(local, E, counting=_counting(c, T, w.router.shape[-1]))
+    counting = c.routing_implementation == "count" and routing.grouping_counts(T * k)
+    order, inverse, group_sizes = routing.group_pairs(local, E, counting=counting)
     sorted_out = swiglu_experts(c, w.routed, jnp.take(h, order // k, axis=0), group_sizes)  # [T k, D] f32
     per_choice = jnp.take(sorted_out, inverse, axis=0).reshape(T, k, -1)
     y = weights[:, 0, None] * per_choice[:, 0]

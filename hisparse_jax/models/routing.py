@@ -14,8 +14,11 @@ the MoE's bookkeeping). Counting does the same selection exactly:
 
 Every output is an integer or a value picked from the input, so both forms give the same bits
 (tests/models/test_routing.py holds them equal, ties and non-finite scores included). Counting
-costs N^2 comparisons a token for N router scores and P^2 for P pairs, so it is used only where
-those fit COUNT_LIMIT elements (decode); larger inputs (prefill) take the sort-based form.
+costs N^2 comparisons a token for N router scores and P^2 for P pairs, so each form is used
+where its count pays (H200, glm5-h200's 256 scores and 8 choices a token, BENCHMARKS.md): the
+grouping up to 2048 pairs (at 136 pairs its three reductions took 3.5 us a layer less than the
+argsort, bincount and scatter); the top-k only up to 4 tokens (at 2 tokens it saved ~1 us a
+layer; at 17 its 1.1M comparisons made it ~1 us slower than lax.top_k's sort).
 """
 
 from __future__ import annotations
@@ -23,16 +26,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-# Most comparisons a counting reduction may spell out (T x N x N for the top-k, P x P for the
-# grouping): 2^22 int32 predicates is a few microseconds of one fusion on a GPU, and covers
-# decode batches up to 64 tokens of 256 router scores and 2048 pairs.
-COUNT_LIMIT = 1 << 22
+# Most comparisons a counting reduction may spell out: T x N x N for the top-k (4 tokens of 256
+# scores), P x P for the grouping (2048 pairs; 2^22 int32 predicates is one fusion of a few us).
+TOP_K_COUNT_LIMIT = 1 << 18
+GROUPING_COUNT_LIMIT = 1 << 22
 
 
-def counting_fits(tokens: int, scores: int, pairs: int) -> bool:
-    """Whether the counting form applies to `tokens` rows of `scores` router scores and `pairs`
-    (token, choice) pairs (static shapes: the choice is made at trace time, never per value)."""
-    return tokens * scores * scores <= COUNT_LIMIT and pairs * pairs <= COUNT_LIMIT
+def top_k_counts(tokens: int, scores: int) -> bool:
+    """Whether the top-k of `tokens` rows of `scores` router scores is counted (static shapes: the
+    choice is made at trace time, never per value)."""
+    return tokens * scores * scores <= TOP_K_COUNT_LIMIT
+
+
+def grouping_counts(pairs: int) -> bool:
+    """Whether the grouping of `pairs` (token, choice) pairs is counted."""
+    return pairs * pairs <= GROUPING_COUNT_LIMIT
 
 
 def _total_order_key(x: jax.Array) -> jax.Array:

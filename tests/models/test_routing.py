@@ -103,10 +103,10 @@ def test_counted_grouping_is_the_stable_argsort_on_random_pairs(pairs, experts):
     np.testing.assert_array_equal(sizes, np.bincount(local, minlength=experts))
 
 
-def test_counting_fits_the_limit_exactly():
-    assert routing.counting_fits(64, 256, 512)  # 64 x 256 x 256 = 2^22
-    assert not routing.counting_fits(65, 256, 520)
-    assert routing.counting_fits(1, 8, 2048) and not routing.counting_fits(1, 8, 2049)
+def test_each_form_counts_up_to_its_limit_exactly():
+    assert routing.top_k_counts(4, 256) and not routing.top_k_counts(5, 256)  # 4 x 256 x 256 = 2^18
+    assert routing.top_k_counts(4096, 8) and not routing.top_k_counts(4097, 8)
+    assert routing.grouping_counts(2048) and not routing.grouping_counts(2049)
 
 
 # --------------------------------------------------------------------------- the MoE
@@ -140,9 +140,10 @@ def test_decode_sizes_compile_without_a_sort_and_large_sizes_keep_them():
     count = dsa.Config.tiny(**MOE)
     assert _sorts(count, 3) == 0
     assert _sorts(dsa.Config.tiny(**MOE, routing_implementation="sort"), 3) >= 2  # top-k and the argsort
-    # 8 router scores: the top-k counts up to 65536 tokens; 2 pairs a token: the grouping sorts
-    # from 1025 tokens (2050 pairs) on.
-    assert _sorts(count, 1025) >= 1
+    # 8 router scores: the top-k counts up to 4096 tokens; 2 pairs a token: the grouping sorts
+    # from 1025 tokens (2050 pairs) on, and the top-k from 4097.
+    assert _sorts(count, 1025) == 1
+    assert _sorts(count, 4097) >= 2
 
 
 def test_a_bad_routing_implementation_names_the_field():
