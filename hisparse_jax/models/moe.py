@@ -1,8 +1,8 @@
 """The mixture-of-experts feed-forward branch, in place of the dense SwiGLU MLP when Config.experts > 0.
 
 A token's branch input h = rms_norm(x) is scored by a sigmoid router over experts x expert_groups
-experts (float32); the token goes to its experts_per_token best (jax.lax.top_k: ties go to the
-lower id), weighted by their scores normalized to sum 1, times routed_scaling (DeepSeek-V3's
+experts (float32); the token goes to its experts_per_token best (jax.lax.top_k's choice: ties go
+to the lower id; counted instead of sorted at decode sizes, models/routing.py), weighted by their scores normalized to sum 1, times routed_scaling (DeepSeek-V3's
 routing without its group limit and score bias). Each routed expert is a SwiGLU of width
 expert_d_ff; a shared expert of width shared_experts x expert_d_ff (if any) sees every token.
 
@@ -20,8 +20,8 @@ reads grow with the batch like one EP GPU's. Left out: the all-to-all's time and
 imbalance of trained routers.
 
 The expert matmuls are hisparse_jax.grouped_matmul (the CUDA kernel reads only experts with
-rows; elsewhere an XLA reference): the pairs are sorted by local expert (a stable sort), run as
-groups, and brought back to token order by a gather with the inverse permutation. No float
+rows; elsewhere an XLA reference): the pairs are put in local expert order (a stable sort's
+order; at decode sizes counted, models/routing.py), run as groups, and brought back to token order by a gather with the inverse permutation. No float
 scatter-add anywhere: each token sums its k weighted expert outputs in choice order, in float32,
 so a decode step gives the same bits on every run and in every decode mode.
 
@@ -147,7 +147,8 @@ def route(config: ModelConfig, router: jax.Array, h: jax.Array) -> tuple[jax.Arr
     """h [T, D] -> (chosen global expert ids [T, k] int32, routing weights [T, k] float32).
 
     Sigmoid scores in float32 at full precision (on GPUs XLA's default would round the float32
-    operands to TF32), the k best by lax.top_k (equal scores: the lower id first), weights = the
+    operands to TF32), the k best as lax.top_k picks them (equal scores: the lower id first;
+routing.top_k), weights = the
     chosen scores over their sum, times routed_scaling.
     """
     # One float32 dot here (XLA:CPU compiles it as one fusion). On an H200 XLA's autotuner makes it
@@ -160,7 +161,6 @@ def route(config: ModelConfig, router: jax.Array, h: jax.Array) -> tuple[jax.Arr
     top, chosen = routing.top_k(jax.nn.sigmoid(logits), config.experts_per_token, counting=counting)
     weights = top / jnp.sum(top, axis=-1, keepdims=True) * jnp.float32(config.routed_scaling)
     return chosen, weights
-
 
 
 def swiglu_experts(config: ModelConfig, w: ExpertWeights, rows: jax.Array, group_sizes: jax.Array) -> jax.Array:

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 
 # Most comparisons a counting reduction may spell out: T x N x N for the top-k (4 tokens of 256
-# scores), P x P for the grouping (2048 pairs; 2^22 int32 predicates is one fusion of a few us).
+# scores), P x P for the grouping (2048 pairs; 2^22 comparisons summed in int32 is one fusion of a
+# few us).
 TOP_K_COUNT_LIMIT = 1 << 18
 GROUPING_COUNT_LIMIT = 1 << 22
 
@@ -49,13 +50,20 @@ def _total_order_key(x: jax.Array) -> jax.Array:
     return bits ^ ((bits >> 31) & jnp.int32(0x7FFFFFFF))
 
 
+# Score dtypes the counting top-k orders exactly: its key is the float32 bit pattern (bfloat16
+# widens to float32 exactly, NaN payloads included); others go to lax.top_k.
+_COUNTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
+
 def top_k(scores: jax.Array, k: int, *, counting: bool) -> tuple[jax.Array, jax.Array]:
-    """scores [T, N] float32 -> (values [T, k], ids [T, k] int32), best first: lax.top_k's result,
-    by counting when `counting`, else lax.top_k itself."""
-    if not counting:
+    """scores [T, N] -> (values [T, k], ids [T, k] int32), best first: lax.top_k's result, by
+    counting when `counting` and the scores are float32 or bfloat16, else lax.top_k itself."""
+    n = scores.shape[-1]
+    if not 0 <= k <= n:
+        raise ValueError(f"routing.top_k: k must be in [0, {n}] (the scores per row), got {k}")
+    if not counting or scores.dtype not in _COUNTED_DTYPES:
         values, ids = jax.lax.top_k(scores, k)
         return values, ids.astype(jnp.int32)
-    n = scores.shape[-1]
     key = _total_order_key(scores)
     ids = jnp.arange(n, dtype=jnp.int32)
     mine, other = key[..., :, None], key[..., None, :]

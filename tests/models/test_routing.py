@@ -35,7 +35,9 @@ def _assert_same_top_k(scores: np.ndarray, k: int) -> None:
     want_values, want_ids = _top_k(k, False)(scores)
     np.testing.assert_array_equal(np.asarray(got_ids), np.asarray(want_ids))
     # Bits, not values: NaN == NaN and -0 != +0 here.
-    np.testing.assert_array_equal(np.asarray(got_values).view(np.int32), np.asarray(want_values).view(np.int32))
+    got_values, want_values = np.asarray(got_values), np.asarray(want_values)
+    as_bits = f"u{got_values.dtype.itemsize}"
+    np.testing.assert_array_equal(got_values.view(as_bits), want_values.view(as_bits))
     assert got_ids.dtype == jnp.int32
 
 
@@ -71,6 +73,39 @@ def test_counted_top_k_orders_non_finite_scores_like_lax_top_k():
     row = np.array([1.0, np.nan, 2.0, -np.nan, np.inf, -0.0, 0.0, -np.inf, 0.5, np.nan], np.float32)
     _assert_same_top_k(np.stack([row, -row, row[::-1]]), 10)
     _assert_same_top_k(np.stack([row, -row]), 3)
+
+
+def test_counted_top_k_orders_nan_payloads_and_subnormals_like_lax_top_k():
+    """Bit patterns lax.top_k tells apart: NaN payloads of both signs (signalling ones too),
+    subnormals of both signs, next to ordinary values."""
+    bits = np.array([0x7FC00001, 0x7FC00000, 0x7F800001, 0xFFC00001, 0xFF800002, 1, 0x80000001, 0x00800000,
+                     0x3F800000, 0xBF800000, 0, 0x80000000], np.uint32)
+    row = bits.view(np.float32)
+    _assert_same_top_k(np.stack([row, row[::-1]]), 12)
+    _assert_same_top_k(np.stack([row, row[::-1]]), 5)
+
+
+def test_counted_top_k_at_the_deployments_shape_with_ties_and_nans():
+    """4 tokens of 256 scores, 8 choices (glm5-h200's router where the top-k is counted), on a
+    coarse grid with NaNs and infinities: the shape at which XLA may pick another top-k kernel."""
+    rng = np.random.default_rng(11)
+    scores = (rng.integers(0, 16, (4, 256)) / 16).astype(np.float32)
+    scores[1, [3, 200]] = np.nan
+    scores[2, 7] = np.inf
+    scores[3, :] = 0.25
+    _assert_same_top_k(scores, 8)
+
+
+def test_other_score_dtypes_take_lax_top_k_and_k_is_checked():
+    """bfloat16 is counted (exact widening); int32 (not orderable by a float32 key) goes to
+    lax.top_k; a k beyond the row is refused in one line, as lax.top_k refuses it."""
+    rng = np.random.default_rng(5)
+    _assert_same_top_k(jnp.asarray(rng.standard_normal((3, 64)), jnp.bfloat16), 8)
+    ints = np.array([[16777216, 16777217, 3, 16777217]], np.int32)  # apart as ints, equal as float32
+    np.testing.assert_array_equal(np.asarray(routing.top_k(ints, 2, counting=True)[1]), [[1, 3]])
+    with pytest.raises(ValueError, match=r"^routing\.top_k: k must be in \[0, 4\]") as err:
+        routing.top_k(jnp.zeros((2, 4), jnp.float32), 5, counting=True)
+    assert "\n" not in str(err.value)
 
 
 @settings(max_examples=40, deadline=None)
@@ -117,8 +152,11 @@ def _moe(config):
     return jax.jit(functools.partial(moe.moe, config))
 
 
-@pytest.mark.parametrize("shape", [(3, 64), (2, 5, 64)], ids=["decode", "prefill"])
+@pytest.mark.parametrize("shape", [(3, 64), (2, 5, 64), (1100, 64)],
+                         ids=["both-counted", "both-counted-2d", "top-k-counted-grouping-sorted"])
 def test_moe_output_is_the_same_bits_with_either_routing(shape):
+    """The tiny config scores 8 experts, 2 choices a token: up to 1024 tokens both parts count;
+    at 1100 the grouping (2200 pairs) sorts while the top-k still counts."""
     count = dsa.Config.tiny(**MOE, dtype="bfloat16", expert_dtype="fp8")
     sort = dsa.Config.tiny(**MOE, dtype="bfloat16", expert_dtype="fp8", routing_implementation="sort")
     w = moe.init_layer(count, 0, 0)
