@@ -89,8 +89,9 @@ class ModelConfig:
       routing_implementation: how a token's experts are picked and the pairs grouped by expert:
         "count" (comparison counts XLA fuses into a few reductions where models/routing.py's
         limits say they pay: the grouping up to 2048 (token, choice) pairs, the top-k up to
-        T x N^2 <= 2^18 for T tokens of N router scores, i.e. 4 tokens of 256; sorts elsewhere) or "sort" (lax.top_k and a stable argsort everywhere). The same bits either
-        way: an A/B of the step's kernels.
+        T x N^2 <= 2^18 for T tokens of N router scores, i.e. 4 tokens of 256; sorts elsewhere)
+        or "sort" (lax.top_k and a stable argsort everywhere). The same bits either way: an A/B
+        of the step's kernels.
       routed_scaling: factor on the routing weights, which sum to 1 over a token's choices.
     """
 

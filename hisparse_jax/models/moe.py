@@ -2,8 +2,9 @@
 
 A token's branch input h = rms_norm(x) is scored by a sigmoid router over experts x expert_groups
 experts (float32); the token goes to its experts_per_token best (jax.lax.top_k's choice: ties go
-to the lower id; counted instead of sorted at decode sizes, models/routing.py), weighted by their scores normalized to sum 1, times routed_scaling (DeepSeek-V3's
-routing without its group limit and score bias). Each routed expert is a SwiGLU of width
+to the lower id; counted instead of sorted at decode sizes, models/routing.py), weighted by their
+scores normalized to sum 1, times routed_scaling (DeepSeek-V3's routing without its group limit
+and score bias). Each routed expert is a SwiGLU of width
 expert_d_ff; a shared expert of width shared_experts x expert_d_ff (if any) sees every token.
 
 Expert parallelism. A deployment spreads a layer's experts x G routed experts over the G GPUs of
@@ -21,8 +22,8 @@ imbalance of trained routers.
 
 The expert matmuls are hisparse_jax.grouped_matmul (the CUDA kernel reads only experts with
 rows; elsewhere an XLA reference): the pairs are put in local expert order (a stable sort's
-order; at decode sizes counted, models/routing.py), run as groups, and brought back to token order by a gather with the inverse permutation. No float
-scatter-add anywhere: each token sums its k weighted expert outputs in choice order, in float32,
+order; at decode sizes counted, models/routing.py), run as groups, and brought back to token order
+by a gather with the inverse permutation. No float scatter-add anywhere: each token sums its k weighted expert outputs in choice order, in float32,
 so a decode step gives the same bits on every run and in every decode mode.
 
 Weights: expert matrices are [E, N, K] with K the contiguous axis (grouped_matmul's layout):
@@ -148,8 +149,7 @@ def route(config: ModelConfig, router: jax.Array, h: jax.Array) -> tuple[jax.Arr
 
     Sigmoid scores in float32 at full precision (on GPUs XLA's default would round the float32
     operands to TF32), the k best as lax.top_k picks them (equal scores: the lower id first;
-routing.top_k), weights = the
-    chosen scores over their sum, times routed_scaling.
+    routing.top_k), weights = the chosen scores over their sum, times routed_scaling.
     """
     # One float32 dot here (XLA:CPU compiles it as one fusion). On an H200 XLA's autotuner makes it
     # a split-K GEMM plus a partial-sum fusion at 6-9x its bytes (BENCHMARKS.md, weights/FFN at
