@@ -13,6 +13,7 @@ GPU: on a machine whose default backend is gpu, build with HISPARSE_CUDA=ON;
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -104,6 +105,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_compiled_programs():
+    """Drops each test module's compiled programs after it. XLA:CPU maps every compiled program's
+    code into memory regions of its own (about ten a program) and keeps them while jax's caches
+    hold the executable; a worker running its share of the whole suite passed Linux's default
+    limit of 65530 mappings a process (vm.max_map_count), and its next compile segfaulted inside
+    XLA (CI: a worker died in backend_compile_and_load near the end of the suite; locally a worker
+    held ~37000 mappings after 28 of the 71 files). Programs shared within a module stay cached."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)
