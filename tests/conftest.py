@@ -111,10 +111,12 @@ def pytest_collection_modifyitems(config, items):
 def _release_compiled_programs():
     """Drops each test module's compiled programs after it. XLA:CPU maps every compiled program's
     code into memory regions of its own (about ten a program) and keeps them while jax's caches
-    hold the executable; a worker running its share of the whole suite passed Linux's default
-    limit of 65530 mappings a process (vm.max_map_count), and its next compile segfaulted inside
-    XLA (CI: a worker died in backend_compile_and_load near the end of the suite; locally a worker
-    held ~37000 mappings after 28 of the 71 files). Programs shared within a module stay cached."""
+    hold the executable. A worker running its share of the whole suite held ~37000 mappings after
+    28 of the 71 files and kept growing toward Linux's limit of 65530 a process (vm.max_map_count);
+    at the limit LLVM cannot allocate and the compile segfaults in backend_compile_and_load (a CI
+    worker died so near the end of the suite; with the limit lowered to 20000 the suite crashed
+    the same way without this fixture and passed with it). Programs shared within a module stay
+    cached."""
     yield
     jax.clear_caches()
     gc.collect()
