@@ -23,8 +23,9 @@ imbalance of trained routers.
 The expert matmuls are hisparse_jax.grouped_matmul (the CUDA kernel reads only experts with
 rows; elsewhere an XLA reference): the pairs are put in local expert order (a stable sort's
 order; at decode sizes counted, models/routing.py), run as groups, and brought back to token order
-by a gather with the inverse permutation. No float scatter-add anywhere: each token sums its k weighted expert outputs in choice order, in float32,
-so a decode step gives the same bits on every run and in every decode mode.
+by a gather with the inverse permutation. No float scatter-add anywhere: each token sums its k
+weighted expert outputs in choice order, in float32, so a decode step gives the same bits on every
+run and in every decode mode.
 
 Weights: expert matrices are [E, N, K] with K the contiguous axis (grouped_matmul's layout):
 w_gate_up [E, 2F, D] (an expert's gate rows, then its up rows) and w_down [E, D, F]; with
