@@ -23,6 +23,24 @@
 #             the MoE grouped matmul: ffi/tests check + memcheck, ffi/bench/grouped_matmul_bench.cu
 #             (auto plan and the best variant against HBM bandwidth, JSON in OUT_DIR), and
 #             tests/test_grouped_matmul.py's GPU tests (needs build)
+#   attention-wgmma
+#             the experimental wgmma chunk kernel of sparse attention (ffi/sparse_attention_wgmma.cuh,
+#             sm_90a), both its variants: the checker (--quick, then memcheck), the kernel alone
+#             against sm_90a's default kernel at batch 1, 2, 17 and 41 (64 heads, k = 2048;
+#             alternating, twice), then the full checkers; JSON in OUT_DIR
+#   attention-wgmma-slices
+#             the glm5-h200 slice at 128K and 32K (GLM-5.1-like trace, both modes one at a time,
+#             profiled) with two sm_90a builds: the default sparse attention kernel and the wgmma
+#             one (HISPARSE_SPARSE_ATTENTION_WGMMA=ON); sites in $SITE-90a-default and -wgmma
+#   graphs-slices
+#             launch gaps (issue: the roofline): the glm5-h200 slice at 128K, profiled, with XLA's
+#             default command buffers and with the whole loop nest in one graph (WHILE and
+#             CONDITIONAL command buffers, loops unrolled: benchmarks/check_command_buffer.py's
+#             one-launch configuration), then benchmarks/launch_gaps.py over both
+#   grouped-matmul-tiled
+#             the grouped matmul's tiled-weight experiment (ffi/grouped_matmul_tiled.h): checkers of
+#             tiles of 16 and 32 rows (--quick, memcheck), then --slices --quick row-major / 16 / 32
+#             alternating, twice, and the full checkers; JSON in OUT_DIR
 #   slices    the deployment slices (docs/deployments.md): hisparse-bench decode --deployment
 #             glm5-h200 at 32K, 128K and 256K, dsv32-h200 and qwen3-quest-h200 at 128K; each
 #             under both trace calibrations, with the profile; one process per context.
@@ -132,6 +150,75 @@ for stage in "$@"; do
       run grouped_matmul build/grouped_matmul_bench "$OUT_DIR/grouped_matmul.json"
       run grouped_matmul_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_grouped_matmul.py -q \
         -p no:cacheprovider -m gpu ;;
+    attention-wgmma)
+      # Two variants (HISPARSE_SPARSE_ATTENTION_WGMMA_SPLIT 0 / 1: both warpgroups score every
+      # token, or each half of them), each checked before it is timed.
+      mkdir -p build/tests
+      run attn_bench_build make -C ffi/bench sparse-attention ARCH=sm_90a OUT="$PWD/build/sm90a"
+      for split in 0 1; do
+        flags="-DHISPARSE_SPARSE_ATTENTION_WGMMA=1 -DHISPARSE_SPARSE_ATTENTION_WGMMA_SPLIT=$split"
+        check="$PWD/build/tests/sparse_attention_cuda_check_wgmma$split"
+        run "attn_wgmma${split}_build" make -C ffi/tests sparse-attention ARCH=sm_90a EXTRA="$flags" ATTN_BIN="$check"
+        run "attn_wgmma${split}_check_quick" "$check" --quick
+        run "attn_wgmma${split}_memcheck" compute-sanitizer --tool memcheck --error-exitcode 3 "$check" --quick --quiet
+        run "attn_wgmma${split}_bench_build" make -C ffi/bench sparse-attention ARCH=sm_90a EXTRA="$flags" \
+          OUT="$PWD/build/wgmma$split"
+      done
+      for rep in 1 2; do
+        for b in 1 2 17 41; do
+          run "attn_mma_b$b-$rep" build/sm90a/sparse_attention_bench "$OUT_DIR/attn_mma_b$b-$rep.json" "$b" 64
+          for split in 0 1; do
+            run "attn_wgmma${split}_b$b-$rep" "build/wgmma$split/sparse_attention_bench" \
+              "$OUT_DIR/attn_wgmma${split}_b$b-$rep.json" "$b" 64
+          done
+        done
+      done
+      for split in 0 1; do run "attn_wgmma${split}_check" "$PWD/build/tests/sparse_attention_cuda_check_wgmma$split"; done ;;
+    grouped-matmul-tiled)
+      mkdir -p build/tests
+      run gmm_rows_bench_build make -C ffi/bench grouped-matmul OUT="$PWD/build/rows"
+      for tile in 16 32; do
+        check="$PWD/build/tests/grouped_matmul_cuda_check_tiled$tile"
+        run "gmm_tiled${tile}_build" make -C ffi/tests grouped-matmul EXTRA="-DHISPARSE_GROUPED_MATMUL_TILE_ROWS=$tile" \
+          GMM_BIN="$check"
+        run "gmm_tiled${tile}_check_quick" "$check" --quick
+        run "gmm_tiled${tile}_memcheck" compute-sanitizer --tool memcheck --error-exitcode 3 "$check" --quick --quiet
+        run "gmm_tiled${tile}_bench_build" make -C ffi/bench grouped-matmul \
+          EXTRA="-DHISPARSE_GROUPED_MATMUL_TILE_ROWS=$tile" OUT="$PWD/build/tiled$tile"
+      done
+      for rep in 1 2; do
+        for layout in rows tiled16 tiled32; do
+          run "gmm_${layout}-$rep" "build/$layout/grouped_matmul_bench" "$OUT_DIR/gmm_${layout}-$rep.json" --slices --quick
+        done
+      done
+      for tile in 16 32; do run "gmm_tiled${tile}_check" "$PWD/build/tests/grouped_matmul_cuda_check_tiled$tile"; done ;;
+    attention-wgmma-slices)
+      for variant in default wgmma; do
+        defs=(-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90a)
+        if [ "$variant" = wgmma ]; then defs+=(-Ccmake.define.HISPARSE_SPARSE_ATTENTION_WGMMA=ON); fi
+        run "build-90a-$variant" env HISPARSE_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps --upgrade \
+          --target "$SITE-90a-$variant" "${defs[@]}" .
+      done
+      for context in 131072 32768; do
+        for variant in default wgmma; do
+          run "slice-attention-$variant-$context" env PYTHONPATH="$SITE-90a-$variant" XLA_PYTHON_CLIENT_PREALLOCATE=true \
+            XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE-90a-$variant/bin/hisparse-bench" decode \
+            --deployment glm5-h200 --contexts "$context" --trace glm-5.1 --no-equal-batch --one-at-a-time \
+            --reps 10 --profile --no-plots --out "$OUT_DIR/slice-attention-$variant-$context" $DECODE_ARGS
+        done
+      done ;;
+    graphs-slices)
+      one_graph="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,CONDITIONAL,WHILE"
+      one_graph="$one_graph --xla_gpu_command_buffer_unroll_loops=true"
+      for graphs in default one; do
+        flags=""
+        if [ "$graphs" = one ]; then flags="$one_graph"; fi
+        run "slice-graphs-$graphs" env XLA_FLAGS="${XLA_FLAGS:-} $flags" PYTHONPATH="$SITE" \
+          XLA_PYTHON_CLIENT_PREALLOCATE=true XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE/bin/hisparse-bench" \
+          decode --deployment glm5-h200 --contexts 131072 --trace glm-5.1 --no-equal-batch --one-at-a-time \
+          --reps 10 --profile --no-plots --out "$OUT_DIR/slice-graphs-$graphs" $DECODE_ARGS
+      done
+      run launch_gaps "$PY" benchmarks/launch_gaps.py "$OUT_DIR"/slice-graphs-*/decode.json ;;
     prefetch-tests)
       run prefetch_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_prefetch.py \
         tests/models/test_prefetch_decode.py -q -p no:cacheprovider ;;

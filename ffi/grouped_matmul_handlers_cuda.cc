@@ -15,6 +15,10 @@
 #include "grouped_matmul_checks.h"
 #include "grouped_matmul_cuda.h"
 
+#if defined(HISPARSE_GROUPED_MATMUL_TILE_ROWS) && HISPARSE_GROUPED_MATMUL_TILE_ROWS != 0
+#error "HISPARSE_GROUPED_MATMUL_TILE_ROWS is for the standalone checker and benchmark: the custom call's weights are row-major"
+#endif
+
 namespace hisparse {
 namespace {
 

@@ -26,6 +26,7 @@
 #include "common.h"
 #include "grouped_matmul.h"
 #include "grouped_matmul_cuda.h"
+#include "grouped_matmul_tiled.h"
 
 namespace hisparse {
 namespace {
@@ -166,6 +167,10 @@ struct WarpTile {
                                              int64_t end, int lane, int slice, int chunk_begin, int chunk_end,
                                              int barrier, float* partials) {
     const int g = lane / 4, c = lane % 4;
+    // The weights' layout: row-major (0, the contract's), or tiles of kTile rows in an experiment
+    // build (grouped_matmul_tiled.h), where a row's next chunk is a whole tile's chunk further.
+    constexpr int64_t kTile = kGroupedMatmulTileRows;
+    constexpr int64_t kChunkStride = (kTile > 0 ? kTile : 1) * kChunkBytes;
     // This lane's weight rows: g and g + 8 of each tile (rows past N read as zeros); the lane's
     // 16 bytes of a chunk (16 c) are added with the chunk's offset below.
     const uint8_t* w_rows[kWeightTiles][2];
@@ -176,7 +181,8 @@ struct WarpTile {
       for (int h = 0; h < 2; ++h) {
         const int64_t n = row0 + kRowsPerWeightTile * j + 8 * h + g;
         row_ok[j][h] = n < p.n;
-        w_rows[j][h] = p.w + (static_cast<int64_t>(expert) * p.n + (row_ok[j][h] ? n : 0)) * p.w_row_bytes;
+        const int64_t row = static_cast<int64_t>(expert) * p.n + (row_ok[j][h] ? n : 0);
+        w_rows[j][h] = p.w + (kTile > 0 ? TiledWeightOffset(row, 0, p.w_row_bytes, kTile) : row * p.w_row_bytes);
       }
     }
     const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -199,13 +205,14 @@ struct WarpTile {
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
           const int64_t offset = static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c;
+          const int64_t at = kTile > 0 ? static_cast<int64_t>(chunk0 + u) * kChunkStride + 16 * c : offset;
           // The last chunk of a row may be partial; chunks past the slice are another warp's.
           const bool k_ok = (!kSplit || chunk0 + u < k_last) && offset < p.w_row_bytes;
 #pragma unroll
           for (int j = 0; j < kWeightTiles; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-              wv[u][j][h] = k_ok && row_ok[j][h] ? LoadWeights(w_rows[j][h] + offset) : zero;
+              wv[u][j][h] = k_ok && row_ok[j][h] ? LoadWeights(w_rows[j][h] + at) : zero;
         }
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
@@ -426,6 +433,9 @@ cudaError_t LaunchGroupedMatmul(const GroupedMatmulDims& dims, const GroupedMatm
                                 cudaStream_t stream, const GroupedMatmulTuning& tuning) {
   GroupedMatmulPlan plan;
   if (cudaError_t err = GroupedMatmulPlanFor(dims, tuning, &plan); err != cudaSuccess) return err;
+  if (kGroupedMatmulTileRows > 0 &&
+      !TiledWeightsFit(dims.n, dims.k * GroupedWeightBytes(dims.weight_type), kGroupedMatmulTileRows))
+    return cudaErrorNotSupported;  // the tiled experiment's domain (grouped_matmul_tiled.h)
   if (dims.rows == 0 || dims.n == 0) return cudaSuccess;
   if (!Aligned(io.x, 16) || !Aligned(io.w, 16) || !Aligned(io.scale, 4) || !Aligned(io.group_sizes, 4) ||
       !Aligned(io.y, 4))

@@ -36,6 +36,7 @@
 
 #include "common.h"
 #include "indexer_cuda.h"
+#include "wgmma.cuh"
 #include "indexer_device.cuh"
 
 namespace hisparse {

@@ -32,21 +32,9 @@
 
 constexpr int kWgTile = 64;  // tokens of a warpgroup tile; 16 per warp
 
-// A shared-memory matrix descriptor, no swizzle: start, leading (K-direction)
-// and stride (N-direction) byte offsets between core matrices, in 16 bytes.
-__device__ __forceinline__ uint64_t WgmmaDescriptor(uint32_t address, uint32_t leading, uint32_t stride) {
-  return static_cast<uint64_t>((address & 0x3ffff) >> 4) | (static_cast<uint64_t>(leading >> 4) << 16) |
-         (static_cast<uint64_t>(stride >> 4) << 32);
-}
-
 #ifdef HISPARSE_INDEXER_WGMMA_DEVICE
-__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void WgmmaWaitAll() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Generic-proxy shared-memory writes (the staged q) made visible to wgmma's async proxy.
 __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Keeps the compiler from reading an accumulator before the wait that lands it.
-__device__ __forceinline__ void FenceOperand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
 // acc (+)= a b over one k-step: m64n32k16, A (this warp's 16 rows) from
 // registers, B (k16 x 32 heads of q) from shared memory at `desc`; acc is
@@ -97,7 +85,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp, 1) IndexScoresWgmmaKernel(co
   // q as B: k-step s starts at core matrix (2s, 0); K-adjacent core matrices are `heads_padded / 8`
   // matrices apart, N-adjacent ones one matrix (128 bytes).
   const uint32_t q_groups = static_cast<uint32_t>(p.heads_padded / 8);
-  const uint64_t desc0 = WgmmaDescriptor(SharedAddress(q_smem), 128 * q_groups, 128);
+  const uint64_t desc0 = wgmma::Descriptor(SharedAddress(q_smem), 128 * q_groups, 128);
   const uint64_t desc_step = (2 * 128 * q_groups) >> 4;  // one k-step further, in the start field
 
   // This block's 64-token tiles: a contiguous range; this warpgroup's: begin + group + k * groups.
@@ -178,7 +166,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp, 1) IndexScoresWgmmaKernel(co
         float acc[kNTiles][4];
 #pragma unroll
         for (int n = 0; n < kNTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-        WgmmaFence();
+        wgmma::Fence();
 #pragma unroll
         for (int s = 0; s < kKSteps; ++s) {
           if constexpr (kNTiles == 4) {
@@ -187,12 +175,12 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp, 1) IndexScoresWgmmaKernel(co
             Wgmma64(acc, a[s], desc0 + s * desc_step, s > 0);
           }
         }
-        WgmmaCommit();
-        WgmmaWaitAll();
+        wgmma::Commit();
+        wgmma::WaitAll();
 #pragma unroll
         for (int n = 0; n < kNTiles; ++n)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) FenceOperand(acc[n][i]);
+          for (int i = 0; i < 4; ++i) wgmma::Keep(acc[n][i]);
         const float* scale = reinterpret_cast<const float*>(st + 16 * kStride);
         float top, bottom;
         if (all_heads) {

@@ -18,6 +18,9 @@
 // Both merge with the same code (the same bits). Batch invariance: the chunks are fixed, and a
 // head's instructions and values are the same whatever the batch, the head split and the plan
 // (the same warp roles, the same row of the same m16 tile, the same merge).
+// An sm_90a build with HISPARSE_SPARSE_ATTENTION_WGMMA (experimental, off by default) runs another
+// chunk kernel for every batch and plan instead, on warpgroup MMAs (sparse_attention_wgmma.cuh),
+// then the combine kernel: same contract, its own bits within the contract's rounding.
 #ifndef HISPARSE_FFI_SPARSE_ATTENTION_CUDA_H_
 #define HISPARSE_FFI_SPARSE_ATTENTION_CUDA_H_
 

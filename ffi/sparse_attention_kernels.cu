@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "sparse_attention_cuda.h"
+#include "wgmma.cuh"
 
 namespace hisparse {
 namespace {
@@ -834,6 +835,13 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(
   StampCombine(1);
 }
 
+#ifdef HISPARSE_SPARSE_ATTENTION_WGMMA
+#ifndef HISPARSE_SM90A
+#error "HISPARSE_SPARSE_ATTENTION_WGMMA needs an sm_90a build (ARCH=sm_90a, or CMAKE_CUDA_ARCHITECTURES=90a)"
+#endif
+#include "sparse_attention_wgmma.cuh"
+#endif
+
 std::atomic<uint64_t> g_configured{0};  // devices whose chunk kernels allow the large smem
 std::atomic<int> g_sms[64];              // multiprocessors of each device (0: not asked yet)
 std::atomic<int> g_clusters[64][3];      // clusters of 16 blocks resident at once, kGroups 1, 2, 4
@@ -873,6 +881,10 @@ cudaError_t Configure(int dev) {
   if (err == cudaSuccess) err = ConfigureCluster<1>(dev, bytes);
   if (err == cudaSuccess) err = ConfigureCluster<2>(dev, bytes);
   if (err == cudaSuccess) err = ConfigureCluster<4>(dev, bytes);
+#ifdef HISPARSE_SPARSE_ATTENTION_WGMMA
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(WgmmaChunkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(WgSmem)));
+#endif
   int sms = 0;
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
@@ -964,6 +976,16 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   a.by_page = FastDiv(static_cast<uint32_t>(shape.page));
   a.by_passes = FastDiv(static_cast<uint32_t>((a.chunk_tokens + kPass - 1) / kPass));
   const int sms = g_sms[dev & 63].load();
+#ifdef HISPARSE_SPARSE_ATTENTION_WGMMA
+  // The wgmma build (sparse_attention_wgmma.cuh): one kernel for every batch and plan, 64 heads a
+  // unit, a contiguous range of units per block, then the combine kernel. `plan` has no choice
+  // to make here: every plan is this one (the checker skips its plan comparison in this build).
+  (void)plan;
+  a.units = static_cast<int>(shape.batch * (shape.heads / kHt) * kChunks);
+  a.big_units = a.units, a.split_groups = 4;
+  a.by_blocks = FastDiv(static_cast<uint32_t>(shape.heads / kHt));
+  WgmmaChunkKernel<<<dim3(static_cast<unsigned>(std::min(a.units, sms))), kWgThreads, sizeof(WgSmem), stream>>>(a);
+#else
   int cluster_groups = plan == SparseAttentionPlan::kCombine ? 0 : ClusterGroupsFor(shape, dev, sms);
   if (plan == SparseAttentionPlan::kCluster && cluster_groups == 0) {
     if (g_clusters[dev & 63][2].load() < 1) return cudaErrorNotSupported;  // no cluster of 16 fits this device
@@ -989,6 +1011,7 @@ cudaError_t LaunchSparseAttention(const SparseAttentionShape& shape, float scale
   if (groups == 1) ChunkKernel<1, false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
   else if (groups == 2) ChunkKernel<2, false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
   else ChunkKernel<4, false><<<grid, kThreads, sizeof(Smem), stream>>>(a);
+#endif
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (kDependentLaunch) {

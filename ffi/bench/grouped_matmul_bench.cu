@@ -33,6 +33,10 @@
 //   build/grouped_matmul_bench /tmp/gmm.json --slices --quick --only gate_up:32:328 --iters 3
 //       # one configuration (projection:experts:rows; fp8 and bf16 both unless --quick), e.g. under
 //       # ncu --kernel-name regex:GroupedMatmulKernel --launch-skip 3 --launch-count 1
+// The tiled-weight experiment (ffi/grouped_matmul_tiled.h): build with
+//   make -C ffi/bench grouped-matmul EXTRA=-DHISPARSE_GROUPED_MATMUL_TILE_ROWS=16 OUT=build/tiled16
+// and the kernel reads the (random) weights as tiles of 16 rows; the CPU check stages each
+// sampled row from its tile, so the bits are checked against the same layout the kernel reads.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -48,6 +52,7 @@
 
 #include "grouped_matmul.h"
 #include "grouped_matmul_cuda.h"
+#include "grouped_matmul_tiled.h"
 #include "tests/harness.h"
 #include "tests/grouped_matmul_oracle.h"
 
@@ -246,8 +251,17 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
     const int64_t n = std::uniform_int_distribution<int64_t>(0, c.n - 1)(rng);
     const size_t e = oracle::GroupOf(starts, m);
     // The oracle reads w[e, n, :] only: stage that row as expert 0, row 0 of a one-row weight.
-    CUDA_OK(cudaMemcpy(w_row.data(), w_copies[0] + (e * c.n + n) * c.k * c.element_bytes(), w_row.size(),
-                       cudaMemcpyDeviceToHost));
+    const int64_t row = static_cast<int64_t>(e) * c.n + n, row_bytes = c.k * c.element_bytes();
+    if (hisparse::kGroupedMatmulTileRows > 0) {  // the row's bytes from its tile (grouped_matmul_tiled.h)
+      const int64_t tile = hisparse::kGroupedMatmulTileRows;
+      std::vector<uint8_t> tile_bytes(tile * row_bytes);
+      CUDA_OK(cudaMemcpy(tile_bytes.data(), w_copies[0] + (row - row % tile) * row_bytes, tile_bytes.size(),
+                         cudaMemcpyDeviceToHost));
+      for (int64_t b = 0; b < row_bytes; ++b)
+        w_row[b] = tile_bytes[hisparse::TiledWeightOffset(row, b, row_bytes, tile) - (row - row % tile) * row_bytes];
+    } else {
+      CUDA_OK(cudaMemcpy(w_row.data(), w_copies[0] + row * row_bytes, w_row.size(), cudaMemcpyDeviceToHost));
+    }
     const float one_scale = scale[e * c.n + n];
     const std::vector<int64_t> one_group = {0, 1};  // row 0 -> expert 0
     const auto want = oracle::ExpectedElement(x.data() + m * c.k, w_row.data(), c.fp8, &one_scale, 1, c.k, one_group,
@@ -358,7 +372,10 @@ int main(int argc, char** argv) {
 
   const harness::DeviceInfo info = harness::QueryDevice();
   std::printf("# MoE grouped matmul benchmark\n\ndevice: %s; E = %lld experts, x bf16, y f32; %d iterations "
-              "(min / median / max)\n\n", harness::DeviceLine(info).c_str(), (long long)kExperts, iters);
+              "(min / median / max); weights %s\n\n", harness::DeviceLine(info).c_str(), (long long)kExperts, iters,
+              hisparse::kGroupedMatmulTileRows > 0
+                  ? ("in tiles of " + std::to_string(hisparse::kGroupedMatmulTileRows) + " rows").c_str()
+                  : "row-major");
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
@@ -383,6 +400,12 @@ int main(int argc, char** argv) {
   std::vector<Result> results;
   bool all_ok = true;
   for (const Config& c : configs) {
+    if (hisparse::kGroupedMatmulTileRows > 0 &&
+        !hisparse::TiledWeightsFit(c.n, c.k * c.element_bytes(), hisparse::kGroupedMatmulTileRows)) {
+      std::printf("| %s | %s | %lld | %lld | skipped: outside the tiled layout's domain |\n", c.projection,
+                  c.fp8 ? "fp8" : "bf16", (long long)c.experts, (long long)c.rows);
+      continue;
+    }
     const Result r = RunConfig(c, stream, iters, !quick, print_sweep, w_copies, seed, slices);
     all_ok = all_ok && r.ok;
     std::printf("| %s | %s | %lld | %lld | %lld | %.1f | %s | %.1f / %.1f / %.1f | %.0f | %.2f | %.2f | %.2f | %s | %.0f "
@@ -399,6 +422,7 @@ int main(int argc, char** argv) {
   FILE* f = harness::OpenJson(out_path);
   std::fprintf(f, "{\n  \"device\": \"%s\", \"sms\": %d, \"cuda_runtime\": %d, \"driver\": %d, \"iters\": %d,\n",
                info.prop.name, info.prop.multiProcessorCount, info.runtime, info.driver, iters);
+  std::fprintf(f, "  \"weight_tile_rows\": %lld,\n", (long long)hisparse::kGroupedMatmulTileRows);
   std::fprintf(f, "  \"hbm\": {\"memcpy_d2d_gbs\": %.1f, \"read_kernel_gbs\": %.1f, \"nominal_gbs\": %.0f, "
                "\"bytes\": %lld},\n", copy_gbs, read_gbs, kNominalGbs, (long long)ceiling_bytes);
   std::fprintf(f, "  \"experts\": %lld,\n  \"results\": [\n", (long long)kExperts);
