@@ -1,6 +1,7 @@
 """The device kernels of a profiler trace: what ran, for how long, on which stream, and for which
-HLO instruction; their device time per step by category (hisparse_jax.bench.kernel_categories)
-and how much of RESOLVE's record copy ran beside other kernels."""
+HLO instruction; their device time per step by category (hisparse_jax.bench.kernel_categories),
+how much of RESOLVE's record copy ran beside other kernels, and which kernels ran beside it (their
+slowdown against a run without the copy)."""
 
 from __future__ import annotations
 
@@ -112,6 +113,67 @@ def io_overlap(kernels: Iterable[KernelTime], instructions: dict[str, Instructio
     total, hidden = _length(copy), _length(_union(hidden_spans))
     return dict(io_seconds=total / steps, hidden_seconds=hidden / steps,
                 hidden_fraction=hidden / total if total > 0 else 0.0)
+
+
+def kernel_key(kernel: KernelTime, instructions: dict[str, Instruction]) -> str:
+    """What names the same kernel in two compiled programs of one model (with and without
+    prefetch, say): a custom call's kernel by its CUDA function's name without its template
+    arguments (the launcher may pick another variant for a smaller launch); an XLA kernel by its
+    instruction's opcode, model scope and fused ops (XLA numbers fusions per program, so their
+    names do not carry over)."""
+    inst = instruction_of(kernel, instructions)
+    if inst is None or inst.target:
+        name = kernel.kernel.replace("(anonymous namespace)", "")
+        name = re.split(r"[<(]", name.removeprefix("void "), maxsplit=1)[0]
+        return name.split("::")[-1].strip() or kernel.kernel
+    return f"{inst.opcode}:{inst.scope}:{'.'.join(inst.fused_ops)}"
+
+
+def kernel_seconds(kernels: Iterable[KernelTime], instructions: dict[str, Instruction], steps: int) -> dict[str, float]:
+    """kernel_key -> device seconds per step of its launches."""
+    out: dict[str, float] = {}
+    for k in kernels:
+        key = kernel_key(k, instructions)
+        out[key] = out.get(key, 0.0) + k.seconds / steps
+    return out
+
+
+def beside_copy(kernels: Iterable[KernelTime], instructions: dict[str, Instruction]) -> list[str]:
+    """The kernel_keys of the kernels with a launch that ran while the record copy ran on another
+    stream: the kernels the copy may slow down. Sorted; empty without a copy. RESOLVE's own kernels
+    are left out: without prefetch they do the copy themselves (the fused plan), so their time is
+    no baseline for a probe beside a copy."""
+    io, others = [], []
+    for k in kernels:
+        category = classify(k.kernel, instruction_of(k, instructions))
+        if category == "IO":
+            io.append(k)
+        elif category != "resolve":
+            others.append(k)
+    keys = set()
+    for stream in {k.stream for k in io}:
+        copy = _union([(k.start, k.start + k.seconds) for k in io if k.stream == stream])
+        for k in others:
+            if k.stream != stream and _intersection(copy, [(k.start, k.start + k.seconds)]):
+                keys.add(kernel_key(k, instructions))
+    return sorted(keys)
+
+
+def copy_slowdown(beside: list[str], with_copy: dict[str, float], without_copy: dict[str, float]) -> dict | None:
+    """The kernels that ran beside the copy (`beside`, from the run with it) against the same
+    kernels in a run without it (kernel_seconds of both): {"kinds", "seconds", "baseline_seconds"
+    (per step, over the kinds found in both runs), "slowdown" (seconds / baseline_seconds - 1),
+    "unmatched_seconds" (kinds the run without the copy lacks)}, or None when nothing ran beside it.
+    A kind counts whole: all its launches in the step, beside the copy or not, in both runs (so a
+    batch split into overlap groups is counted with what the split itself costs)."""
+    matched = [k for k in beside if k in without_copy]
+    if not beside:
+        return None
+    seconds = sum(with_copy.get(k, 0.0) for k in matched)
+    baseline = sum(without_copy[k] for k in matched)
+    return dict(kinds=len(matched), seconds=seconds, baseline_seconds=baseline,
+                slowdown=seconds / baseline - 1.0 if baseline > 0 else 0.0,
+                unmatched_seconds=sum(with_copy.get(k, 0.0) for k in beside if k not in without_copy))
 
 
 def timeline(kernels: Iterable[KernelTime], steps: int) -> dict:

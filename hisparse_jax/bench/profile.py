@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from .. import decode, hlo
-from .device_trace import device_kernels, io_overlap, summarize, timeline
+from .device_trace import beside_copy, copy_slowdown, device_kernels, io_overlap, kernel_seconds, summarize, timeline
 from .kernel_categories import CATEGORIES, hlo_instructions
 from .roofline import measure_bandwidths, roofline_seconds, step_bytes
 
@@ -39,6 +39,9 @@ class StepProfile:
       kernels_per_step: kernel launches per step.
       idle_seconds: per step, device time between the call's first and last kernel with no kernel
         running (`device_trace.timeline`; the profiler widens it).
+      kernel_seconds: device seconds per step of each kind of kernel (`device_trace.kernel_key`),
+        which another run's `beside_copy` is set against (`format_profile`: the copy's slowdown).
+      beside_copy: the kinds of kernel with a launch beside the record copy (prefetch), else [].
     """
 
     seconds: dict[str, float]
@@ -50,6 +53,8 @@ class StepProfile:
     io_overlap: dict | None = None
     kernels_per_step: float = 0.0
     idle_seconds: float = 0.0
+    kernel_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    beside_copy: list[str] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -91,7 +96,9 @@ def profile_decode(family, config, weights, state, first_tokens, steps: int, *, 
     moved = step_bytes(family, config, weights, batch, context, float(np.asarray(misses).sum()) / steps,
                        0.0 if index is None else float(np.asarray(index).sum()) / steps)
     roofline = roofline_seconds(moved, bandwidths)
-    return StepProfile(seconds, wall, roofline, moved, dict(bandwidths), top, overlap, **busy), out, state
+    return StepProfile(seconds, wall, roofline, moved, dict(bandwidths), top, overlap, **busy,
+                       kernel_seconds=kernel_seconds(kernels, instructions, steps),
+                       beside_copy=beside_copy(kernels, instructions)), out, state
 
 
 def launch_gaps(row: dict) -> str:
@@ -105,6 +112,64 @@ def launch_gaps(row: dict) -> str:
     if tpot:
         gap = tpot - sum(row["seconds"].values())
         line += f"; timed step {tpot * 1e3:.3f} ms minus the kernels' sum: {gap * 1e3:.3f} ms ({gap / tpot:.1%})"
+    return line
+
+
+# Which bytes of the roofline (roofline.step_bytes) bound which profile categories, and over which
+# bandwidth: RESOLVE with its copy (the fused plan copies inside its kernel) over the host link.
+BYTE_BOUNDS = (
+    (("weights/FFN",), "weights", "hbm"),
+    (("indexer",), "metadata", "hbm"),
+    (("attention",), "attended KV", "hbm"),
+    (("resolve", "IO"), "miss IO", "host link"),
+)
+
+
+def byte_bounds(row: dict) -> str:
+    """One line: each category's time per step over what its own bytes take at the run's
+    bandwidths (BYTE_BOUNDS; the issue's bound is 1.25x), and the categories that move no bytes of
+    the roofline (their whole time is above it)."""
+    parts = []
+    for categories, part, bandwidth in BYTE_BOUNDS:
+        seconds = sum(row["seconds"].get(c, 0.0) for c in categories)
+        bound = row["bytes"].get(part, 0.0) / row["bandwidths"][bandwidth]
+        if bound > 0:
+            parts.append(f"{' + '.join(categories)} {seconds / bound:.2f}x")
+        elif seconds > 0:
+            parts.append(f"{' + '.join(categories)} {seconds * 1e3:.3f} ms with no {part} bytes")
+    bounded = {c for categories, _, _ in BYTE_BOUNDS for c in categories}
+    rest = [f"{c} {row['seconds'][c] * 1e3:.3f} ms" for c in CATEGORIES if c not in bounded and row["seconds"].get(c)]
+    line = "each category over its own bytes' time: " + ", ".join(parts)
+    if rest:
+        line += "; no bytes of their own in the roofline: " + ", ".join(rest)
+    return line
+
+
+def _without_copy(row: dict, rows: list[dict]) -> dict | None:
+    """The row a prefetch row's copy is set against: HiSparse's capacity run of the same context,
+    trace and batch (the decode command profiles both), or None."""
+    for r in rows:
+        if (r.get("run") == "capacity" and r["mode"] == row["mode"] and r["context"] == row["context"]
+                and r.get("trace") == row.get("trace") and r["batch"] == row["batch"]):
+            return r
+    return None
+
+
+def slowdown_line(row: dict, rows: list[dict]) -> str | None:
+    """One line on the kernels that ran beside a prefetch row's record copy: their time per step
+    against the run without prefetch (device_trace.copy_slowdown), or None (no copy beside them, or
+    no run to compare with)."""
+    base = _without_copy(row, rows) if row.get("run") == "prefetch" else None
+    if base is None or not row.get("kernel_seconds") or not base.get("kernel_seconds"):
+        return None
+    found = copy_slowdown(row.get("beside_copy", []), row["kernel_seconds"], base["kernel_seconds"])
+    if found is None:
+        return None
+    line = (f"kernels beside the copy ({found['kinds']} kinds, every launch of each): "
+            f"{found['seconds'] * 1e3:.3f} ms per step, {found['baseline_seconds'] * 1e3:.3f} ms without prefetch: "
+            f"{found['slowdown']:+.1%}")
+    if found["unmatched_seconds"] > 0:
+        line += f" (and {found['unmatched_seconds'] * 1e3:.3f} ms of kinds the run without prefetch has not)"
     return line
 
 
@@ -131,11 +196,16 @@ def format_profile(rows: list[dict], mode_names: dict[str, str] | None = None) -
         run = " (prefetch)" if r.get("run") == "prefetch" else ""
         lines.append(f"- {shown.get(r['mode'], r['mode'])}{run} @ {r['context']}: {parts}; {bw}")
         lines.append("  " + launch_gaps(r))
+        if any(r["seconds"].values()):
+            lines.append("  " + byte_bounds(r))
         overlap = r.get("io_overlap")
         if overlap:
             lines.append(f"  record copy (fetch kernels) {overlap['io_seconds'] * 1e3:.3f} ms per step, "
                          f"{overlap['hidden_seconds'] * 1e3:.3f} ms of it beside other kernels: "
                          f"{overlap['hidden_fraction']:.0%} hidden")
+        slowed = slowdown_line(r, rows)
+        if slowed:
+            lines.append("  " + slowed)
         if not any(r["seconds"].values()):
             lines.append("  (no device kernels in the trace: on CPU XLA records no per-kernel events; "
                          "profile on a GPU)")

@@ -104,3 +104,44 @@ def test_prefetch_timeline_script(tmp_path, capsys):
     png = tmp_path / "timeline.png"
     assert timeline.main([trace, "--steps", "1", "--out", str(png)]) == 0
     assert png.stat().st_size > 0
+
+
+def test_kernel_keys_name_a_kernel_across_programs():
+    chunk = device_trace.KernelTime("void hisparse::(anonymous namespace)::ChunkKernel<4, false>"
+                                    "(hisparse::(anonymous namespace)::ChunkArgs)", "custom-call.7", 1e-6)
+    combine = device_trace.KernelTime("hisparse::(anonymous namespace)::CombineKernel(unsigned short const*, float*)",
+                                      "custom-call.7", 1e-6)
+    attention = kernel_categories.Instruction("custom-call", "jit(g)/attention", "hisparse_sparse_attention", ())
+    assert device_trace.kernel_key(chunk, {"custom-call.7": attention}) == "ChunkKernel"  # any variant
+    assert device_trace.kernel_key(combine, {}) == "CombineKernel"
+    fusion = kernel_categories.Instruction("fusion", "jit(g)/mla_project/concatenate", "", ("concatenate", "convert"))
+    # XLA's fusion names are per program: the instruction's scope and fused ops name the kernel.
+    for name in ("input_concatenate_fusion", "input_concatenate_fusion_7"):
+        kernel = device_trace.KernelTime(name, "f.1", 1e-6)
+        assert device_trace.kernel_key(kernel, {"f.1": fusion}) == "fusion:jit(g)/mla_project/concatenate:concatenate.convert"
+
+
+def test_the_kernels_beside_the_copy_and_their_slowdown(tmp_path):
+    kernels = device_trace.device_kernels(str(_two_stream_trace(tmp_path)), module="m")
+    # Both gemms overlap the copy on stream 9; the fetch kernel on stream 7 is the copy itself.
+    assert device_trace.beside_copy(kernels, {}) == ["gemm_fusion_dot_3", "gemm_fusion_dot_4"]
+    assert device_trace.beside_copy([k for k in kernels if "gemm" in k.kernel], {}) == []
+    per_step = device_trace.kernel_seconds(kernels, {}, steps=2)
+    assert per_step["gemm_fusion_dot_3"] == pytest.approx(50e-6) and per_step["FetchKernel"] == pytest.approx(65e-6)
+    without = {"gemm_fusion_dot_3": 40e-6, "other": 1.0}
+    found = device_trace.copy_slowdown(["gemm_fusion_dot_3", "gemm_fusion_dot_4"], per_step, without)
+    assert found["kinds"] == 1 and found["seconds"] == pytest.approx(50e-6)
+    assert found["baseline_seconds"] == pytest.approx(40e-6) and found["slowdown"] == pytest.approx(0.25)
+    assert found["unmatched_seconds"] == pytest.approx(25e-6)  # dot_4 has no counterpart
+    assert device_trace.copy_slowdown([], per_step, without) is None
+
+
+def test_resolve_beside_the_copy_is_no_slowdown_to_count():
+    """RESOLVE's probe beside a group's copy is not compared with the run without prefetch, whose
+    RESOLVE did the copy itself."""
+    copy = device_trace.KernelTime("FetchKernel<int4>", "", 100e-6, start=0.0, stream="9")
+    probe = device_trace.KernelTime("void hisparse::(anonymous namespace)::ResolveKernel<1024, 4, 2>(Args)", "",
+                                    10e-6, start=20e-6, stream="7")
+    attention = device_trace.KernelTime("void hisparse::(anonymous namespace)::ChunkKernel<2, false>(Args)", "",
+                                        40e-6, start=40e-6, stream="7")
+    assert device_trace.beside_copy([copy, probe, attention], {}) == ["ChunkKernel"]

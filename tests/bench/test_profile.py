@@ -53,3 +53,33 @@ def test_launch_gaps_script_joins_old_reports_to_their_timing_rows(tmp_path, cap
     assert gaps.main([str(path)]) == 0
     assert "| slice | device | 64 | t | 3 | 5.000 | 4.000 | 4.400 | 0.400 | 9.1% |" in capsys.readouterr().out
     assert gaps.main([]) == 2
+
+
+def test_the_prefetch_row_sets_the_kernels_beside_its_copy_against_the_run_without():
+    def row(run, kernel_seconds, beside=(), batch=16):
+        p = profile.StepProfile(dict.fromkeys(kernel_categories.CATEGORIES, 1e-3), 9e-3, 3e-3, {"weights": 2**20},
+                                {"hbm": 4e12, "host link": 5e10}, [],
+                                io_overlap=dict(io_seconds=1e-3, hidden_seconds=8e-4, hidden_fraction=0.8),
+                                kernel_seconds=kernel_seconds, beside_copy=list(beside))
+        return dict(mode="hisparse", context=131072, batch=batch, trace="glm-5.1", run=run, **p.as_dict())
+
+    capacity = row("capacity", {"ChunkKernel": 4e-4, "GroupedMatmulKernel": 2e-3})
+    prefetch = row("prefetch", {"ChunkKernel": 6e-4, "GroupedMatmulKernel": 2e-3, "FetchKernel": 1e-3},
+                   beside=["ChunkKernel"])
+    table = profile.format_profile([capacity, prefetch])
+    assert ("kernels beside the copy (1 kinds, every launch of each): 0.600 ms per step, 0.400 ms without "
+            "prefetch: +50.0%") in table
+    # Without a run of the same batch to compare with, no such line.
+    assert "kernels beside the copy" not in profile.format_profile([row("capacity", {}, batch=17), prefetch])
+
+
+def test_each_category_is_set_against_its_own_bytes():
+    seconds = dict.fromkeys(kernel_categories.CATEGORIES, 0.0)
+    seconds.update({"weights/FFN": 5e-3, "indexer": 1e-3, "attention": 8e-4, "resolve": 2e-4, "IO": 1e-3,
+                    "top-k": 3e-4})
+    moved = {"weights": 4e9 * 4e-3, "metadata": 4e9 * 5e-4, "attended KV": 4e9 * 1e-4, "miss IO": 5e10 * 1e-3}
+    p = profile.StepProfile(seconds, 9e-3, 3e-3, moved, {"hbm": 4e9, "host link": 5e10}, [])
+    line = profile.byte_bounds(dict(mode="hisparse", context=64, batch=2, **p.as_dict()))
+    assert line == ("each category over its own bytes' time: weights/FFN 1.25x, indexer 2.00x, attention 8.00x, "
+                    "resolve + IO 1.20x; no bytes of their own in the roofline: top-k 0.300 ms")
+    assert line in profile.format_profile([dict(mode="hisparse", context=64, batch=2, **p.as_dict())])
