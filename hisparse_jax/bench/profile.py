@@ -125,23 +125,29 @@ BYTE_BOUNDS = (
 )
 
 
+def category_bounds(row: dict) -> tuple[list[tuple[str, float, float]], list[tuple[str, float]]]:
+    """(bounded, unbounded) of a profile row: for each BYTE_BOUNDS entry (label, seconds per step,
+    its bytes' seconds at the row's bandwidths), and the categories that move no bytes of the
+    roofline with their seconds (nonzero ones)."""
+    bounded = []
+    for categories, part, bandwidth in BYTE_BOUNDS:
+        seconds = sum(row["seconds"].get(c, 0.0) for c in categories)
+        bounded.append((" + ".join(categories), seconds, row["bytes"].get(part, 0.0) / row["bandwidths"][bandwidth]))
+    named = {c for categories, _, _ in BYTE_BOUNDS for c in categories}
+    unbounded = [(c, row["seconds"][c]) for c in CATEGORIES if c not in named and row["seconds"].get(c)]
+    return bounded, unbounded
+
+
 def byte_bounds(row: dict) -> str:
     """One line: each category's time per step over what its own bytes take at the run's
     bandwidths (BYTE_BOUNDS; the issue's bound is 1.25x), and the categories that move no bytes of
     the roofline (their whole time is above it)."""
-    parts = []
-    for categories, part, bandwidth in BYTE_BOUNDS:
-        seconds = sum(row["seconds"].get(c, 0.0) for c in categories)
-        bound = row["bytes"].get(part, 0.0) / row["bandwidths"][bandwidth]
-        if bound > 0:
-            parts.append(f"{' + '.join(categories)} {seconds / bound:.2f}x")
-        elif seconds > 0:
-            parts.append(f"{' + '.join(categories)} {seconds * 1e3:.3f} ms with no {part} bytes")
-    bounded = {c for categories, _, _ in BYTE_BOUNDS for c in categories}
-    rest = [f"{c} {row['seconds'][c] * 1e3:.3f} ms" for c in CATEGORIES if c not in bounded and row["seconds"].get(c)]
+    bounded, unbounded = category_bounds(row)
+    parts = [f"{label} {seconds / bound:.2f}x" if bound > 0 else f"{label} {seconds * 1e3:.3f} ms with no bytes"
+             for label, seconds, bound in bounded if bound > 0 or seconds > 0]
     line = "each category over its own bytes' time: " + ", ".join(parts)
-    if rest:
-        line += "; no bytes of their own in the roofline: " + ", ".join(rest)
+    if unbounded:
+        line += "; no bytes of their own in the roofline: " + ", ".join(f"{c} {s * 1e3:.3f} ms" for c, s in unbounded)
     return line
 
 

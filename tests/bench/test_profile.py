@@ -83,3 +83,25 @@ def test_each_category_is_set_against_its_own_bytes():
     assert line == ("each category over its own bytes' time: weights/FFN 1.25x, indexer 2.00x, attention 8.00x, "
                     "resolve + IO 1.20x; no bytes of their own in the roofline: top-k 0.300 ms")
     assert line in profile.format_profile([dict(mode="hisparse", context=64, batch=2, **p.as_dict())])
+
+
+def test_byte_bounds_script_reads_old_reports(tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "benchmarks" / "byte_bounds.py"
+    spec = importlib.util.spec_from_file_location("byte_bounds", script)
+    bounds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bounds)
+    seconds = dict.fromkeys(kernel_categories.CATEGORIES, 0.0)
+    seconds.update({"weights/FFN": 5e-3, "attention": 8e-4, "other": 2e-4})
+    row = dict(mode="device", context=64, trace="t", batch=3, seconds=seconds, bandwidths={"hbm": 4e9, "host link": 5e10},
+               bytes={"weights": 1.6e7, "metadata": 0.0, "attended KV": 4e5, "miss IO": 0.0})
+    cpu = dict(row, seconds=dict.fromkeys(kernel_categories.CATEGORIES, 0.0))  # no kernel events: left out
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps(dict(deployment="slice", profiles=[row, cpu])))
+    assert bounds.main([str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2:] == ["| slice | device | capacity | 64 | t | 3 | 1.25 | - | 8.00 | - | other 0.200 |"]
+    assert bounds.main([]) == 2
