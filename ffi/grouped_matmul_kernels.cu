@@ -182,7 +182,8 @@ struct WarpTile {
         const int64_t n = row0 + kRowsPerWeightTile * j + 8 * h + g;
         row_ok[j][h] = n < p.n;
         const int64_t row = static_cast<int64_t>(expert) * p.n + (row_ok[j][h] ? n : 0);
-        w_rows[j][h] = p.w + (kTile > 0 ? TiledWeightOffset(row, 0, p.w_row_bytes, kTile) : row * p.w_row_bytes);
+        if constexpr (kTile > 0) w_rows[j][h] = p.w + TiledWeightOffset(row, 0, p.w_row_bytes, kTile);
+        else w_rows[j][h] = p.w + row * p.w_row_bytes;
       }
     }
     const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -205,7 +206,8 @@ struct WarpTile {
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
           const int64_t offset = static_cast<int64_t>(chunk0 + u) * kChunkBytes + 16 * c;
-          const int64_t at = kTile > 0 ? static_cast<int64_t>(chunk0 + u) * kChunkStride + 16 * c : offset;
+          int64_t at = offset;  // where the lane's 16 bytes are: the row's offset, row-major
+          if constexpr (kTile > 0) at = static_cast<int64_t>(chunk0 + u) * kChunkStride + 16 * c;
           // The last chunk of a row may be partial; chunks past the slice are another warp's.
           const bool k_ok = (!kSplit || chunk0 + u < k_last) && offset < p.w_row_bytes;
 #pragma unroll

@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaChunkKernel(ChunkArgs a) {
     WgCpAsyncWait<kWgBuffers - 2>();  // this thread's copies of stage f (and of the query) landed
     FenceProxyAsync();
     __syncthreads();  // every thread's; and stage f - 1 fully consumed, its buffer free
-    if (x.head0 != query_head0) {  // a new request's query: every wgmma on the old one is done
+    if (x.head0 != query_head0) {  // another 64-head block's query: every wgmma on the old one is done
       load_query(x.head0);
       CpAsyncCommit();
       WgCpAsyncWait<0>();
