@@ -11,8 +11,10 @@ timing row by mode, context, trace and run.
 
 from __future__ import annotations
 
-import json
 import sys
+
+from hisparse_jax.bench.decode.report import load_report
+from hisparse_jax.bench.errors import BenchError
 
 
 def gaps(report: dict) -> list[dict]:
@@ -23,7 +25,8 @@ def gaps(report: dict) -> list[dict]:
         if tpot is None:
             match = [r for r in rows if (r["mode"], r["context"], r.get("trace"), r["run"])
                      == (p["mode"], p["context"], p.get("trace"), p.get("run", "capacity"))]
-            if len(match) != 1:
+            if len(match) != 1:  # said by main, not dropped silently
+                out.append(dict(mode=p["mode"], context=p.get("context"), unjoined=True))
                 continue
             tpot = match[0]["tpot_ms_median"] * 1e-3
         kernels = sum(p["seconds"].values())
@@ -39,10 +42,22 @@ def main(paths: list[str]) -> int:
     print("| report | mode | context | trace | batch | profiled step ms | kernels' sum ms | TPOT ms | gap ms | gap / TPOT |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:
-        with open(path) as f:
-            report = json.load(f)
+        try:
+            report = load_report(path, keys=("profiles",))
+            found = gaps(report)
+        except BenchError as err:
+            print(f"launch_gaps: error: {err}", file=sys.stderr)
+            return 2
+        except (KeyError, TypeError, AttributeError) as err:
+            print(f"launch_gaps: error: {path}: a profile or timing row lacks a field "
+                  f"({type(err).__name__}: {err})", file=sys.stderr)
+            return 2
         name = report.get("deployment") or report.get("family")
-        for g in gaps(report):
+        for g in found:
+            if g.get("unjoined"):
+                print(f"launch_gaps: {path}: the {g['mode']} profile at context {g['context']} has no TPOT and no "
+                      "timing row to join: left out", file=sys.stderr)
+                continue
             print(f"| {name} | {g['mode']} | {g['context']} | {g['trace']} | {g['batch']} | {g['profiled'] * 1e3:.3f} "
                   f"| {g['kernels'] * 1e3:.3f} | {g['tpot'] * 1e3:.3f} | {g['gap'] * 1e3:.3f} | {g['gap'] / g['tpot']:.1%} |")
     return 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hisparse_jax.bench import outputs
 from hisparse_jax.bench.decode.plots import write_plots
-from hisparse_jax.bench.decode.report import format_table
+from hisparse_jax.bench.decode.report import format_table, load_report
 from hisparse_jax.bench.errors import BenchError
 
 
@@ -32,22 +32,12 @@ def merge(reports: list[dict]) -> dict:
     return merged
 
 
-def _load(path: str) -> dict:
-    try:
-        report = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BenchError(f"{path}: not a readable decode.json ({type(err).__name__}: {err})") from None
-    if not isinstance(report, dict) or not {"rows", "ratios"} <= report.keys():
-        raise BenchError(f"{path}: not a hisparse-bench decode report (no rows and ratios)")
-    return report
-
-
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         raise SystemExit(__doc__)
     try:  # the output folder and every report are checked before anything is written
         outputs.check_folder("OUT_DIR", argv[0])
-        report = merge([_load(p) for p in argv[1:]])
+        report = merge([load_report(p) for p in argv[1:]])
     except BenchError as err:
         print(f"merge_decode_reports: error: {err}", file=sys.stderr)
         return 2

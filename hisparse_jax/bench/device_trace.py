@@ -84,6 +84,19 @@ def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return common
 
 
+def _copies_by_stream(kernels: Iterable[KernelTime], instructions: dict[str, Instruction]):
+    """(stream -> the union of the record copy's (fetch kernels') intervals on it, the other
+    kernels with their categories)."""
+    io, others = {}, []
+    for k in kernels:
+        category = classify(k.kernel, instruction_of(k, instructions))
+        if category == "IO":
+            io.setdefault(k.stream, []).append((k.start, k.start + k.seconds))
+        else:
+            others.append((k, category))
+    return {stream: _union(spans) for stream, spans in io.items()}, others
+
+
 def io_overlap(kernels: Iterable[KernelTime], instructions: dict[str, Instruction], steps: int) -> dict | None:
     """How much of RESOLVE's record copy ran while other kernels ran, from the device timestamps.
 
@@ -93,23 +106,16 @@ def io_overlap(kernels: Iterable[KernelTime], instructions: dict[str, Instructio
     Returns {"io_seconds", "hidden_seconds" (per step), "hidden_fraction"}, or None without a
     fetch kernel in the trace.
     """
-    io, busy = [], []
-    for k in kernels:
-        span = (k.start, k.start + k.seconds)
-        if classify(k.kernel, instruction_of(k, instructions)) == "IO":
-            io.append((span, k.stream))
-        else:
-            busy.append((span, k.stream))
-    if not io:
+    copies, others = _copies_by_stream(kernels, instructions)
+    if not copies:
         return None
-    copy = _union([span for span, _ in io])
+    copy = _union([span for spans in copies.values() for span in spans])
     # A copy hides only beside kernels of other streams: work on its own stream runs before or
     # after it, never beside it (the anchor's copy on the compute stream hides nothing).
     hidden_spans = []
-    for stream in {stream for _, stream in io}:
-        mine = _union([span for span, s in io if s == stream])
-        others = _union([span for span, s in busy if s != stream])
-        hidden_spans += _intersection(mine, others)
+    for stream, mine in copies.items():
+        busy = _union([(k.start, k.start + k.seconds) for k, _ in others if k.stream != stream])
+        hidden_spans += _intersection(mine, busy)
     total, hidden = _length(copy), _length(_union(hidden_spans))
     return dict(io_seconds=total / steps, hidden_seconds=hidden / steps,
                 hidden_fraction=hidden / total if total > 0 else 0.0)
@@ -143,18 +149,11 @@ def beside_copy(kernels: Iterable[KernelTime], instructions: dict[str, Instructi
     stream: the kernels the copy may slow down. Sorted; empty without a copy. RESOLVE's own kernels
     are left out: without prefetch they do the copy themselves (the fused plan), so their time is
     no baseline for a probe beside a copy."""
-    io, others = [], []
-    for k in kernels:
-        category = classify(k.kernel, instruction_of(k, instructions))
-        if category == "IO":
-            io.append(k)
-        elif category != "resolve":
-            others.append(k)
+    copies, others = _copies_by_stream(kernels, instructions)
     keys = set()
-    for stream in {k.stream for k in io}:
-        copy = _union([(k.start, k.start + k.seconds) for k in io if k.stream == stream])
-        for k in others:
-            if k.stream != stream and _intersection(copy, [(k.start, k.start + k.seconds)]):
+    for stream, copy in copies.items():
+        for k, category in others:
+            if category != "resolve" and k.stream != stream and _intersection(copy, [(k.start, k.start + k.seconds)]):
                 keys.add(kernel_key(k, instructions))
     return sorted(keys)
 
@@ -166,9 +165,9 @@ def copy_slowdown(beside: list[str], with_copy: dict[str, float], without_copy: 
     "unmatched_seconds" (kinds the run without the copy lacks)}, or None when nothing ran beside it.
     A kind counts whole: all its launches in the step, beside the copy or not, in both runs (so a
     batch split into overlap groups is counted with what the split itself costs)."""
-    matched = [k for k in beside if k in without_copy]
     if not beside:
         return None
+    matched = [k for k in beside if k in without_copy]
     seconds = sum(with_copy.get(k, 0.0) for k in matched)
     baseline = sum(without_copy[k] for k in matched)
     return dict(kinds=len(matched), seconds=seconds, baseline_seconds=baseline,

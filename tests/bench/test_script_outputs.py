@@ -58,3 +58,39 @@ def test_merge_refuses_an_unwritable_folder_and_unreadable_reports(tmp_path, cap
         line = _last_error_line(capsys)
         assert line.startswith("merge_decode_reports: error: ") and says in line, line
     assert not out.exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("script", ["byte_bounds", "launch_gaps"])
+def test_report_readers_refuse_bad_reports_in_one_line(script, tmp_path, capsys, monkeypatch):
+    from hisparse_jax.bench.decode import report
+
+    module = _script(script)
+    (tmp_path / "bad.json").write_text("{")
+    (tmp_path / "list.json").write_text("[]")
+    (tmp_path / "rowless.json").write_text(json.dumps(dict(profiles=[dict(mode="device", tpot_seconds=1e-3)])))
+    big = tmp_path / "big.json"
+    big.write_text("{}")
+    monkeypatch.setattr(report, "REPORT_MAX_BYTES", 1)  # a file past the bound is not read at all
+    for path, says in [
+        (tmp_path / "missing.json", "missing.json: not a readable decode.json (FileNotFoundError"),
+        (big, "big.json: 2 bytes, larger than any decode.json (1 bytes at most)"),
+    ]:
+        assert module.main([str(path)]) == 2
+        line = _last_error_line(capsys)
+        assert line.startswith(f"{script}: error: ") and says in line, line
+    monkeypatch.setattr(report, "REPORT_MAX_BYTES", 1 << 20)
+    for path, says in [
+        (tmp_path / "bad.json", "bad.json: not a readable decode.json (JSONDecodeError"),
+        (tmp_path / "list.json", "list.json: not a hisparse-bench decode report (no profiles)"),
+        (tmp_path / "rowless.json", "rowless.json: "),
+    ]:
+        assert module.main([str(path)]) == 2
+        line = _last_error_line(capsys)
+        assert line.startswith(f"{script}: error: ") and says in line, line
+
+
+def test_launch_gaps_says_which_profiles_it_cannot_join(tmp_path, capsys):
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps(dict(deployment="slice", rows=[], profiles=[dict(mode="device", context=64, seconds={})])))
+    assert _script("launch_gaps").main([str(path)]) == 0
+    assert "the device profile at context 64 has no TPOT and no timing row to join: left out" in capsys.readouterr().err

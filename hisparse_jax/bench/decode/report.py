@@ -11,12 +11,37 @@ decodes more tokens per second).
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 
+from ..errors import BenchError
 from .capacity import Capacity
 from .runner import DecodeTiming
 
 MiB, GiB = 2**20, 2**30
+
+
+# A decode.json is a few MB even with profiles of every kind of kernel; a file far past that is
+# not one, and is refused before it is read.
+REPORT_MAX_BYTES = 256 << 20
+
+
+def load_report(path: str, keys: tuple[str, ...] = ("rows", "ratios")) -> dict:
+    """A `hisparse-bench decode` report (decode.json) read for a script, or BenchError in one line:
+    unreadable, larger than REPORT_MAX_BYTES, not JSON, or not an object holding `keys`."""
+    try:
+        size = os.stat(path).st_size
+        if size > REPORT_MAX_BYTES:
+            raise BenchError(f"{path}: {size} bytes, larger than any decode.json ({REPORT_MAX_BYTES} bytes at most)")
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BenchError(f"{path}: not a readable decode.json ({type(err).__name__}: {err})") from None
+    if not isinstance(report, dict) or not set(keys) <= report.keys():
+        raise BenchError(f"{path}: not a hisparse-bench decode report (no {' and '.join(keys)})")
+    return report
 
 
 def range_note(in_turns: bool) -> str:
