@@ -115,6 +115,50 @@ def launch_gaps(row: dict) -> str:
     return line
 
 
+# The share of its roofline tokens/s each mode is held to (the roofline issue's acceptance).
+TARGET_SHARE = 0.85
+
+
+def kernel_budget(row: dict, share: float = TARGET_SHARE) -> dict | None:
+    """What a step at `share` of its roofline leaves beyond its bytes, spread over its kernels, or
+    None (no kernels in the trace, or no roofline).
+
+    A step at that share takes roofline / share: `budget_seconds` = that minus the roofline is all
+    the time its launches, its kernels' fixed latencies and every kernel that moves no roofline
+    bytes may take together, `per_kernel` that over the kernels a step. With the unprofiled TPOT
+    (`tpot_seconds`) it also gives the time the run spends beyond its bytes (`over_seconds`) and its
+    launch gap a kernel (`gap_per_kernel`: TPOT minus the kernels' sum, over the kernels): when that
+    gap alone is above `per_kernel`, no kernel of the current list can be fast enough; the step
+    needs fewer kernels.
+    """
+    kernels = row.get("kernels_per_step") or 0.0
+    roofline = row.get("roofline_seconds") or 0.0
+    if kernels <= 0 or roofline <= 0:
+        return None
+    target = roofline / share
+    found = dict(share=share, target_seconds=target, budget_seconds=target - roofline, kernels=kernels,
+                 per_kernel=(target - roofline) / kernels)
+    tpot = row.get("tpot_seconds")
+    if tpot:
+        found["over_seconds"] = tpot - roofline
+        found["gap_per_kernel"] = (tpot - sum(row["seconds"].values())) / kernels
+    return found
+
+
+def budget_line(row: dict) -> str | None:
+    """One line of `kernel_budget`, or None."""
+    b = kernel_budget(row)
+    if b is None:
+        return None
+    line = (f"at {b['share']:.0%} of the roofline a step takes {b['target_seconds'] * 1e3:.3f} ms: "
+            f"{b['budget_seconds'] * 1e3:.3f} ms beyond its bytes, {b['per_kernel'] * 1e6:.2f} us for each of its "
+            f"{b['kernels']:.0f} kernels")
+    if "over_seconds" in b:
+        line += (f"; this run spends {b['over_seconds'] * 1e3:.3f} ms beyond its bytes, its launch gap alone "
+                 f"{b['gap_per_kernel'] * 1e6:.2f} us a kernel")
+    return line
+
+
 # Which bytes of the roofline (roofline.step_bytes) bound which profile categories, and over which
 # bandwidth: RESOLVE with its copy (the fused plan copies inside its kernel) over the host link.
 BYTE_BOUNDS = (
@@ -204,6 +248,9 @@ def format_profile(rows: list[dict], mode_names: dict[str, str] | None = None) -
         lines.append("  " + launch_gaps(r))
         if any(r["seconds"].values()):
             lines.append("  " + byte_bounds(r))
+            budget = budget_line(r)
+            if budget:
+                lines.append("  " + budget)
         overlap = r.get("io_overlap")
         if overlap:
             lines.append(f"  record copy (fetch kernels) {overlap['io_seconds'] * 1e3:.3f} ms per step, "

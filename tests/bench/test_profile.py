@@ -51,8 +51,67 @@ def test_launch_gaps_script_joins_old_reports_to_their_timing_rows(tmp_path, cap
     path = tmp_path / "decode.json"
     path.write_text(json.dumps(report))
     assert gaps.main([str(path)]) == 0
-    assert "| slice | device | 64 | t | 3 | 5.000 | 4.000 | 4.400 | 0.400 | 9.1% |" in capsys.readouterr().out
+    # Without the roofline and the kernel count the budget columns say so.
+    assert "| slice | device | 64 | t | 3 | 5.000 | 4.000 | 4.400 | 0.400 | 9.1% | - | - | - |" in capsys.readouterr().out
+    report["profiles"][1].update(roofline_seconds=3.4e-3, kernels_per_step=200.0)
+    path.write_text(json.dumps(report))
+    assert gaps.main([str(path)]) == 0
+    # 0.4 ms of gap over 200 kernels: 2 us a kernel; 85% of a 3.4 ms roofline leaves 0.6 ms: 3 us a kernel.
+    assert "| 0.400 | 9.1% | 200 | 2.00 | 3.00 |" in capsys.readouterr().out
     assert gaps.main([]) == 2
+
+
+def test_the_kernel_budget_is_what_85_percent_of_the_roofline_leaves_beyond_the_bytes():
+    p = profile.StepProfile(dict.fromkeys(kernel_categories.CATEGORIES, 0.5e-3), 9e-3, 3.4e-3, {"weights": 2**20},
+                            {"hbm": 4e12, "host link": 5e10}, [], kernels_per_step=400.0)
+    row = dict(mode="device", context=64, batch=2, **p.as_dict())
+    n = len(kernel_categories.CATEGORIES)  # kernels sum to n / 2 ms per step
+    b = profile.kernel_budget(row)
+    assert b["target_seconds"] == 3.4e-3 / 0.85 and abs(b["budget_seconds"] - 0.6e-3) < 1e-12
+    assert abs(b["per_kernel"] - 1.5e-6) < 1e-15 and "gap_per_kernel" not in b
+    row["tpot_seconds"] = (n / 2 + 0.8) * 1e-3
+    b = profile.kernel_budget(row)
+    assert abs(b["gap_per_kernel"] - 2e-6) < 1e-15 and abs(b["over_seconds"] - row["tpot_seconds"] + 3.4e-3) < 1e-15
+    line = profile.budget_line(row)
+    assert line.startswith("at 85% of the roofline a step takes 4.000 ms: 0.600 ms beyond its bytes, 1.50 us for "
+                           "each of its 400 kernels; this run spends ") and line.endswith("its launch gap alone 2.00 us a kernel")
+    assert line in profile.format_profile([row])
+    # No kernel count (a CPU profile, an old report) or no roofline: no budget, no line.
+    assert profile.kernel_budget(dict(row, kernels_per_step=0.0)) is None
+    assert profile.kernel_budget(dict(row, roofline_seconds=0.0)) is None
+    assert "of the roofline a step takes" not in profile.format_profile([dict(row, kernels_per_step=0.0)])
+
+
+def test_short_kernels_script_reads_kernel_tables(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "benchmarks" / "short_kernels.py"
+    spec = importlib.util.spec_from_file_location("short_kernels", script)
+    short = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(short)
+    table = tmp_path / "kernels.log"
+    table.write_text("\n".join([
+        "per step (ms): weights/FFN 0.900, other 0.010",
+        "",
+        "| category | kernel | per step | us per call min / median / max | us per step | operand MB | TB/s at the median "
+        "| of HBM | shapes | scope |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        "| weights/FFN | GroupedMatmulKernel<true> | 8.00 | 100.00 / 112.50 / 120.00 | 900.0 |  |  |  |  |  |",
+        "| other | fusion_1 | 8.00 | 0.90 / 1.00 / 1.20 | 8.0 | 0.01 | 0.01 | 0% | s32[2] -> s32[2] | mlp/add |",
+        "| other | fusion_2 | 2.00 | 2.50 / 2.90 / 3.10 | 5.8 | 0.01 | 0.01 | 0% | s32[2] -> s32[2] | seal/add |",
+    ]) + "\n")
+    assert short.main([str(table)]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "| kernels.log | 18 | 0.914 | 10 | 0.014 |"
+    assert short.main([str(table), "--under", "1.5"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "| kernels.log | 18 | 0.914 | 8 | 0.008 |"
+    (tmp_path / "report.json").write_text("{}")
+    assert short.main([str(tmp_path / "report.json")]) == 2
+    assert capsys.readouterr().err.strip() == (f"short_kernels: error: {tmp_path / 'report.json'}: no kernel table "
+                                               "header; pass the output of benchmarks/kernel_table.py PROFILE_DIR "
+                                               "STEPS --category all")
+    assert short.main([str(tmp_path / "missing.log")]) == 2
+    assert "missing.log: cannot read it (FileNotFoundError" in capsys.readouterr().err
 
 
 def test_the_prefetch_row_sets_the_kernels_beside_its_copy_against_the_run_without():
