@@ -41,6 +41,12 @@
 #             the grouped matmul's tiled-weight experiment (ffi/grouped_matmul_tiled.h): checkers of
 #             tiles of 16 and 32 rows (--quick, memcheck), then --slices --quick row-major / 16 / 32
 #             alternating, twice, and the full checkers; JSON in OUT_DIR
+#   ncu-profiles
+#             Nsight Compute on the kernels whose limit is not yet known (profile before changing
+#             them): the routed grouped matmul at 136 and 328 pairs (gate_up, down at 328; it falls
+#             from ~92% of HBM at 136 to ~60% at 328) and TOP-K at 17 rows of 131072; speed of
+#             light, occupancy, warp states, scheduler, memory and instruction statistics, one
+#             launch each, in OUT_DIR/ncu_*.log
 #   slices    the deployment slices (docs/deployments.md): hisparse-bench decode --deployment
 #             glm5-h200 at 32K, 128K and 256K, dsv32-h200 and qwen3-quest-h200 at 128K; each
 #             under both trace calibrations, with the profile; one process per context.
@@ -235,6 +241,19 @@ for stage in "$@"; do
         run "prefetch-timeline-$trace" env PYTHONPATH="$SITE" "$PY" benchmarks/prefetch_timeline.py \
           "$profiles/$trace/hisparse-prefetch-131072-$trace" --out "$OUT_DIR/prefetch-timeline-$trace.png"
       done ;;
+    ncu-profiles)
+      mkdir -p build
+      run ncu_gmm_build make -C ffi/bench grouped-matmul
+      run ncu_topk_build make -C ffi/bench topk
+      sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+                --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats
+                --section ComputeWorkloadAnalysis)
+      for only in gate_up:32:136 gate_up:32:328 down:32:328; do
+        run "ncu_gmm_${only//:/_}" ncu "${sections[@]}" -k regex:GroupedMatmulKernel --launch-skip 2 --launch-count 1 \
+          build/grouped_matmul_bench "$OUT_DIR/ncu_gmm_${only//:/_}.json" --slices --quick --only "$only" --iters 3
+      done
+      run ncu_topk ncu "${sections[@]}" -k regex:TopkResidentKernel --launch-skip 5 --launch-count 1 \
+        build/topk_bench "$OUT_DIR/ncu_topk.json" --shape 17x131072 --reps 10 ;;
     slices)
       bench_slice glm5-h200 32768 131072 262144
       bench_slice dsv32-h200 131072

@@ -253,7 +253,8 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
     // The oracle reads w[e, n, :] only: stage that row as expert 0, row 0 of a one-row weight.
     const int64_t row = static_cast<int64_t>(e) * c.n + n, row_bytes = c.k * c.element_bytes();
     if (hisparse::kGroupedMatmulTileRows > 0) {  // the row's bytes from its tile (grouped_matmul_tiled.h)
-      const int64_t tile = hisparse::kGroupedMatmulTileRows;
+      // At least 1: a row-major build compiles this branch too, and "% 0" would warn there.
+      const int64_t tile = std::max<int64_t>(hisparse::kGroupedMatmulTileRows, 1);
       std::vector<uint8_t> tile_bytes(tile * row_bytes);
       CUDA_OK(cudaMemcpy(tile_bytes.data(), w_copies[0] + (row - row % tile) * row_bytes, tile_bytes.size(),
                          cudaMemcpyDeviceToHost));
