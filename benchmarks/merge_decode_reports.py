@@ -3,8 +3,8 @@
   python benchmarks/merge_decode_reports.py OUT_DIR REPORT.json...
 
 Runs per context in separate processes keep a failure at one context from losing the others
-and return all pinned host memory between contexts; this joins their rows and ratios (sorted by
-context) into OUT_DIR/decode.json, prints the table, and draws throughput and TPOT vs context.
+and return all pinned host memory between contexts; this joins their rows, ratios and profiles
+(sorted by context) into OUT_DIR/decode.json, prints the table, and draws throughput and TPOT vs context.
 """
 
 from __future__ import annotations
@@ -19,7 +19,23 @@ from hisparse_jax.bench.decode.report import format_table, load_report
 from hisparse_jax.bench.errors import BenchError
 
 
-def merge(reports: list[dict]) -> dict:
+def _entries(path: str, report: dict, key: str) -> list[dict]:
+    """report[key] as a list of objects with an integer context, or BenchError naming the file."""
+    entries = report.get(key, [])
+    if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("context"), int) and not isinstance(e["context"], bool)
+            for e in entries):
+        raise BenchError(f"{path}: its {key} is not a list of objects with an integer context; pass a decode.json "
+                         "written by hisparse-bench decode")
+    return entries
+
+
+def merge(reports: list[dict], paths: list[str] | None = None) -> dict:
+    """One report of `reports` (read from `paths`): the first one's fields, every report's rows,
+    ratios and profiles sorted by context (a stable sort: each context's entries in their order)."""
+    paths = paths or [f"report {i + 1}" for i in range(len(reports))]
+    entries = {key: [e for p, r in zip(paths, reports) for e in _entries(p, r, key)]
+               for key in ("rows", "ratios", "profiles")}
     first = reports[0]
     for r in reports[1:]:
         for key in ("family", "preset", "device", "jax", "device_budget_bytes", "host_budget_bytes",
@@ -27,8 +43,9 @@ def merge(reports: list[dict]) -> dict:
             if r.get(key) != first.get(key):
                 raise BenchError(f"reports differ in {key}: {first.get(key)!r} vs {r.get(key)!r}")
     merged = dict(first)
-    merged["rows"] = sorted((row for r in reports for row in r["rows"]), key=lambda row: row["context"])
-    merged["ratios"] = sorted((q for r in reports for q in r["ratios"]), key=lambda q: q["context"])
+    for key, found in entries.items():
+        if key in first or found:
+            merged[key] = sorted(found, key=lambda e: e["context"])
     return merged
 
 
@@ -37,7 +54,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit(__doc__)
     try:  # the output folder and every report are checked before anything is written
         outputs.check_folder("OUT_DIR", argv[0])
-        report = merge([load_report(p) for p in argv[1:]])
+        report = merge([load_report(p) for p in argv[1:]], argv[1:])
     except BenchError as err:
         print(f"merge_decode_reports: error: {err}", file=sys.stderr)
         return 2

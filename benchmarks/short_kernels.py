@@ -13,46 +13,48 @@ column, times the kernels a step): only fewer kernels shrink it.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
 
+from hisparse_jax.bench.errors import BenchError
+from hisparse_jax.bench.user_files import read_bounded_text
+
 # kernel_table.py's header row: the columns read here are the per-step launches (3), the us per
 # call min / median / max (4) and the us per step (5).
 _HEADER = "| category | kernel | per step | us per call min / median / max | us per step |"
-_CALL = re.compile(r"^([\d.]+) / ([\d.]+) / ([\d.]+)$")
+_CALL = re.compile(r"^(\S+) / (\S+) / (\S+)$")
 _MAX_BYTES = 16 << 20  # a table of every kernel of a step is tens of KB
+_WANTED = "the output of benchmarks/kernel_table.py PROFILE_DIR STEPS --category all"
 
 
-class TableError(ValueError):
-    """A file that is not a kernel_table.py table, in one line."""
+def _number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
 
 
 def read_table(path: str) -> list[tuple[float, float, float]]:
-    """(launches a step, median us a call, us a step) of every kernel row of one table."""
-    try:
-        size = os.path.getsize(path)
-        if size > _MAX_BYTES:
-            raise TableError(f"{path}: {size} bytes, more than a kernel table's {_MAX_BYTES}; pass kernel_table.py's output")
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise TableError(f"{path}: cannot read it ({type(err).__name__}: {err})") from None
+    """(launches a step, median us a call, us a step) of every kernel row of one table, or
+    BenchError in one line."""
+    lines = read_bounded_text(path, _MAX_BYTES, _WANTED).splitlines()
     if not any(line.startswith(_HEADER) for line in lines):
-        raise TableError(f"{path}: no kernel table header; pass the output of benchmarks/kernel_table.py "
-                         "PROFILE_DIR STEPS --category all")
+        raise BenchError(f"{path}: no kernel table header; pass {_WANTED}")
     rows = []
     for n, line in enumerate(lines, 1):
         cells = [c.strip() for c in line.split("|")]
-        if len(cells) < 7 or not _CALL.match(cells[4]):
+        call = _CALL.match(cells[4]) if len(cells) >= 7 else None
+        if call is None:
             continue
         try:
-            launches, median, per_step = float(cells[3]), float(_CALL.match(cells[4]).group(2)), float(cells[5])
+            rows.append((_number(cells[3]), _number(call.group(2)), _number(cells[5])))
         except ValueError:
-            raise TableError(f"{path}:{n}: a kernel row with a non-numeric launch count or time") from None
-        rows.append((launches, median, per_step))
+            raise BenchError(f"{path}:{n}: a kernel row whose launches or times are not finite numbers >= 0; "
+                             f"pass {_WANTED}") from None
     if not rows:
-        raise TableError(f"{path}: a kernel table header but no kernel rows")
+        raise BenchError(f"{path}: a kernel table header but no kernel rows; pass {_WANTED}")
     return rows
 
 
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--under must be a positive number of microseconds below 1e6, got {a.under}")
     try:  # every table is read and checked before anything is printed
         found = [(path, summary(read_table(path), a.under)) for path in a.tables]
-    except TableError as err:
+    except BenchError as err:
         print(f"short_kernels: error: {err}", file=sys.stderr)
         return 2
     print(f"| table | launches a step | ms a step | launches under {a.under:g} us a call | their ms a step |")

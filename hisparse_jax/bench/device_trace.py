@@ -5,6 +5,7 @@ slowdown against a run without the copy)."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import glob
 import gzip
@@ -151,9 +152,16 @@ def beside_copy(kernels: Iterable[KernelTime], instructions: dict[str, Instructi
     no baseline for a probe beside a copy."""
     copies, others = _copies_by_stream(kernels, instructions)
     keys = set()
-    for stream, copy in copies.items():
+    for stream, spans in copies.items():
+        copy = [(a, b) for a, b in spans if b > a]  # an empty span overlaps nothing
+        starts = [a for a, _ in copy]
         for k, category in others:
-            if category != "resolve" and k.stream != stream and _intersection(copy, [(k.start, k.start + k.seconds)]):
+            if category == "resolve" or k.stream == stream or k.seconds <= 0:
+                continue
+            # The last copy span starting before the kernel ends is the only one that can overlap it
+            # (the spans are disjoint and sorted): a bisection, not a walk over every span.
+            i = bisect.bisect_left(starts, k.start + k.seconds) - 1
+            if i >= 0 and copy[i][1] > k.start:
                 keys.add(kernel_key(k, instructions))
     return sorted(keys)
 
@@ -161,8 +169,9 @@ def beside_copy(kernels: Iterable[KernelTime], instructions: dict[str, Instructi
 def copy_slowdown(beside: list[str], with_copy: dict[str, float], without_copy: dict[str, float]) -> dict | None:
     """The kernels that ran beside the copy (`beside`, from the run with it) against the same
     kernels in a run without it (kernel_seconds of both): {"kinds", "seconds", "baseline_seconds"
-    (per step, over the kinds found in both runs), "slowdown" (seconds / baseline_seconds - 1),
-    "unmatched_seconds" (kinds the run without the copy lacks)}, or None when nothing ran beside it.
+    (per step, over the kinds found in both runs), "slowdown" (seconds / baseline_seconds - 1, or
+    None when no kind is found in both), "unmatched" (the kinds the run without the copy lacks),
+    "unmatched_seconds" (their seconds per step)}, or None when nothing ran beside it.
     A kind counts whole: all its launches in the step, beside the copy or not, in both runs (so a
     batch split into overlap groups is counted with what the split itself costs)."""
     if not beside:
@@ -170,23 +179,27 @@ def copy_slowdown(beside: list[str], with_copy: dict[str, float], without_copy: 
     matched = [k for k in beside if k in without_copy]
     seconds = sum(with_copy.get(k, 0.0) for k in matched)
     baseline = sum(without_copy[k] for k in matched)
+    unmatched = [k for k in beside if k not in without_copy]
     return dict(kinds=len(matched), seconds=seconds, baseline_seconds=baseline,
-                slowdown=seconds / baseline - 1.0 if baseline > 0 else 0.0,
-                unmatched_seconds=sum(with_copy.get(k, 0.0) for k in beside if k not in without_copy))
+                slowdown=seconds / baseline - 1.0 if baseline > 0 else None, unmatched=unmatched,
+                unmatched_seconds=sum(with_copy.get(k, 0.0) for k in unmatched))
 
 
 def timeline(kernels: Iterable[KernelTime], steps: int) -> dict:
     """How busy the device was over the profiled call: kernels launched per step, and the time per
     step between the first kernel's start and the last one's end during which no kernel of the
     call ran on any stream (launch gaps, host waits). The profiler itself widens these gaps, so
-    the decode report also sets the kernels' sum against the unprofiled step time.
-    Returns {"kernels_per_step", "idle_seconds"} (zeros for an empty trace)."""
+    the decode report also sets the kernels' busy time against the unprofiled step time.
+    Returns {"kernels_per_step", "idle_seconds", "busy_seconds" (per step, the time at least one
+    kernel of the call ran: the kernels' sum less what ran beside other kernels, e.g. a prefetch
+    copy on its own stream)} (zeros for an empty trace)."""
     spans = [(k.start, k.start + k.seconds) for k in kernels]
     if not spans:
-        return dict(kernels_per_step=0.0, idle_seconds=0.0)
+        return dict(kernels_per_step=0.0, idle_seconds=0.0, busy_seconds=0.0)
     busy = _length(_union(spans))
     span = max(b for _, b in spans) - min(a for a, _ in spans)
-    return dict(kernels_per_step=len(spans) / steps, idle_seconds=max(span - busy, 0.0) / steps)
+    return dict(kernels_per_step=len(spans) / steps, idle_seconds=max(span - busy, 0.0) / steps,
+                busy_seconds=busy / steps)
 
 
 def instruction_of(kernel: KernelTime, instructions: dict[str, Instruction]) -> Instruction | None:

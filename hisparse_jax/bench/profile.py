@@ -39,6 +39,8 @@ class StepProfile:
       kernels_per_step: kernel launches per step.
       idle_seconds: per step, device time between the call's first and last kernel with no kernel
         running (`device_trace.timeline`; the profiler widens it).
+      busy_seconds: per step, the time at least one kernel ran (`device_trace.timeline`): the
+        kernels' sum less the time kernels ran beside each other (a prefetch copy, overlap groups).
       kernel_seconds: device seconds per step of each kind of kernel (`device_trace.kernel_key`),
         which another run's `beside_copy` is set against (`format_profile`: the copy's slowdown).
       beside_copy: the kinds of kernel with a launch beside the record copy (prefetch), else [].
@@ -53,6 +55,7 @@ class StepProfile:
     io_overlap: dict | None = None
     kernels_per_step: float = 0.0
     idle_seconds: float = 0.0
+    busy_seconds: float = 0.0
     kernel_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     beside_copy: list[str] = dataclasses.field(default_factory=list)
 
@@ -101,17 +104,29 @@ def profile_decode(family, config, weights, state, first_tokens, steps: int, *, 
                        beside_copy=beside_copy(kernels, instructions)), out, state
 
 
+def kernels_busy(row: dict) -> float:
+    """Seconds per step during which at least one kernel of the profiled call ran: the row's
+    `busy_seconds`, or for reports written before it was recorded the kernels' sum less the record
+    copy's time beside other kernels (the only kernels that ran beside each other then)."""
+    busy = row.get("busy_seconds")
+    if busy:
+        return busy
+    overlap = row.get("io_overlap") or {}
+    return sum(row["seconds"].values()) - overlap.get("hidden_seconds", 0.0)
+
+
 def launch_gaps(row: dict) -> str:
     """One line on the time a step spends outside kernels: kernels per step, the device idle time
     the trace shows, and (with the unprofiled step time `tpot_seconds` of the same run, which the
-    decode command adds) that step minus the kernels' sum, as a share of the step: the launch-gap
-    figure, free of the profiler's own overhead."""
+    decode command adds) that step minus the time kernels ran (`kernels_busy`: a copy beside other
+    kernels counts once), as a share of the step: the launch-gap figure, free of the profiler's
+    own overhead."""
     line = (f"{row.get('kernels_per_step', 0.0):.0f} kernels per step, device idle "
             f"{row.get('idle_seconds', 0.0) * 1e3:.3f} ms per step in the profiled call")
     tpot = row.get("tpot_seconds")
     if tpot:
-        gap = tpot - sum(row["seconds"].values())
-        line += f"; timed step {tpot * 1e3:.3f} ms minus the kernels' sum: {gap * 1e3:.3f} ms ({gap / tpot:.1%})"
+        gap = tpot - kernels_busy(row)
+        line += f"; timed step {tpot * 1e3:.3f} ms minus the kernels' busy time: {gap * 1e3:.3f} ms ({gap / tpot:.1%})"
     return line
 
 
@@ -127,9 +142,9 @@ def kernel_budget(row: dict, share: float = TARGET_SHARE) -> dict | None:
     the time its launches, its kernels' fixed latencies and every kernel that moves no roofline
     bytes may take together, `per_kernel` that over the kernels a step. With the unprofiled TPOT
     (`tpot_seconds`) it also gives the time the run spends beyond its bytes (`over_seconds`) and its
-    launch gap a kernel (`gap_per_kernel`: TPOT minus the kernels' sum, over the kernels): when that
-    gap alone is above `per_kernel`, no kernel of the current list can be fast enough; the step
-    needs fewer kernels.
+    launch gap a kernel (`gap_per_kernel`: TPOT minus the kernels' busy time, over the kernels):
+    when that gap alone is near `per_kernel`, no kernel of the current list can be fast enough; the
+    step needs fewer kernels.
     """
     kernels = row.get("kernels_per_step") or 0.0
     roofline = row.get("roofline_seconds") or 0.0
@@ -141,7 +156,7 @@ def kernel_budget(row: dict, share: float = TARGET_SHARE) -> dict | None:
     tpot = row.get("tpot_seconds")
     if tpot:
         found["over_seconds"] = tpot - roofline
-        found["gap_per_kernel"] = (tpot - sum(row["seconds"].values())) / kernels
+        found["gap_per_kernel"] = (tpot - kernels_busy(row)) / kernels
     return found
 
 
@@ -160,35 +175,60 @@ def budget_line(row: dict) -> str | None:
 
 
 # Which bytes of the roofline (roofline.step_bytes) bound which profile categories, and over which
-# bandwidth: RESOLVE with its copy (the fused plan copies inside its kernel) over the host link.
+# bandwidth: (categories, roofline parts, bandwidth). RESOLVE with its copy (the fused plan copies
+# inside its kernel) over the host link.
 BYTE_BOUNDS = (
-    (("weights/FFN",), "weights", "hbm"),
-    (("indexer",), "metadata", "hbm"),
-    (("attention",), "attended KV", "hbm"),
-    (("resolve", "IO"), "miss IO", "host link"),
+    (("weights/FFN",), ("weights",), "hbm"),
+    (("indexer",), ("metadata",), "hbm"),
+    (("attention",), ("attended KV",), "hbm"),
+    (("resolve", "IO"), ("miss IO",), "host link"),
+)
+# Families whose metadata attention kernels read (NSA's compressed KV and window, Quest's page
+# bounds under its `select` scope and its dense layers' KV; kernel_categories puts those scopes in
+# attention): attention and indexer are bound together by the attended records plus the metadata.
+METADATA_IN_ATTENTION = ("nsa", "quest")
+_MERGED_BOUNDS = (
+    BYTE_BOUNDS[0],
+    (("attention", "indexer"), ("attended KV", "metadata"), "hbm"),
+    BYTE_BOUNDS[3],
 )
 
 
-def category_bounds(row: dict) -> tuple[list[tuple[str, float, float]], list[tuple[str, float]]]:
-    """(bounded, unbounded) of a profile row: for each BYTE_BOUNDS entry (label, seconds per step,
-    its bytes' seconds at the row's bandwidths), and the categories that move no bytes of the
-    roofline with their seconds (nonzero ones)."""
+def bounds_for(family: str | None) -> tuple:
+    """The BYTE_BOUNDS entries of a family (its name as the decode report gives it)."""
+    return _MERGED_BOUNDS if family in METADATA_IN_ATTENTION else BYTE_BOUNDS
+
+
+def category_bounds(row: dict, family: str | None = None) -> tuple[list[tuple[str, float, float]], list[tuple[str, float]]]:
+    """(bounded, unbounded) of a profile row of `family` (the row's own "family" first): for each
+    of its bounds_for entries (label, seconds per step, its bytes' seconds at the row's bandwidths),
+    and the categories that move no bytes of the roofline with their seconds (nonzero ones)."""
     bounded = []
-    for categories, part, bandwidth in BYTE_BOUNDS:
+    bounds = bounds_for(row.get("family", family))
+    for categories, parts, bandwidth in bounds:
         seconds = sum(row["seconds"].get(c, 0.0) for c in categories)
-        bounded.append((" + ".join(categories), seconds, row["bytes"].get(part, 0.0) / row["bandwidths"][bandwidth]))
-    named = {c for categories, _, _ in BYTE_BOUNDS for c in categories}
+        moved = sum(row["bytes"].get(part, 0.0) for part in parts)
+        bounded.append((" + ".join(categories), seconds, moved / row["bandwidths"][bandwidth]))
+    named = {c for categories, _, _ in bounds for c in categories}
     unbounded = [(c, row["seconds"][c]) for c in CATEGORIES if c not in named and row["seconds"].get(c)]
     return bounded, unbounded
 
 
-def byte_bounds(row: dict) -> str:
+def bound_cell(seconds: float, bound: float) -> str:
+    """A category's time against its bytes' time: "1.25x", or what it is when one of them is 0."""
+    if bound > 0 and seconds > 0:
+        return f"{seconds / bound:.2f}x"
+    if seconds > 0:
+        return f"{seconds * 1e3:.3f} ms with no bytes"
+    return f"no kernels for {bound * 1e3:.3f} ms of bytes"
+
+
+def byte_bounds(row: dict, family: str | None = None) -> str:
     """One line: each category's time per step over what its own bytes take at the run's
-    bandwidths (BYTE_BOUNDS; the issue's bound is 1.25x), and the categories that move no bytes of
+    bandwidths (bounds_for; the issue's bound is 1.25x), and the categories that move no bytes of
     the roofline (their whole time is above it)."""
-    bounded, unbounded = category_bounds(row)
-    parts = [f"{label} {seconds / bound:.2f}x" if bound > 0 else f"{label} {seconds * 1e3:.3f} ms with no bytes"
-             for label, seconds, bound in bounded if bound > 0 or seconds > 0]
+    bounded, unbounded = category_bounds(row, family)
+    parts = [f"{label} {bound_cell(seconds, bound)}" for label, seconds, bound in bounded if bound > 0 or seconds > 0]
     line = "each category over its own bytes' time: " + ", ".join(parts)
     if unbounded:
         line += "; no bytes of their own in the roofline: " + ", ".join(f"{c} {s * 1e3:.3f} ms" for c, s in unbounded)
@@ -215,18 +255,25 @@ def slowdown_line(row: dict, rows: list[dict]) -> str | None:
     found = copy_slowdown(row.get("beside_copy", []), row["kernel_seconds"], base["kernel_seconds"])
     if found is None:
         return None
-    line = (f"kernels beside the copy ({found['kinds']} kinds, every launch of each): "
-            f"{found['seconds'] * 1e3:.3f} ms per step, {found['baseline_seconds'] * 1e3:.3f} ms without prefetch: "
-            f"{found['slowdown']:+.1%}")
-    if found["unmatched_seconds"] > 0:
-        line += f" (and {found['unmatched_seconds'] * 1e3:.3f} ms of kinds the run without prefetch has not)"
+    if found["slowdown"] is None:
+        line = (f"kernels beside the copy: none of their {len(found['unmatched'])} kinds ran in the run without "
+                "prefetch, so no slowdown is measured")
+    else:
+        line = (f"kernels beside the copy ({found['kinds']} kinds, every launch of each): "
+                f"{found['seconds'] * 1e3:.3f} ms per step, {found['baseline_seconds'] * 1e3:.3f} ms without prefetch: "
+                f"{found['slowdown']:+.1%}")
+    if found["unmatched"]:
+        shown = ", ".join(found["unmatched"][:3]) + (", ..." if len(found["unmatched"]) > 3 else "")
+        line += (f" ({found['unmatched_seconds'] * 1e3:.3f} ms per step of kinds the run without prefetch has not: "
+                 f"{shown})")
     return line
 
 
-def format_profile(rows: list[dict], mode_names: dict[str, str] | None = None) -> str:
+def format_profile(rows: list[dict], mode_names: dict[str, str] | None = None, family: str | None = None) -> str:
     """A markdown table of profile rows (StepProfile fields plus mode, context, batch): device ms
     per step by category, the device sum, the step and its roofline. `mode_names` maps a row's
-    mode to the name the tables show (the decode report's, so the baseline has one name: full-KV)."""
+    mode to the name the tables show (the decode report's, so the baseline has one name: full-KV);
+    `family` (the report's) decides which bytes bound which categories (bounds_for)."""
     shown = dict(mode_names or {})
     head = ("| mode | context | trace | batch | " + " | ".join(CATEGORIES)
             + " | device sum | step | roofline | step / roofline | tokens/s / roofline tokens/s |")
@@ -247,7 +294,7 @@ def format_profile(rows: list[dict], mode_names: dict[str, str] | None = None) -
         lines.append(f"- {shown.get(r['mode'], r['mode'])}{run} @ {r['context']}: {parts}; {bw}")
         lines.append("  " + launch_gaps(r))
         if any(r["seconds"].values()):
-            lines.append("  " + byte_bounds(r))
+            lines.append("  " + byte_bounds(r, family))
             budget = budget_line(r)
             if budget:
                 lines.append("  " + budget)

@@ -72,11 +72,15 @@ def test_io_overlap_counts_the_copy_beside_other_streams(tmp_path):
 def test_timeline_counts_kernels_and_idle_time_across_streams(tmp_path):
     kernels = device_trace.device_kernels(str(_two_stream_trace(tmp_path)), module="m")
     # Busy 1000-1210 us without a break (stream 9 covers 1100-1150), so no idle time; one step.
-    assert device_trace.timeline(kernels, steps=1) == dict(kernels_per_step=4.0, idle_seconds=0.0)
+    found = device_trace.timeline(kernels, steps=1)
+    assert found["kernels_per_step"] == 4.0 and found["idle_seconds"] == 0.0
+    # Busy 210 us, though the kernels sum to more: stream 9's runs beside stream 7's.
+    assert found["busy_seconds"] == pytest.approx(210e-6) and sum(k.seconds for k in kernels) > 210e-6 + 1e-9
     gemms = [k for k in kernels if "gemm" in k.kernel]  # 1000-1100 and 1150-1200: 50 us idle
     busy = device_trace.timeline(gemms, steps=2)
     assert busy["kernels_per_step"] == 1.0 and busy["idle_seconds"] == pytest.approx(25e-6)
-    assert device_trace.timeline([], steps=3) == dict(kernels_per_step=0.0, idle_seconds=0.0)
+    assert busy["busy_seconds"] == pytest.approx(75e-6)
+    assert device_trace.timeline([], steps=3) == dict(kernels_per_step=0.0, idle_seconds=0.0, busy_seconds=0.0)
 
 
 def test_prefetch_timeline_script(tmp_path, capsys):
@@ -133,7 +137,32 @@ def test_the_kernels_beside_the_copy_and_their_slowdown(tmp_path):
     assert found["kinds"] == 1 and found["seconds"] == pytest.approx(50e-6)
     assert found["baseline_seconds"] == pytest.approx(40e-6) and found["slowdown"] == pytest.approx(0.25)
     assert found["unmatched_seconds"] == pytest.approx(25e-6)  # dot_4 has no counterpart
+    assert found["unmatched"] == ["gemm_fusion_dot_4"]
     assert device_trace.copy_slowdown([], per_step, without) is None
+    # No kind found in both runs: nothing to compare, so no slowdown (not a "+0%").
+    none = device_trace.copy_slowdown(["gemm_fusion_dot_4"], per_step, without)
+    assert none["kinds"] == 0 and none["slowdown"] is None and none["unmatched"] == ["gemm_fusion_dot_4"]
+
+
+def test_beside_copy_finds_every_overlap_a_walk_over_all_pairs_finds():
+    """beside_copy bisects the copy's spans; the same answer as testing every (kernel, span) pair,
+    on random kernels and copies of two streams, touching, nested and zero-length ones included."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(50):
+        copies = [device_trace.KernelTime("FetchKernel<int4>", "", rng.choice([0.0, 1.0, 2.0, 5.0]) * 1e-6,
+                                          start=rng.randrange(0, 60) * 1e-6, stream=rng.choice("89"))
+                  for _ in range(rng.randrange(1, 6))]
+        others = [device_trace.KernelTime(f"k{i}", "", rng.choice([0.0, 1.0, 3.0, 20.0]) * 1e-6,
+                                          start=rng.randrange(0, 60) * 1e-6, stream=rng.choice("789"))
+                  for i in range(12)]
+        want = set()
+        for k in others:
+            for c in copies:
+                if c.stream != k.stream and min(c.start + c.seconds, k.start + k.seconds) > max(c.start, k.start):
+                    want.add(k.kernel)
+        assert device_trace.beside_copy(copies + others, {}) == sorted(want)
 
 
 def test_resolve_beside_the_copy_is_no_slowdown_to_count():

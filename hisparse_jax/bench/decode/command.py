@@ -72,7 +72,7 @@ def run(args) -> int:
     print(header(report))
     print(format_table(report))
     if report["profiles"]:
-        print(profile_lib.format_profile(report["profiles"], MODE_NAMES))
+        print(profile_lib.format_profile(report["profiles"], MODE_NAMES, report.get("family")))
     written = outputs.write_report(Path(args.out), "decode.json", report, None if args.no_plots else write_plots)
     print("wrote " + ", ".join(map(str, written)))
     return 0

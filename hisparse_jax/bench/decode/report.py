@@ -12,11 +12,11 @@ decodes more tokens per second).
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 
 from ..errors import BenchError
+from ..user_files import read_bounded_text
 from .capacity import Capacity
 from .runner import DecodeTiming
 
@@ -30,17 +30,16 @@ REPORT_MAX_BYTES = 256 << 20
 
 def load_report(path: str, keys: tuple[str, ...] = ("rows", "ratios")) -> dict:
     """A `hisparse-bench decode` report (decode.json) read for a script, or BenchError in one line:
-    unreadable, larger than REPORT_MAX_BYTES, not JSON, or not an object holding `keys`."""
+    not a readable regular file, larger than REPORT_MAX_BYTES, not JSON, or not an object holding
+    `keys`."""
+    wanted = "a decode.json written by hisparse-bench decode" + (" --profile" if "profiles" in keys else "")
+    text = read_bounded_text(path, REPORT_MAX_BYTES, wanted)
     try:
-        size = os.stat(path).st_size
-        if size > REPORT_MAX_BYTES:
-            raise BenchError(f"{path}: {size} bytes, larger than any decode.json ({REPORT_MAX_BYTES} bytes at most)")
-        with open(path, encoding="utf-8") as f:
-            report = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BenchError(f"{path}: not a readable decode.json ({type(err).__name__}: {err})") from None
+        report = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:  # RecursionError: "[[[[..." nested past the parser's stack
+        raise BenchError(f"{path}: not JSON ({type(err).__name__}: {str(err)[:80]}); pass {wanted}") from None
     if not isinstance(report, dict) or not set(keys) <= report.keys():
-        raise BenchError(f"{path}: not a hisparse-bench decode report (no {' and '.join(keys)})")
+        raise BenchError(f"{path}: not a hisparse-bench decode report (no {' and '.join(keys)}); pass {wanted}")
     return report
 
 
