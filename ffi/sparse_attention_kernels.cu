@@ -51,13 +51,13 @@ constexpr int kLatentUnroll = HISPARSE_SPARSE_ATTENTION_LATENT_UNROLL;
 #ifndef HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS
 #define HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS 0
 #endif
-constexpr int kHeadGroupsOverride = HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS;
+[[maybe_unused]] constexpr int kHeadGroupsOverride = HISPARSE_SPARSE_ATTENTION_HEAD_GROUPS;  // unused by the wgmma build
 // Blocks that run several units in turn where the units outnumber the multiprocessors (1), or one
 // block per unit (0: the A/B).
 #ifndef HISPARSE_SPARSE_ATTENTION_PERSISTENT
 #define HISPARSE_SPARSE_ATTENTION_PERSISTENT 1
 #endif
-constexpr bool kPersistent = HISPARSE_SPARSE_ATTENTION_PERSISTENT != 0;
+[[maybe_unused]] constexpr bool kPersistent = HISPARSE_SPARSE_ATTENTION_PERSISTENT != 0;
 // Diagnosis only, never in a shipped build (wrong outputs): what a pass costs without a part of
 // its work, for the benchmark. Bits: 1 = no score mma, 2 = no P @ V mma, 4 = no record copies
 // (the buffers keep whatever they held).
@@ -907,7 +907,7 @@ int GroupsFor(const SparseAttentionShape& shape, int sms) {
 // (one wave), else 0 (the combine plan). Fewer blocks of more heads to make the clusters fit
 // lost to the combine plan's one wave of smaller blocks (H200, 7 clusters of 16 at once: batch 2
 // at 32 heads a block, 23.8 us; the combine plan at 16, 21.3 us).
-int ClusterGroupsFor(const SparseAttentionShape& shape, int dev, int sms) {
+[[maybe_unused]] int ClusterGroupsFor(const SparseAttentionShape& shape, int dev, int sms) {
   const int groups = GroupsFor(shape, sms);
   const int64_t clusters = shape.batch * (shape.heads / (16 * groups));
   return clusters <= g_clusters[dev & 63][groups == 1 ? 0 : groups == 2 ? 1 : 2].load() ? groups : 0;
@@ -921,7 +921,7 @@ int ClusterGroupsFor(const SparseAttentionShape& shape, int dev, int sms) {
 #ifndef HISPARSE_SPARSE_ATTENTION_SPLIT_TAIL
 #define HISPARSE_SPARSE_ATTENTION_SPLIT_TAIL 1
 #endif
-void SplitTail(ChunkArgs& a, int groups, int grid) {
+[[maybe_unused]] void SplitTail(ChunkArgs& a, int groups, int grid) {
   const int rem = HISPARSE_SPARSE_ATTENTION_SPLIT_TAIL ? a.units % grid : 0;
   for (int split = 1; rem > 0 && split < groups; split *= 2) {
     if (rem * (groups / split) <= grid) {
