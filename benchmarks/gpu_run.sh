@@ -165,8 +165,9 @@ for stage in "$@"; do
         flags="-DHISPARSE_SPARSE_ATTENTION_WGMMA=1 -DHISPARSE_SPARSE_ATTENTION_WGMMA_SPLIT=$split"
         check="$PWD/build/tests/sparse_attention_cuda_check_wgmma$split"
         run "attn_wgmma${split}_build" make -C ffi/tests sparse-attention ARCH=sm_90a EXTRA="$flags" ATTN_BIN="$check"
-        run "attn_wgmma${split}_check_quick" "$check" --quick
-        run "attn_wgmma${split}_memcheck" compute-sanitizer --tool memcheck --error-exitcode 3 "$check" --quick --quiet
+        # Bounded: a kernel never run before may hang (a barrier or mbarrier wait that never completes).
+        run "attn_wgmma${split}_check_quick" timeout 120 "$check" --quick
+        run "attn_wgmma${split}_memcheck" timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$check" --quick --quiet
         run "attn_wgmma${split}_bench_build" make -C ffi/bench sparse-attention ARCH=sm_90a EXTRA="$flags" \
           OUT="$PWD/build/wgmma$split"
       done
@@ -174,12 +175,12 @@ for stage in "$@"; do
         for b in 1 2 17 41; do
           run "attn_mma_b$b-$rep" build/sm90a/sparse_attention_bench "$OUT_DIR/attn_mma_b$b-$rep.json" "$b" 64
           for split in 0 1; do
-            run "attn_wgmma${split}_b$b-$rep" "build/wgmma$split/sparse_attention_bench" \
+            run "attn_wgmma${split}_b$b-$rep" timeout 120 "build/wgmma$split/sparse_attention_bench" \
               "$OUT_DIR/attn_wgmma${split}_b$b-$rep.json" "$b" 64
           done
         done
       done
-      for split in 0 1; do run "attn_wgmma${split}_check" "$PWD/build/tests/sparse_attention_cuda_check_wgmma$split"; done ;;
+      for split in 0 1; do run "attn_wgmma${split}_check" timeout 300 "$PWD/build/tests/sparse_attention_cuda_check_wgmma$split"; done ;;
     grouped-matmul-tiled)
       mkdir -p build/tests
       run gmm_rows_bench_build make -C ffi/bench grouped-matmul OUT="$PWD/build/rows"
@@ -187,8 +188,8 @@ for stage in "$@"; do
         check="$PWD/build/tests/grouped_matmul_cuda_check_tiled$tile"
         run "gmm_tiled${tile}_build" make -C ffi/tests grouped-matmul EXTRA="-DHISPARSE_GROUPED_MATMUL_TILE_ROWS=$tile" \
           GMM_BIN="$check"
-        run "gmm_tiled${tile}_check_quick" "$check" --quick
-        run "gmm_tiled${tile}_memcheck" compute-sanitizer --tool memcheck --error-exitcode 3 "$check" --quick --quiet
+        run "gmm_tiled${tile}_check_quick" timeout 120 "$check" --quick
+        run "gmm_tiled${tile}_memcheck" timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$check" --quick --quiet
         run "gmm_tiled${tile}_bench_build" make -C ffi/bench grouped-matmul \
           EXTRA="-DHISPARSE_GROUPED_MATMUL_TILE_ROWS=$tile" OUT="$PWD/build/tiled$tile"
       done
