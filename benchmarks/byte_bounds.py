@@ -62,7 +62,7 @@ def rows(path: str) -> list[str]:
             rest = ", ".join(f"{c} {s * 1e3:.3f}" for c, s in unbounded) or "-"
             out.append(f"| {path.removesuffix('/decode.json')} | {p['mode']} | {p.get('run', 'capacity')} | "
                        f"{p['context']} | {p.get('trace') or '-'} | {p['batch']} | {' | '.join(cells(bounded))} | {rest} |")
-    except (KeyError, TypeError, AttributeError, ZeroDivisionError) as err:
+    except (KeyError, TypeError, AttributeError, ValueError, OverflowError, ZeroDivisionError) as err:
         raise BenchError(f"{path}: profile {i} lacks a field or holds a wrong value (mode, context, batch, numeric "
                          f"seconds and bytes, positive bandwidths: {type(err).__name__}: {err}); pass a decode.json "
                          "written by hisparse-bench decode --profile") from None

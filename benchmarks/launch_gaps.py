@@ -78,7 +78,7 @@ def main(paths: list[str]) -> int:
         except BenchError as err:
             print(f"launch_gaps: error: {err}", file=sys.stderr)
             return 2
-        except (KeyError, TypeError, AttributeError, ValueError) as err:
+        except (KeyError, TypeError, AttributeError, ValueError, OverflowError, ZeroDivisionError) as err:
             print(f"launch_gaps: error: {path}: a profile or timing row lacks a field or holds a wrong value "
                   f"({type(err).__name__}: {err}); pass a decode.json written by hisparse-bench decode --profile",
                   file=sys.stderr)

@@ -10,7 +10,9 @@ and return all pinned host memory between contexts; this joins their rows, ratio
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from hisparse_jax.bench import outputs
@@ -52,17 +54,28 @@ def merge(reports: list[dict], paths: list[str] | None = None) -> dict:
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         raise SystemExit(__doc__)
-    try:  # the output folder and every report are checked before anything is written
-        outputs.check_folder("OUT_DIR", argv[0])
-        report = merge([load_report(p) for p in argv[1:]], argv[1:])
-    except BenchError as err:
-        print(f"merge_decode_reports: error: {err}", file=sys.stderr)
-        return 2
-    print(format_table(report))  # the table first: a failed write below does not lose it
-    out = Path(argv[0])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "decode.json").write_text(json.dumps(report, indent=1))
-    write_plots(report, out)
+    # Everything is checked and drawn before anything is written: the output folder, every
+    # report, the table and the plots (drawn into a scratch folder, then moved).
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            outputs.check_folder("OUT_DIR", argv[0])
+            report = merge([load_report(p) for p in argv[1:]], argv[1:])
+            table = format_table(report)
+            write_plots(report, Path(scratch))
+        except BenchError as err:
+            print(f"merge_decode_reports: error: {err}", file=sys.stderr)
+            return 2
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as err:
+            print("merge_decode_reports: error: a field of the reports is missing or holds a wrong value "
+                  f"({type(err).__name__}: {str(err)[:120]}); pass decode.json files written by hisparse-bench "
+                  "decode", file=sys.stderr)
+            return 2
+        print(table)  # the table first: a failed write below does not lose it
+        out = Path(argv[0])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "decode.json").write_text(json.dumps(report, indent=1))
+        for plot in sorted(Path(scratch).iterdir()):
+            shutil.move(str(plot), out / plot.name)
     return 0
 
 

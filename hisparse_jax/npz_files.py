@@ -11,6 +11,7 @@ is wrong comes out as one ValueError naming the file and the member.
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import stat
 import zipfile
@@ -22,6 +23,8 @@ from numpy.lib import format as npy_format
 
 # The .npy header: magic, version, length and a dict of a few hundred bytes at most.
 _MAX_HEADER_BYTES = 1 << 16
+# Bytes of a member read at a time.
+_READ_PIECE_BYTES = 16 << 20
 
 
 class NpzError(ValueError):
@@ -114,7 +117,9 @@ class NpzFile:
                     self.fail(f"its {name!r} array needs {nbytes} bytes, more than this machine can allocate")
                 view, done = memoryview(out), 0
                 while done < nbytes:
-                    got = f.readinto(view[done:])
+                    # In pieces: zipfile decompresses a read into a new buffer of the size asked
+                    # for, so one read of the whole member would hold it twice.
+                    got = f.readinto(view[done:done + _READ_PIECE_BYTES])
                     if not got:
                         self.fail(f"its {name!r} array is truncated")
                     done += got
@@ -122,6 +127,10 @@ class NpzFile:
                     self.fail(f"its {name!r} array holds more bytes than its header declares")
         except NpzError:
             raise
-        except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as err:
+        except (zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError, OSError, ValueError) as err:
             self.fail(f"its {name!r} array is damaged ({type(err).__name__}: {err})")
+        except (RuntimeError, NotImplementedError) as err:  # zipfile: an encrypted member, an unknown method
+            self.fail(f"its {name!r} array cannot be read: {err} (this project writes plain or deflated members)")
+        except MemoryError:
+            self.fail(f"its {name!r} array cannot be decompressed in this machine's memory")
         return out.view(dtype).reshape(shape, order="F" if fortran else "C")

@@ -48,7 +48,10 @@ def _number(kind, what: str, minimum, maximum=None, why: str = ""):
 _count = _number(int, "a positive integer", 1)
 # Positions and record ids are int32, and a context needs room for the tokens decoded after it.
 _tokens = _number(int, "a positive number of tokens", 1, 2**30, "positions and record ids are int32")
-_size = _number(float, "a positive size", 1e-12)
+_factor = _number(float, "a positive factor", 1e-12, 1e9, "a factor of time")
+# Memory budgets: finite and far above any machine (1 PiB), so that bytes stay integers.
+_mib = _number(float, "a positive size", 1e-12, 2.0**30, "1 PiB; no machine has more")
+_gib = _number(float, "a positive size", 1e-12, 2.0**20, "1 PiB; no machine has more")
 
 
 def mode_choice(text: str) -> str:
@@ -80,11 +83,11 @@ def decode_arguments(sub) -> None:
                    help=f"prompt tokens per request, one measurement each (default: {cpu['contexts']}; "
                         f"deployment: {slc['contexts']})")
     budget = d.add_mutually_exclusive_group()
-    budget.add_argument("--device-budget-mib", type=_size, default=None,
+    budget.add_argument("--device-budget-mib", type=_mib, default=None,
                         help="HBM budget for one decode state and the decode's working memory (default: "
                              f"{cpu['device_budget_mib']}; deployment: its derivation)")
-    budget.add_argument("--device-budget-gib", type=_size, default=None, help="the same in GiB")
-    d.add_argument("--host-budget-gib", type=_size, default=None,
+    budget.add_argument("--device-budget-gib", type=_gib, default=None, help="the same in GiB")
+    d.add_argument("--host-budget-gib", type=_gib, default=None,
                    help="pinned host budget for the pools of one state (default: "
                         f"{cpu['host_budget_gib']}; deployment: {slc['host_budget_gib']})")
     d.add_argument("--max-batch", type=_count, default=None,
@@ -261,7 +264,7 @@ def indexers_arguments(sub) -> None:
                    help="the trained shape of --indexer's training (default: tiny, about 30 s each on a CPU)")
     count = _integer(1, "a positive integer")
     p.add_argument("--max-steps", type=count, default=None, help="cap on every training phase's steps")
-    p.add_argument("--time-scale", type=_size, default=1.0, help="factor on every training phase's time budget")
+    p.add_argument("--time-scale", type=_factor, default=1.0, help="factor on every training phase's time budget")
     p.add_argument("--roots", nargs="+", default=None, help="folders of text (default: the Python standard library)")
     p.add_argument("--documents", type=count, default=None,
                    help="streams of the recorded trace (default: 2 tiny, 8 trace-model)")

@@ -36,7 +36,9 @@ def load_report(path: str, keys: tuple[str, ...] = ("rows", "ratios")) -> dict:
     text = read_bounded_text(path, REPORT_MAX_BYTES, wanted)
     try:
         report = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as err:  # RecursionError: "[[[[..." nested past the parser's stack
+    # ValueError: JSONDecodeError, and an integer of more digits than Python converts; RecursionError:
+    # "[[[[..." nested past the parser's stack.
+    except (ValueError, RecursionError) as err:
         raise BenchError(f"{path}: not JSON ({type(err).__name__}: {str(err)[:80]}); pass {wanted}") from None
     if not isinstance(report, dict) or not set(keys) <= report.keys():
         raise BenchError(f"{path}: not a hisparse-bench decode report (no {' and '.join(keys)}); pass {wanted}")
