@@ -186,10 +186,11 @@ def encode(trace: RecordedTrace) -> tuple[np.ndarray, bytes]:
     return counts, payload
 
 
-# Ids and toggles one decode chunk handles at once: its scratch arrays (a few int64 per entry)
-# stay near 100 MiB whatever the file declares, and the Python loop runs once per chunk of
-# steps, never once per step and row (a 9 KB file can declare a million of those).
-_CHUNK = 1 << 22
+# Ids and toggles one decode chunk handles at once: its scratch arrays (a few dozen bytes per
+# entry) stay near 150 MiB whatever the file declares (measured: 16 MiB of ids, k = 2048, load
+# with 200 MiB at its peak; 4M entries a chunk took 680 MiB and was slower), and the Python loop
+# runs once per chunk of steps, never once per step and row (a 9 KB file can declare a million).
+_CHUNK = 1 << 20
 _RADIX_KEYS = 1 << 16  # (step, row) keys a chunk may have to be sorted as uint16 (a radix sort)
 
 
@@ -354,7 +355,7 @@ def save_trace(path: str | Path, trace: RecordedTrace) -> int:
 
 
 # Bounds a trace file must respect before anything is allocated for it.
-MAX_TRACE_BYTES = 4 << 30  # its decoded ids (steps x layers x streams x k int32); load_trace(max_bytes=)
+MAX_TRACE_BYTES = 4 << 30  # the memory loading it takes (_loading_bytes); load_trace(max_bytes=)
 MAX_K = 1 << 16  # ids per selection (top-k sizes in use are up to 8192)
 INDEX_PREFIX = "index_"  # the members of the index's ids (RecordedTrace.index)
 _INT32_MAX = 2**31 - 1
@@ -374,6 +375,15 @@ def _part(f: NpzFile, header: dict, label: str) -> tuple[int, int, int, int]:
     width = _header_int(f, header, label + "width", 1, _INT32_MAX)
     page_size = _header_int(f, header, label + "page_size", 1, _INT32_MAX)
     return L, k, width, page_size
+
+
+def _loading_bytes(s: int, S: int, part: tuple[int, int, int, int]) -> int:
+    """Memory loading one trace's ids takes at its peak, from the header alone: the decoded ids
+    (int32) and as much again for the checks' temporaries, the per-(step, row) counts as stored (up
+    to 8 bytes) and widened to int64, the per-(step, stream) sealed counts as stored and as int32.
+    A trace of few ids a row is counts more than ids (k = 1: 24 bytes a row for 4 of ids)."""
+    L, k, _, _ = part
+    return s * L * S * (k * 8 + 16) + s * S * 12
 
 
 def _read_ids(f: NpzFile, s: int, S: int, part: tuple[int, int, int, int], prefix: str, what: str):
@@ -421,12 +431,12 @@ def load_trace(path: str | Path, *, max_bytes: int = MAX_TRACE_BYTES) -> Recorde
         if index is not None and not isinstance(index.get("source", {}), dict):
             f.fail(f"its header's index.source is {type(index['source']).__name__}, expected an object")
         index_part = None if index is None else _part(f, {f"index.{n}": v for n, v in index.items()}, "index.")
-        decoded = sum(s * p[0] * S * p[1] * 4 for p in (part, index_part) if p is not None)
-        if decoded > max_bytes:
+        needed = sum(_loading_bytes(s, S, p) for p in (part, index_part) if p is not None)
+        if needed > max_bytes:
             shown = " + ".join(f"{s} steps x {p[0]} layers x {S} streams x k = {p[1]}"
                                for p in (part, index_part) if p is not None)
-            f.fail(f"{shown} ids would take {decoded / 2**30:.1f} GiB decoded, more than max_bytes = "
-                   f"{max_bytes / 2**30:.1f} GiB")
+            f.fail(f"{shown} ids would take {needed / 2**30:.1f} GiB to load (decoded ids, their checks, counts "
+                   f"and sealed), more than max_bytes = {max_bytes / 2**30:.1f} GiB")
         ids, sealed = _read_ids(f, s, S, part, "", "")
         index_trace = None
         if index_part is not None:

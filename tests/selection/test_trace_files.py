@@ -124,7 +124,7 @@ def test_a_huge_payload_member_is_refused_by_its_size(tmp_path, good):
     (dict(width=2**33), "width is 8589934592"),
     (dict(width=2**30), "width 1073741824 is not the most records sealed"),
     (dict(steps=2**20), "do not match the header"),
-    (dict(steps=2**20, layers=2**10), "GiB decoded, more than max_bytes"),
+    (dict(steps=2**20, layers=2**10), "GiB to load (decoded ids, their checks, counts and sealed), more than max_bytes"),
     (dict(format="other"), "format 'other' version 1"),
     (dict(version=2), "version 2, expected"),
 ])
@@ -255,7 +255,7 @@ def _index_header(**changes) -> dict:
     (_index_header(layers=True), "its header's index.layers is True"),
     (_index_header(page_size=0), "its header's index.page_size is 0"),
     (_index_header(width=9), "its index: its header's width 9 is not the most records sealed (5)"),
-    (_index_header(layers=2**28), "GiB decoded, more than max_bytes"),
+    (_index_header(layers=2**28), "GiB to load (decoded ids, their checks, counts and sealed), more than max_bytes"),
     (_index_header(layers=2), "its index: counts [3, 2] and sealed [3, 2] do not match"),
 ])
 def test_an_index_header_declaring_what_the_file_is_not(tmp_path, indexed, changes, needle):
