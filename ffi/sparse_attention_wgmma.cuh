@@ -276,6 +276,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaChunkKernel(ChunkArgs a) {
     const int s = f % stages, buf = f % kWgBuffers;
     const WgUnit x = WgUnitAt(a, u_begin + f / stages);
     WgCpAsyncWait<kWgBuffers - 2>();  // this thread's copies of stage f (and of the query) landed
+    // Required (cp.async writes through the generic proxy, wgmma reads through the async one), but
+    // it compiles to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S: if that membar waits for stage f + 1's
+    // copies too, the ring overlaps nothing (the mma.sync kernel measured ~1000 cycles of membar
+    // stall for it on every pass). First GPU run: check ncu's membar stalls; bulk copies, which
+    // complete on an mbarrier through the async proxy, would not need it.
     FenceProxyAsync();
     __syncthreads();  // every thread's; and stage f - 1 fully consumed, its buffer free
     if (x.head0 != query_head0) {  // another 64-head block's query: every wgmma on the old one is done
