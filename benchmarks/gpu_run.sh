@@ -27,7 +27,7 @@
 #             the experimental wgmma chunk kernel of sparse attention (ffi/sparse_attention_wgmma.cuh,
 #             sm_90a), both its variants: the checker (--quick, then memcheck), the kernel alone
 #             against sm_90a's default kernel at batch 1, 2, 17 and 41 (64 heads, k = 2048;
-#             alternating, twice), then the full checkers; JSON in OUT_DIR
+#             alternating, twice), then the full checkers and Nsight Compute at batch 17; JSON in OUT_DIR
 #   attention-wgmma-slices
 #             the glm5-h200 slice at 128K and 32K (GLM-5.1-like trace, both modes one at a time,
 #             profiled) with two sm_90a builds: the default sparse attention kernel and the wgmma
@@ -180,7 +180,11 @@ for stage in "$@"; do
           done
         done
       done
-      for split in 0 1; do run "attn_wgmma${split}_check" timeout 300 "$PWD/build/tests/sparse_attention_cuda_check_wgmma$split"; done ;;
+      for split in 0 1; do run "attn_wgmma${split}_check" timeout 300 "$PWD/build/tests/sparse_attention_cuda_check_wgmma$split"; done
+      # Where its time goes at batch 17 (the per-stage proxy fence's membar stalls among them).
+      run attn_wgmma0_ncu timeout 300 ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section Occupancy -k regex:WgmmaChunkKernel --launch-skip 5 --launch-count 1 \
+        build/wgmma0/sparse_attention_bench "$OUT_DIR/attn_wgmma0_ncu.json" 17 64 ;;
     grouped-matmul-tiled)
       mkdir -p build/tests
       run gmm_rows_bench_build make -C ffi/bench grouped-matmul OUT="$PWD/build/rows"
