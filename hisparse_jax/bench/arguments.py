@@ -35,7 +35,8 @@ def _number(kind, what: str, minimum, maximum=None, why: str = ""):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not (math.isfinite(value) and value >= minimum):
+        # An int is compared as an int: math.isfinite would cast it to a float (10**400 overflows).
+        if not ((isinstance(value, int) or math.isfinite(value)) and value >= minimum):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
         if maximum is not None and value > maximum:
             raise argparse.ArgumentTypeError(f"{text} exceeds {maximum} ({why})")
@@ -49,9 +50,12 @@ _count = _number(int, "a positive integer", 1)
 # Positions and record ids are int32, and a context needs room for the tokens decoded after it.
 _tokens = _number(int, "a positive number of tokens", 1, 2**30, "positions and record ids are int32")
 _factor = _number(float, "a positive factor", 1e-12, 1e9, "a factor of time")
-# Memory budgets: finite and far above any machine (1 PiB), so that bytes stay integers.
-_mib = _number(float, "a positive size", 1e-12, 2.0**30, "1 PiB; no machine has more")
-_gib = _number(float, "a positive size", 1e-12, 2.0**20, "1 PiB; no machine has more")
+# Memory budgets: at least one byte (a smaller one is 0 B once counted in bytes), finite and far
+# above any machine (1 PiB), so that bytes stay integers.
+_mib = _number(float, "a positive size of at least one byte", 2.0**-20, 2.0**30, "1 PiB; no machine has more")
+_gib = _number(float, "a positive size of at least one byte", 2.0**-30, 2.0**20, "1 PiB; no machine has more")
+# Record ids, positions and step counters of the traces are int32.
+INT32_MAX = 2**31 - 1
 
 
 def mode_choice(text: str) -> str:
@@ -200,14 +204,22 @@ def _integer(minimum: int, what: str):
     return parse
 
 
+# The largest B/k replayed: a hot buffer holds at most 16384 slots per stream (CacheConfig, the
+# CUDA kernel's limit) and k >= 1, so no HiSparse configuration has a larger ratio.
+MAX_RATIO = 16384
+
+
 def _ratio(text: str) -> float:
-    """An argparse type: a finite B/k ratio >= 1."""
+    """An argparse type: a finite B/k ratio in [1, MAX_RATIO]."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a B/k ratio >= 1, got {text!r}") from None
     if not (math.isfinite(value) and value >= 1):
         raise argparse.ArgumentTypeError(f"expected a B/k ratio >= 1, got {text}")
+    if value > MAX_RATIO:
+        raise argparse.ArgumentTypeError(f"B/k = {text} exceeds {MAX_RATIO} (a hot buffer holds at most {MAX_RATIO} "
+                                         "slots per stream and k >= 1); give a smaller ratio")
     return value
 
 
@@ -222,18 +234,27 @@ def policies_arguments(sub) -> None:
                         metavar="CALIBRATION",
                         help=f"calibrated synthetic traces, one replay each: {', '.join(traces.CALIBRATIONS)} "
                              "(docs/traces.md)")
-    count = _integer(1, "a positive integer")
     d = policies.SYNTHETIC_DEFAULTS
-    p.add_argument("--records", type=count, default=None,
+    # Range-checked as ints here; the trace's bytes are checked against memory before it is made
+    # (policies.check_synthetic_memory).
+    ids = _number(int, "a positive integer", 1, INT32_MAX, "record ids are int32")
+    p.add_argument("--records", type=ids, default=None,
                    help=f"synthetic: records sealed at the first step; each step seals one more (default: {d['records']})")
-    p.add_argument("--streams", type=count, default=None, help=f"synthetic: streams (default: {d['streams']})")
-    p.add_argument("--layers", type=count, default=None, help=f"synthetic: selecting layers (default: {d['layers']})")
-    p.add_argument("--steps", type=count, default=None, help=f"synthetic: decode steps (default: {d['steps']})")
-    p.add_argument("--k", type=count, default=None, help=f"synthetic: records selected per step (default: {d['k']})")
-    p.add_argument("--seed", type=_integer(0, "an integer >= 0"), default=0,
+    p.add_argument("--streams", type=_number(int, "a positive integer", 1, INT32_MAX, "a dimension of the trace's "
+                                             "arrays"), default=None,
+                   help=f"synthetic: streams (default: {d['streams']})")
+    p.add_argument("--layers", type=_number(int, "a positive integer", 1, policies.MAX_LAYERS,
+                                            "as Config.num_layers; the generator unrolls one top-k per layer"),
+                   default=None, help=f"synthetic: selecting layers (default: {d['layers']}, at most "
+                                      f"{policies.MAX_LAYERS})")
+    p.add_argument("--steps", type=_number(int, "a positive integer", 1, INT32_MAX, "the step counter is int32"),
+                   default=None, help=f"synthetic: decode steps (default: {d['steps']})")
+    p.add_argument("--k", type=ids, default=None, help=f"synthetic: records selected per step (default: {d['k']})")
+    p.add_argument("--seed", type=_number(int, "an integer >= 0", 0, 2**63 - 1, "seeds are int64"), default=0,
                    help="the synthetic trace's seed and the random policy's (default: 0)")
     p.add_argument("--ratios", type=_ratio, nargs="+", default=list(cache_policies.DEFAULT_RATIOS),
-                   help="B/k values, B = round(ratio * k) (default: 1 1.5 2 3 4)")
+                   help="B/k values, B = round(ratio * k), at most the records the trace seals "
+                        "(default: 1 1.5 2 3 4)")
     p.add_argument("--policies", nargs="+", default=list(cache_policies.POLICIES), choices=cache_policies.POLICIES,
                    metavar="POLICY", help=f"some of {', '.join(cache_policies.POLICIES)} (default: all)")
     p.add_argument("--warm", type=_integer(0, "a number of steps >= 0"), default=None,
@@ -268,9 +289,11 @@ def indexers_arguments(sub) -> None:
     p.add_argument("--roots", nargs="+", default=None, help="folders of text (default: the Python standard library)")
     p.add_argument("--documents", type=count, default=None,
                    help="streams of the recorded trace (default: 2 tiny, 8 trace-model)")
-    p.add_argument("--prefill", type=count, default=None,
-                   help="tokens before the recorded steps (default: 512 tiny, 32768 trace-model)")
-    p.add_argument("--steps", type=count, default=None,
+    p.add_argument("--prefill", type=_tokens, default=None,
+                   help="tokens before the recorded steps, at least the model's top_k (default: 512 tiny, 32768 "
+                        "trace-model)")
+    p.add_argument("--steps", type=_number(int, "a positive integer", 1, 2**30, "positions and record ids are int32"),
+                   default=None,
                    help="decode steps recorded (default: 128 tiny, 160 trace-model); misses count from a quarter on")
     p.add_argument("--ratios", type=_ratio, nargs="+", default=list(indexers.RATIOS),
                    help="B/k values of the replay (default: 1 2 3 4)")

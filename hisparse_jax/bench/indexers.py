@@ -49,6 +49,7 @@ DSA = "dsa"  # --indexer dsa: DSA's lightning indexer (fit without --indexer)
 DEFAULT_INDEXERS = (DSA, "hisparse_jax.kit.page_minmax:PageMinMax")
 CONTEXTS = (32768, 65536, 131072, 262144)
 RATIOS = (1.0, 2.0, 3.0, 4.0)
+MAX_RECORD_TOKENS = 2**30  # prefill + steps of a recorded trace: positions and record ids are int32
 # What `record` decodes per trained shape: the tiny model on held-out documents a CPU decodes in
 # seconds (n/k = 32 at its k = 16, as 64K tokens are for k = 2048; 640 tokens, a multiple of
 # page sizes up to 128); the trace model as
@@ -65,6 +66,8 @@ class Candidate:
     spec: str | None
     checkpoint: Path | None
     code: str | None
+    model: str = "tiny"  # the trained shape (RECORD's defaults of the recorded trace)
+    top_k: int | None = None  # the model's k: the recorded prefill must hold that many records
 
 
 def _candidates(args) -> list[Candidate]:
@@ -77,24 +80,68 @@ def _candidates(args) -> list[Candidate]:
             label = "DSA" if spec == DSA else load_indexer(spec).name
         except (TypeError, ValueError) as err:  # kit's checks raise TypeError for a non-Indexer
             raise BenchError(f"argument --indexer: {err}") from None
-        found.append(Candidate(label, spec, None, None if spec == DSA else spec))
+        found.append(Candidate(label, spec, None, None if spec == DSA else spec, args.model,
+                               MODELS[args.model]["top_k"]))
     for given in args.checkpoint or []:
         path, _, code = given.partition("=")
         try:
-            config, _, _ = load_model(path, indexer=code or None)
+            config, _, meta = load_model(path, indexer=code or None)
         except ValueError as err:
             raise BenchError(f"argument --checkpoint: {err}") from None
         if jax.default_backend() == "cpu" and str(config.dtype) == "bfloat16":
             raise BenchError(f"argument --checkpoint: {path} is a bfloat16 model, which XLA:CPU cannot decode (its "
                              "trace is recorded by decoding); compare it on a GPU")
         indexer = kit_indexer(config)
-        found.append(Candidate("DSA" if indexer is None else indexer.name, None, Path(path), code or None))
+        found.append(Candidate("DSA" if indexer is None else indexer.name, None, Path(path), code or None,
+                               _record_model(meta), config.top_k))
     seen: dict[str, int] = {}
     for c in found:  # one folder per candidate under --out
         seen[c.label] = seen.get(c.label, 0) + 1
         if seen[c.label] > 1:
             c.label = f"{c.label}-{seen[c.label]}"
     return found
+
+
+def _record_model(meta) -> str:
+    """The trained shape whose RECORD defaults a checkpoint's trace takes (tiny when unknown)."""
+    model = meta.get("model") if isinstance(meta, dict) else None
+    return model if isinstance(model, str) and model in RECORD else "tiny"
+
+
+def _check_repeats(args) -> None:
+    """A value given twice in a list flag would be measured twice (or silently once): refused, as
+    hisparse-bench policies and decode refuse it."""
+    for name in ("ratios", "policies", "contexts", "slice_contexts"):
+        values = getattr(args, name) or []
+        again = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if again is not None:
+            shown = f"{again:g}" if isinstance(again, float) else str(again)
+            raise BenchError(f"argument --{name.replace('_', '-')}: {shown} given more than once")
+
+
+def _record_shape(c: Candidate, args) -> dict:
+    """documents, prefill and steps of the candidate's recorded trace: the flags, else its model's."""
+    return {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in RECORD[c.model].items()}
+
+
+def _check_record(candidates: list[Candidate], args, corpus: Corpus) -> None:
+    """What `record` would refuse after the training and the held-out evaluation, refused before
+    them: a prefill shorter than the model's top_k, positions beyond int32, and more documents
+    than the held-out corpus has of prefill + steps + 1 tokens."""
+    for c in candidates:
+        shape = _record_shape(c, args)
+        prefill, steps, documents = shape["prefill"], shape["steps"], shape["documents"]
+        if prefill + steps > MAX_RECORD_TOKENS:
+            raise BenchError(f"argument --steps: --prefill {prefill} + --steps {steps} tokens exceed "
+                             f"{MAX_RECORD_TOKENS} (positions and record ids are int32); lower --prefill or --steps")
+        if c.top_k is not None and prefill < c.top_k:
+            raise BenchError(f"argument --prefill: {prefill} is below {c.label}'s top_k = {c.top_k} (the prefill must "
+                             f"hold k records, or the first selections are short); give --prefill {c.top_k} or more")
+        found = len(corpus.long_documents(prefill + steps + 1))
+        if found < documents:
+            raise BenchError(f"argument --documents: {found} held-out documents have {prefill + steps + 1} tokens "
+                             f"(--prefill {prefill} + --steps {steps} + 1), {documents} asked for; lower --documents, "
+                             "--prefill or --steps")
 
 
 def _train(c: Candidate, args, out: Path) -> None:
@@ -199,7 +246,7 @@ def _measure(c: Candidate, args, corpus: Corpus, out: Path) -> dict:
     config, weights, meta = load_model(c.checkpoint, indexer=c.code, **(dict(dtype="float32") if on_cpu else {}))
     folder = out / c.label
     folder.mkdir(parents=True, exist_ok=True)
-    model = meta.get("model") if meta.get("model") in RECORD else "tiny"
+    model = _record_model(meta)
     indexer = kit_indexer(config)
     entry = dict(label=c.label, checkpoint=str(c.checkpoint), model=model,
                  indexer=None if indexer is None else dict(cls=type(indexer).__qualname__,
@@ -226,6 +273,7 @@ def _measure(c: Candidate, args, corpus: Corpus, out: Path) -> dict:
 def run(args) -> int:
     """hisparse-bench indexers: trains what it must, measures, prints the table, writes the report."""
     outputs.check_folder("--out", args.out)
+    _check_repeats(args)
     out = Path(args.out)
     if args.model is None:
         args.model = "tiny"
@@ -238,6 +286,7 @@ def run(args) -> int:
         corpus = Corpus.from_roots([Path(r) for r in args.roots] if args.roots else None)
     except ValueError as err:
         raise BenchError(f"argument --roots: {err}") from None
+    _check_record(candidates, args, corpus)
     for c in candidates:
         if c.checkpoint is None:
             _train(c, args, out)

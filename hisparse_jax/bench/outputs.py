@@ -14,6 +14,7 @@ from .errors import BenchError
 def check_folder(flag: str, path: str | os.PathLike) -> None:
     """`path` is a folder the command may create or write: it is one, or its nearest existing
     ancestor is a writable folder. Nothing is created here (a refused run leaves no trace)."""
+    _check_not_empty(flag, path, "give a folder")
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise BenchError(f"{flag} {str(path)!r}: exists and is not a folder; give a folder")
@@ -23,6 +24,7 @@ def check_folder(flag: str, path: str | os.PathLike) -> None:
 def check_file(flag: str, path: str | os.PathLike) -> None:
     """`path` is a file the command may write: not a folder, and its folder exists or can be
     created under a writable one."""
+    _check_not_empty(flag, path, "give a file name")
     target = Path(path)
     if target.is_dir():
         raise BenchError(f"{flag} {str(path)!r}: is a folder; give a file name")
@@ -40,6 +42,13 @@ def write_report(out: Path, name: str, report: dict, plots: Callable[[dict, Path
     except OSError as err:
         raise BenchError(f"--out {str(out)!r}: the report could not be written ({err}); the tables above "
                          "are the run's results", status=1) from None
+
+
+def _check_not_empty(flag: str, path, fix: str) -> None:
+    """An empty path is refused: Path("") is the current folder, so `--out ""` wrote the report
+    into it (and `--json ""` skipped the file), where the user gave no path at all."""
+    if isinstance(path, str) and path == "":
+        raise BenchError(f"{flag}: an empty path; {fix}")
 
 
 def _check_ancestor(flag: str, shown, folder: Path) -> None:

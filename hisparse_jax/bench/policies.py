@@ -26,6 +26,11 @@ from .progress import Progress
 # The synthetic trace's shape when not given (a few seconds to replay on one core).
 SYNTHETIC_DEFAULTS = dict(records=32768, streams=2, layers=4, steps=200, k=2048)
 SYNTHETIC_ONLY = ("records", "streams", "layers", "steps", "k")
+# Selecting layers of a synthetic trace, at most: the models' own limit (Config.num_layers), and
+# the generator unrolls one top-k per layer in its compiled step (99999999999 layers traced for
+# hours). Record ids, and so the records sealed by the last step, are int32.
+MAX_LAYERS = 1024
+MAX_RECORDS = 2**31 - 1
 
 
 # --------------------------------------------------------------------------- the traces replayed
@@ -59,6 +64,7 @@ def _sources(args) -> list[_Source]:
             trace = recorded.load_trace(args.trace_file)
         except ValueError as err:
             raise BenchError(f"argument --trace-file: {err}") from None
+        check_capacities(args.ratios, trace.k, trace.num_records, "--trace-file")
         described = dict(kind="recorded", file=str(args.trace_file), source=trace.source, page_size=trace.page_size,
                          steps=trace.steps, layers=trace.layers, streams=trace.streams, k=trace.k,
                          num_records=trace.num_records)
@@ -67,7 +73,77 @@ def _sources(args) -> list[_Source]:
     if shape["k"] > shape["records"]:
         raise BenchError(f"argument --k: k = {shape['k']} exceeds the {shape['records']} records sealed at the "
                          "first step; lower --k or raise --records")
+    num_records = shape["records"] + shape["steps"] - 1  # one record sealed per step
+    if num_records > MAX_RECORDS:
+        raise BenchError(f"argument --steps: --records {shape['records']} + --steps {shape['steps']} - 1 = "
+                         f"{num_records} records by the last step, beyond {MAX_RECORDS} (record ids are int32); "
+                         "lower --records or --steps")
+    check_capacities(args.ratios, shape["k"], num_records, "--records + --steps - 1")
+    check_synthetic_memory(shape, max(capacities(args.ratios, shape["k"])))
     return [_synthetic(name, shape, args.seed) for name in args.synthetic]
+
+
+def capacities(ratios, k: int) -> list[int]:
+    """B = round(ratio * k) of each ratio, as the replay takes them (cache_policies.capacities)."""
+    return [int(round(float(r) * k)) for r in ratios]
+
+
+def check_capacities(ratios, k: int, num_records: int, what: str) -> None:
+    """Every B = round(ratio * k) at most the `num_records` records the trace seals by its last
+    step (`what` says where that number comes from): a larger buffer never evicts, and its
+    per-slot arrays would be sized by the ratio alone (--ratios 1e12 asked for 29 TiB)."""
+    for ratio, capacity in zip(ratios, capacities(ratios, k)):
+        if capacity > num_records:
+            raise BenchError(f"argument --ratios: B/k = {ratio:g} gives B = {capacity} slots per stream, more than the "
+                             f"{num_records} records the trace seals ({what}); give ratios up to "
+                             f"{math.floor(num_records / k * 1000) / 1000:g}")
+
+
+def synthetic_bytes(shape: dict, capacity: int) -> dict[str, tuple[int, str, str]]:
+    """Bytes of what a synthetic trace of `shape` and its replay at `capacity` slots allocate, from
+    the shapes alone: name -> (bytes, what, the flags that size it). An estimate from above of
+    the arrays (copies counted), not of every temporary."""
+    S, L, T, k = shape["streams"], shape["layers"], shape["steps"], shape["k"]
+    R = shape["records"] + shape["steps"] - 1
+    rows = L * S
+    return {
+        # u [S, R] and e [L, S, R] float32, a step's new innovations and the updated e beside
+        # them, and a layer's scores and top-k scratch.
+        "state": (4 * S * R * (3 * L + 4), "the generator's state [layers + 1, streams, records] float32",
+                  "--records, --streams or --layers"),
+        # [T, L, S, k] int32: on the device, on the host, checked, and Belady's next uses.
+        "ids": (4 * 4 * T * rows * k, "the ids [steps, layers, streams, k] int32", "--steps, --layers, --streams or --k"),
+        # The replay's record -> slot map and Belady's next-use map [rows, R] int32, the overlap's mask.
+        "maps": (9 * rows * (R + 2), "the replay's [layers x streams, records] maps",
+                 "--records, --streams or --layers"),
+        # A step's [rows, B] int64 slot orders, keys and masks.
+        "slots": (8 * 12 * rows * capacity, "the replay's [layers x streams, B] slot arrays",
+                  "--ratios, --k, --streams or --layers"),
+    }
+
+
+def check_synthetic_memory(shape: dict, capacity: int) -> None:
+    """A synthetic trace whose arrays (synthetic_bytes) exceed half the RAM is refused before
+    anything is allocated, naming its size and the flags of its largest part (--streams
+    99999999999 was an XLA out-of-memory traceback, --records 2147483647 another)."""
+    import jax
+
+    from .decode.plan import device_memory_limit, host_memory_limit
+    from .decode.report import fmt_bytes
+
+    parts = synthetic_bytes(shape, capacity)
+    checks = [(parts, *host_memory_limit())]  # on a CPU the generator's arrays are host memory too
+    if jax.default_backend() != "cpu":  # the generator's state and its ids on the device
+        limit, source = device_memory_limit()
+        if limit is not None:
+            state, ids = parts["state"], parts["ids"]
+            checks.append((dict(state=state, ids=(ids[0] // 4, *ids[1:])), limit, source))
+    for counted, limit, source in checks:
+        total = sum(n for n, _, _ in counted.values())
+        if total > limit:
+            n, what, flags = max(counted.values(), key=lambda part: part[0])
+            raise BenchError(f"the synthetic trace would need about {fmt_bytes(total)} of memory ({what}: "
+                             f"{fmt_bytes(n)}), beyond {source} ({fmt_bytes(limit)}); lower {flags}")
 
 
 def _synthetic(name: str, shape: dict, seed: int) -> _Source:

@@ -22,6 +22,16 @@ from hisparse_jax.bench.deployments import get_deployment
     (["--checkpoint", "=x.py:Y"], "expected PATH or PATH=MODULE:NAME"),
     (["--indexer", "dsa", "--out", "/dev/null/x"], "'/dev/null' is not a folder"),
     (["--indexer", "dsa", "--ratios", "0.5"], "ratio"),
+    # Bounded and distinct lists (--ratios 1e12 was a MemoryError after the whole evaluation).
+    (["--indexer", "dsa", "--ratios", "1e12"], "argument --ratios: B/k = 1e12 exceeds 16384"),
+    (["--indexer", "dsa", "--ratios", "2", "2.0"], "argument --ratios: 2 given more than once"),
+    (["--indexer", "dsa", "--policies", "lru", "lru"], "argument --policies: lru given more than once"),
+    (["--indexer", "dsa", "--contexts", "512", "512"], "argument --contexts: 512 given more than once"),
+    (["--indexer", "dsa", "--slice-contexts", "512", "512"], "argument --slice-contexts: 512 given more than once"),
+    (["--indexer", "dsa", "--prefill", "99999999999999999999"],
+     "argument --prefill: 99999999999999999999 exceeds 1073741824 (positions and record ids are int32)"),
+    (["--indexer", "dsa", "--steps", "99999999999"], "argument --steps: 99999999999 exceeds 1073741824"),
+    (["--indexer", "dsa", "--out", ""], "--out: an empty path; give a folder"),
     pytest.param(["--indexer", "dsa", "--model", "trace-model"], "XLA:CPU cannot train",
                  marks=pytest.mark.skipif(jax.default_backend() != "cpu", reason="a GPU trains bfloat16")),
 ])
@@ -31,6 +41,26 @@ def test_a_bad_comparison_is_one_line(argv, message, tmp_path, capsys):
     assert cli.main(["indexers", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and err.startswith("hisparse-bench: error:"), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prefill", "8"], "argument --prefill: 8 is below DSA's top_k = 16 (the prefill must hold k records"),
+    (["--prefill", "1073741824", "--steps", "8"],
+     "argument --steps: --prefill 1073741824 + --steps 8 tokens exceed 1073741824"),
+    (["--documents", "100000"], "held-out documents have 641 tokens (--prefill 512 + --steps 128 + 1), 100000 asked "
+                                "for; lower --documents, --prefill or --steps"),
+])
+def test_a_trace_that_cannot_be_recorded_is_refused_before_training(argv, message, text_root, tmp_path, capsys,
+                                                                     monkeypatch):
+    """What `record` refused after the training and the held-out evaluation (exit 1), refused
+    before them (exit 2): the corpus is read, nothing trained."""
+    from hisparse_jax.bench import indexers
+    monkeypatch.setattr(indexers, "_train", lambda *a: pytest.fail("trained before checking the recording"))
+    assert cli.main(["indexers", "--indexer", "dsa", "--roots", str(text_root), *argv,
+                     "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and err.startswith("hisparse-bench: error: argument --"), err
     assert not (tmp_path / "out").exists()
 
 

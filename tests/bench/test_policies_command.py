@@ -144,6 +144,33 @@ def test_without_matplotlib_the_json_is_still_written(tmp_path, capsys, monkeypa
         (["--trace-file", "EMPTY"], ["argument --trace-file", "not a .npz archive"]),
         (["--trace-file", "DIRECTORY"], ["argument --trace-file", "is a directory, not a file"]),
         (["--trace-file", "TRACE", "--warm", "10"], ["argument --warm: 10 is not below the trace's 10 steps"]),
+        # Every number range-checked as an int before any cast (these were tracebacks, an XLA abort
+        # and a hang), and B at most the records the trace seals.
+        (["--synthetic", "glm-5.1", "--records", "99999999999999999999"],
+         ["argument --records: 99999999999999999999 exceeds 2147483647 (record ids are int32)"]),
+        (["--synthetic", "glm-5.1", "--records", "99999999999", "--k", "99999999999"],
+         ["argument --records: 99999999999 exceeds 2147483647"]),
+        (["--synthetic", "glm-5.1", "--records", "2147483647", "--k", "8", "--steps", "2"],
+         ["argument --steps: --records 2147483647 + --steps 2 - 1 = 2147483648 records", "lower --records or --steps"]),
+        (["--synthetic", "glm-5.1", "--layers", "99999999999"], ["argument --layers: 99999999999 exceeds 1024"]),
+        (["--synthetic", "glm-5.1", "--steps", "99999999999"], ["argument --steps: 99999999999 exceeds 2147483647"]),
+        (["--synthetic", "glm-5.1", "--streams", "99999999999"], ["argument --streams: 99999999999 exceeds 2147483647"]),
+        (["--synthetic", "glm-5.1", "--k", "9" * 400], ["argument --k", "exceeds 2147483647"]),  # no float cast
+        (["--synthetic", "glm-5.1", "--seed", "99999999999999999999999"],
+         ["argument --seed: 99999999999999999999999 exceeds 9223372036854775807 (seeds are int64)"]),
+        (["--synthetic", "glm-5.1", "--ratios", "1e300"], ["argument --ratios: B/k = 1e300 exceeds 16384"]),
+        (["--synthetic", "glm-5.1", *TINY, "--ratios", "8"],
+         ["argument --ratios: B/k = 8 gives B = 64 slots per stream, more than the 59 records the trace seals",
+          "give ratios up to 7.375"]),
+        (["--trace-file", "TRACE", "--ratios", "100"], ["argument --ratios: B/k = 100 gives B = 500", "(--trace-file)"]),
+        # A trace too big for memory: its size and the flags that size its largest part.
+        (["--synthetic", "glm-5.1", "--records", "2000000000", "--streams", "1000000", "--layers", "1", "--k", "8",
+          "--steps", "1"],
+         ["the synthetic trace would need about", "the generator's state", "lower --records, --streams or --layers"]),
+        (["--synthetic", "glm-5.1", "--records", "64", "--k", "64", "--steps", "2000000000", "--streams", "1000",
+          "--layers", "1"],
+         ["the synthetic trace would need about", "the ids [steps, layers, streams, k]",
+          "lower --steps, --layers, --streams or --k"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv, needles, one_line_error):

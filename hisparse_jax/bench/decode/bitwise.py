@@ -13,6 +13,7 @@ and where its pool lives. Exit status 1 when the modes differ.
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import jax
@@ -24,6 +25,9 @@ from ...models import get_family
 from ...models.family import decode_weights
 from .. import outputs
 from ..errors import BenchError
+from .capacity import account
+from .plan import device_memory_limit, host_memory_limit
+from .report import MODE_NAMES, fmt_bytes
 from .runner import DecodeRun, time_in_turns, tokens_needed, warm_up
 
 MODES = ("hisparse", "device")
@@ -45,6 +49,56 @@ def bitwise_config(family, preset: str, context: int, steps: int, reps: int, num
         # max_context follows from --context, --steps and --reps: name them, not only the field.
         raise BenchError(f"--preset {preset} --context {context} --steps {steps} --reps {reps} "
                          f"(max_context {max_context}): {err}") from None
+
+
+def check_runs_here(args, config) -> None:
+    """A bfloat16 config is refused on XLA:CPU, which cannot run its dots (hisparse-bench decode
+    refuses it the same way); the bitwise preset `realistic` is one."""
+    if jax.default_backend() == "cpu" and jnp.dtype(config.dtype) == jnp.bfloat16:
+        raise BenchError(f"the {args.family} {args.preset} config computes in bfloat16, which XLA:CPU cannot run "
+                         "(it has no bf16 x bf16 -> f32 dot); pass --preset tiny, or run on a GPU")
+
+
+def memory_needed(family, config, batch: int, context: int, steps: int) -> dict[str, dict[str, dict[str, int]]]:
+    """Bytes of the arrays a comparison allocates, from shapes alone (nothing is allocated):
+    mode -> memory ("device" / "host") -> part -> bytes. One mode's state lives at a time (a
+    mode's is freed before the next is made); the weights in both layouts, the prompts as drawn
+    (int64) and as fed (int32) and both modes' logits live throughout."""
+    weights = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
+                  for x in jax.tree.leaves(jax.eval_shape(lambda: family.init_weights(config, 0))))
+    logits = len(MODES) * steps * batch * config.vocab * 4
+    prompts = batch * context * (8 + 4)
+    out = {}
+    for mode in MODES:
+        state = account(family, config, batch, mode)
+        out[mode] = dict(device={"the weights (both layouts)": 2 * weights,
+                                 f"the {MODE_NAMES[mode]} state on the device": state.total("device"),
+                                 "the logits of both modes": logits},
+                         host={f"the {MODE_NAMES[mode]} host pool": state.total("host"), "the prompts": prompts})
+    return out
+
+
+def check_memory(args, family, config) -> None:
+    """The comparison's arrays (memory_needed) must fit, mode by mode: on a CPU together in half
+    the RAM, on a GPU the device's in its memory and the host's in half the RAM. Refused in one
+    line before anything is allocated (--batch 1000 --context 100000 was a NumPy MemoryError
+    traceback)."""
+    host_limit, host_source = host_memory_limit()
+    device_limit, device_source = device_memory_limit()
+    on_cpu = jax.default_backend() == "cpu"
+    for need in memory_needed(family, config, args.batch, args.context, args.steps).values():
+        if on_cpu:  # device arrays and host pools share the RAM
+            checks = [({**need["device"], **need["host"]}, host_limit, host_source)]
+        else:
+            checks = [(need["device"], device_limit, device_source), (need["host"], host_limit, host_source)]
+        for parts, limit, source in checks:
+            total = sum(parts.values())
+            if limit is not None and total > limit:
+                largest = max(parts, key=parts.get)
+                raise BenchError(f"--context {args.context} --batch {args.batch} --num-layers {args.num_layers}: the "
+                                 f"comparison needs at least {fmt_bytes(total)} ({largest}: "
+                                 f"{fmt_bytes(parts[largest])}), beyond {source} ({fmt_bytes(limit)}); lower "
+                                 "--context, --batch or --num-layers")
 
 
 def ragged_prompts(config, batch: int, context: int, seed: int = 0):
@@ -78,6 +132,9 @@ def compare(args) -> dict:
     """The summary of both modes at the command line's shape."""
     family = get_family(args.family)
     config = bitwise_config(family, args.preset, args.context, args.steps, args.reps, args.num_layers)
+    check_runs_here(args, config)
+    if args.context - RAGGED * (args.batch - 1) >= 1:  # else ragged_prompts names --context and --batch
+        check_memory(args, family, config)
     weights = decode_weights(family, config, family.init_weights(config, 0))  # the layout decode timings read
     prompts, lengths = ragged_prompts(config, args.batch, args.context)
     results = {m: decode_mode(family, config, weights, prompts, lengths, m, args.steps, args.reps) for m in MODES}
@@ -97,11 +154,11 @@ def compare(args) -> dict:
 
 def run(args) -> int:
     """hisparse-bench bitwise: prints the summary (JSON), writes it to --json; 1 if the modes differ."""
-    if args.json:
+    if args.json is not None:  # "" too: check_file refuses an empty path
         outputs.check_file("--json", args.json)
     summary = compare(args)
     print(json.dumps(summary, indent=1))
-    if args.json:
+    if args.json is not None:
         try:
             with open(args.json, "w") as f:
                 json.dump(summary, f, indent=1)

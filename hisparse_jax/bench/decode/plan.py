@@ -106,10 +106,14 @@ def _parse_sets(family, args) -> dict:
     flags = _flag_fields(family)
     preset = family.Config.preset(args.preset)
     out = {}
+    given = {}
     for pair in args.set:
         name, sep, text = pair.partition("=")
         if not sep or name not in fields:
             raise BenchError(f"--set {pair!r}: expected FIELD=VALUE with FIELD one of {', '.join(sorted(fields))}")
+        if name in given:  # the last one would win silently
+            raise BenchError(f"--set {pair!r}: {name} is also given by --set {given[name]!r}; give it once")
+        given[name] = pair
         if name == "max_context":
             raise BenchError(f"--set {pair!r}: max_context is set by --contexts, --steps and --reps "
                              "(the context plus every decoded token)")
@@ -184,22 +188,34 @@ def _check_weight_dims(family, config) -> None:
                              "elements or more; lower the fields that size it (--set FIELD=VALUE)")
 
 
-def _check_selection_flags(args) -> None:
+def _check_selection_flags(args) -> list[str]:
     """--trace-file goes with --selection recorded and only with it, without the synthetic trace's
-    flags. Runs before the defaults fill --trace in."""
-    if args.selection != "recorded":
-        if args.trace_file is not None:
-            raise BenchError("--trace-file replays a recorded trace; add --selection recorded (or drop --trace-file)")
-        return
-    if args.trace_file is None:
-        raise BenchError("--selection recorded replays a recorded trace; add --trace-file PATH")
+    flags. Runs before the defaults fill --trace in; returns the synthetic trace's flags given
+    (checked against the selection once the defaults are in: _check_trace_flags)."""
     given = [flag for flag, value in (("--trace", args.trace), ("--trace-beta", args.trace_beta),
                                       ("--trace-rho-e", args.trace_rho_e),
                                       ("--trace-memoryless-layers", args.trace_memoryless_layers))
              if value is not None]
+    if args.selection != "recorded":
+        if args.trace_file is not None:
+            raise BenchError("--trace-file replays a recorded trace; add --selection recorded (or drop --trace-file)")
+        return given
+    if args.trace_file is None:
+        raise BenchError("--selection recorded replays a recorded trace; add --trace-file PATH")
     if given:
         raise BenchError(f"{', '.join(given)}: the synthetic trace's calibration does not apply to --selection "
                          f"recorded, which replays --trace-file; drop {'them' if len(given) > 1 else 'it'}")
+
+
+def _check_trace_flags(args, given: list[str]) -> None:
+    """The synthetic trace's flags apply to the runs that select by it (--selection trace or
+    trace-no-indexer; a deployment's default): with the indexer's own selection they would be
+    ignored. Runs after the defaults fill --selection in."""
+    if given and args.selection == "indexer":
+        flags = ", ".join(given)
+        raise BenchError(f"{flags} {'apply' if len(given) > 1 else 'applies'} to --selection trace (or "
+                         "trace-no-indexer), not to the indexer's own selection; add --selection trace or drop "
+                         f"{'them' if len(given) > 1 else given[0]}")
 
 
 def _recorded(args, configs: dict) -> RecordedSelection:
@@ -241,10 +257,17 @@ def _recorded(args, configs: dict) -> RecordedSelection:
     return RecordedSelection(str(path), trace)
 
 
-def _traces(args, config) -> list[traces.TraceConfig]:
-    """The trace of every calibration in --trace (none with --selection indexer)."""
+def _traces(args, family, config) -> list[traces.TraceConfig]:
+    """The trace of every calibration in --trace (none with --selection indexer), its memoryless
+    layers checked against the model's selecting layers (before anything compiles)."""
     if args.selection == "indexer":
         return []
+    memoryless = args.trace_memoryless_layers
+    if memoryless is not None and memoryless > 0:
+        layers = family.selecting_layout(config, 1)[0]
+        if memoryless > layers:
+            raise BenchError(f"--trace-memoryless-layers {memoryless}: the {_family_name(args)} model has {layers} "
+                             f"selecting layers; give at most {layers} (or raise --num-layers)")
     repeated = sorted({t for t in args.trace if args.trace.count(t) > 1})
     if repeated:
         raise BenchError(f"argument --trace: {', '.join(repeated)} given more than once")
@@ -366,12 +389,27 @@ def _check_fits(args, family, contexts: list[ContextPlan], budget: int, host_bud
 
 def _memory_limits(platform: str) -> tuple[int | None, str]:
     """(bytes the device can hold, how that was found), None when unknown."""
+    limit, source = device_memory_limit()
+    if limit is not None:
+        return limit, source
+    if platform == "cpu":  # device arrays and pinned host pools share the RAM
+        return host_memory_limit()
+    return None, source
+
+
+def device_memory_limit() -> tuple[int | None, str]:
+    """(bytes the device reports it can hold, how that was found); None when it does not say
+    (XLA:CPU)."""
     stats = jax.devices()[0].memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"]), "the device's memory limit"
-    if platform == "cpu":  # device arrays and pinned host pools share the RAM
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2, "half the RAM"
     return None, "unknown device memory"
+
+
+def host_memory_limit() -> tuple[int, str]:
+    """(bytes a benchmark's host arrays may take, how that was found): half the RAM, the bound
+    the decode's schedule takes on a CPU (the rest for the process, the OS and what else runs)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2, "half the RAM"
 
 
 def _timing_schedule(args, contexts: list[ContextPlan], platform: str) -> tuple[bool, str]:
@@ -469,9 +507,10 @@ def _family_name(args) -> str:
 
 def build_plan(args) -> Plan:
     """Checks everything that can be checked before any compilation, then sizes every run."""
-    _check_selection_flags(args)
+    trace_flags = _check_selection_flags(args)
     _indexer_family(args)
     derivation = resolve_defaults(args)
+    _check_trace_flags(args, trace_flags)
     family = get_family(args.family)
     if args.preset not in family.Config.PRESETS:
         raise BenchError(f"argument --preset: unknown preset {args.preset!r} for {_family_name(args)}; presets: "
@@ -503,7 +542,7 @@ def build_plan(args) -> Plan:
         _check_dtype(args, _field_value(family, args.preset, overrides, "dtype"), platform)
     configs = {context: _config(family, args, context, overrides) for context in args.contexts}
     trace_list = ([_recorded(args, configs)] if args.selection == "recorded"
-                  else _traces(args, configs[args.contexts[0]]))
+                  else _traces(args, family, configs[args.contexts[0]]))
     implementation = _implementation(args, configs[args.contexts[0]], platform)
     if implementation == "reference" and "implementation" in {f.name for f in dataclasses.fields(family.Config)}:
         # Pin "auto" to the reference it stands for here, so the report names what runs. ("auto"

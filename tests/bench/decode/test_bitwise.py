@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import pytest
 
 from hisparse_jax.bench import cli
@@ -57,3 +58,35 @@ def test_modes_that_differ_are_one_line_naming_full_kv_and_exit_1(tmp_path, caps
     captured = capsys.readouterr()
     assert json.loads(captured.out) == summary == json.loads((tmp_path / "b.json").read_text())
     assert captured.err == "hisparse-bench: error: hisparse and full-KV decodes differ\n"
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU cannot run bf16 dots; GPUs can")
+def test_bfloat16_is_refused_on_cpu_like_decode(one_line_error, monkeypatch):
+    """The default preset (realistic, bfloat16) was an XLA UNIMPLEMENTED traceback after minutes."""
+    monkeypatch.setattr(bitwise, "decode_mode", lambda *a, **k: pytest.fail("decoded a bfloat16 config on XLA:CPU"))
+    err = one_line_error(["bitwise"])
+    assert err == ("hisparse-bench: error: the dsa realistic config computes in bfloat16, which XLA:CPU cannot run (it "
+                   "has no bf16 x bf16 -> f32 dot); pass --preset tiny, or run on a GPU\n"), err
+
+
+@pytest.mark.parametrize("context, batch", [("1073741824", "64"), ("100000000", "1000")])
+def test_a_shape_beyond_memory_is_refused_before_allocating(context, batch, one_line_error, monkeypatch):
+    """--context 2^30 and --batch 1000 --context 100000 were NumPy MemoryError tracebacks: the arrays are sized
+    from the config first (both far beyond any machine's memory here)."""
+    monkeypatch.setattr(bitwise, "ragged_prompts", lambda *a, **k: pytest.fail("allocated the prompts"))
+    err = one_line_error(["bitwise", "--preset", "tiny", "--context", context, "--batch", batch, "--steps", "1",
+                          "--reps", "1", "--num-layers", "1"])
+    assert f"--context {context} --batch {batch} --num-layers 1: the comparison needs at least" in err, err
+    assert "lower --context, --batch or --num-layers" in err, err
+
+
+def test_the_memory_needed_is_the_states_bytes():
+    family = get_family("dsa")
+    config = bitwise.bitwise_config(family, "tiny", 200, 4, 2, 2)
+    need = bitwise.memory_needed(family, config, 2, 200, 4)
+    from hisparse_jax.bench.decode.capacity import account
+    for mode, name in (("hisparse", "hisparse"), ("device", "full-KV")):
+        state = account(family, config, 2, mode)
+        assert need[mode]["device"][f"the {name} state on the device"] == state.total("device")
+        assert need[mode]["host"][f"the {name} host pool"] == state.total("host")
+    assert need["hisparse"]["host"]["the hisparse host pool"] > 0 == need["device"]["host"]["the full-KV host pool"]

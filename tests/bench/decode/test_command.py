@@ -76,6 +76,22 @@ FAST = ["--steps", "2", "--reps", "3", "--max-batch", "3", "--device-budget-mib"
         (["--set", "overlap_groups=2"], ["Config.overlap_groups", "set prefetch=True"]),
         (["--contexts", "99999999999"], ["argument --contexts", "99999999999 exceeds", "int32"]),
         (["--profile-dir", "prof"], ["--profile-dir keeps the traces of --profile", "add --profile"]),
+        (["--contexts", "9" * 400], ["argument --contexts", "exceeds 1073741824"]),  # an int, never cast to float
+        # The synthetic trace's flags without a selection that uses the trace were ignored.
+        (["--trace-beta", "0.5"], ["--trace-beta applies to --selection trace",
+                                   "add --selection trace or drop --trace-beta"]),
+        (["--trace", "deepseek-v3.2", "--trace-memoryless-layers", "1"],
+         ["--trace, --trace-memoryless-layers apply to --selection trace", "drop them"]),
+        # More memoryless layers than the model selects with: at planning, not after compiling.
+        (["--selection", "trace", "--trace-memoryless-layers", "99999999999999999999"],
+         ["--trace-memoryless-layers 99999999999999999999: the dsa model has 4 selecting layers", "give at most 4"]),
+        (["--selection", "trace", "--trace-memoryless-layers", "5", "--explain"], ["has 4 selecting layers"]),
+        (["--set", "index_share=1", "--set", "index_share=2"],
+         ["--set 'index_share=2': index_share is also given by --set 'index_share=1'; give it once"]),
+        # Budgets below one byte were "0 B".
+        (["--device-budget-mib", "1e-12"], ["argument --device-budget-mib", "at least one byte, got 1e-12"]),
+        (["--device-budget-gib", "1e-12", "--explain"], ["argument --device-budget-gib", "at least one byte"]),
+        (["--host-budget-gib", "1e-12"], ["argument --host-budget-gib", "at least one byte"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, argv, needles, one_line_error):
@@ -320,6 +336,23 @@ def test_an_unusable_out_is_refused_before_any_work(tmp_path, command, where, ne
     monkeypatch.setattr(decode_command, "build_plan", lambda args: pytest.fail("planned despite a bad --out"))
     err = one_line_error([*command, "--out", out])
     assert f"--out {out!r}" in err and needle in err, err
+
+
+@pytest.mark.parametrize("command, flag, fix", [
+    (["decode", "--contexts", "64", "--out"], "--out", "give a folder"),
+    (["policies", "--synthetic", "glm-5.1", "--records", "64", "--k", "8", "--steps", "4", "--out"], "--out",
+     "give a folder"),
+    (["indexers", "--indexer", "dsa", "--out"], "--out", "give a folder"),
+    (["bitwise", "--preset", "tiny", "--context", "200", "--steps", "1", "--reps", "1", "--json"], "--json",
+     "give a file name"),
+])
+def test_an_empty_output_path_is_refused(command, flag, fix, one_line_error, monkeypatch):
+    """`--out ""` wrote into the current folder (Path("") is "."), and `--json ""` skipped the file."""
+    from hisparse_jax.bench.decode import bitwise, command as decode_command
+    monkeypatch.setattr(decode_command, "build_plan", lambda args: pytest.fail("planned despite an empty path"))
+    monkeypatch.setattr(bitwise, "compare", lambda args: pytest.fail("compared despite an empty path"))
+    err = one_line_error([*command, ""])
+    assert err == f"hisparse-bench: error: {flag}: an empty path; {fix}\n", err
 
 
 def test_a_report_that_cannot_be_written_keeps_the_printed_tables(tmp_path, capsys, monkeypatch):
