@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import stat
 import sysconfig
 from pathlib import Path
 from typing import Sequence
@@ -20,6 +22,10 @@ import numpy as np
 
 SUFFIXES = (".py", ".txt", ".rst", ".md")
 SEPARATOR = 0x1E  # ASCII record separator between packed documents
+# The most bytes one document (a file) and the whole corpus may hold: the standard library's
+# largest text file is under 1 MiB, all of it about 40 MiB. Nothing is read past them.
+MAX_DOCUMENT_BYTES = 64 << 20
+MAX_CORPUS_BYTES = 4 << 30
 
 
 def default_roots() -> list[Path]:
@@ -38,26 +44,81 @@ def _held_out(name: str, fraction: float) -> bool:
     return int.from_bytes(digest[:4], "little") < fraction * 2**32
 
 
-def read_documents(roots: Sequence[Path], min_bytes: int = 256) -> list[Document]:
-    """Text files under `roots` (SUFFIXES; no NUL byte; at least min_bytes), sorted by name;
-    folders named site-packages or dist-packages (installed packages) and __pycache__ skipped."""
-    docs = []
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n} bytes"
+
+
+def _read_text(path: Path, max_bytes: int) -> bytes | None:
+    """The bytes of `path`, at most max_bytes; None when it is not a regular file (a FIFO would
+    block, a device never ends; a broken link names nothing). Whatever cannot be read, and a
+    file larger than max_bytes, is one ValueError naming it."""
+    try:
+        info = os.stat(path)  # follows links: a link to a text file is read
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise ValueError(f"corpus: {str(path)!r} cannot be read ({type(err).__name__}: {err.strerror or err}); make "
+                         "it readable or give --roots without it") from None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    too_big = (f"corpus: {str(path)!r} holds more than {_size(max_bytes)}, more than a document may; move it out "
+               "of the folder or give other --roots")
+    if info.st_size > max_bytes:
+        raise ValueError(too_big.replace("holds more than", f"is {info.st_size} bytes, more than", 1))
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)  # at most that: /proc files report size 0
+    except OSError as err:
+        raise ValueError(f"corpus: {str(path)!r} cannot be read ({type(err).__name__}: {err.strerror or err}); make "
+                         "it readable or give --roots without it") from None
+    if len(data) > max_bytes:
+        raise ValueError(too_big)
+    return data
+
+
+def read_documents(roots: Sequence[Path], min_bytes: int = 256, max_bytes: int = MAX_DOCUMENT_BYTES,
+                   max_total: int = MAX_CORPUS_BYTES) -> list[Document]:
+    """Text files under `roots` (SUFFIXES; regular files; no NUL byte; at least min_bytes), sorted
+    by name; folders named site-packages or dist-packages (installed packages) and __pycache__
+    skipped. A file of more than max_bytes, text of more than max_total in all, or a file that
+    cannot be read is one ValueError naming it (no file is read past max_bytes)."""
+    docs, total, seen = [], 0, 0
+    skipped = {"short": 0, "binary": 0, "irregular": 0}
     for root in roots:
         root = Path(root)
         if not root.is_dir():
             raise ValueError(f"corpus: {str(root)!r} is not a folder; pass existing folders of text files")
-        for path in sorted(root.rglob("*")):
+        try:
+            paths = sorted(root.rglob("*"))
+        except OSError as err:
+            raise ValueError(f"corpus: {str(root)!r} cannot be listed ({type(err).__name__}: {err}); give "
+                             "readable folders") from None
+        for path in paths:
             parts = set(path.relative_to(root).parts)
             if parts & {"site-packages", "dist-packages", "__pycache__"} or path.suffix not in SUFFIXES:
                 continue
-            if not path.is_file():
+            seen += 1
+            data = _read_text(path, max_bytes)
+            if data is None:
+                skipped["irregular"] += 1
                 continue
-            data = path.read_bytes()
             if len(data) < min_bytes or b"\0" in data:
+                skipped["short" if len(data) < min_bytes else "binary"] += 1
                 continue
+            total += len(data)
+            if total > max_total:
+                raise ValueError(f"corpus: the text files under {', '.join(map(str, roots))} hold more than "
+                                 f"{_size(max_total)}, more than a corpus may; give fewer or smaller folders")
             docs.append(Document(f"{root.name}/{path.relative_to(root)}", np.frombuffer(data, np.uint8)))
+    where = ", ".join(map(str, roots))
+    if not docs and not seen:
+        raise ValueError(f"corpus: no text files ({', '.join(SUFFIXES)}) under {where} (folders named site-packages, "
+                         "dist-packages and __pycache__ are skipped); pass folders of text files")
     if not docs:
-        raise ValueError(f"corpus: no text files ({', '.join(SUFFIXES)}) under {', '.join(map(str, roots))}")
+        raise ValueError(f"corpus: none of the {seen} files named {', '.join('*' + x for x in SUFFIXES)} under "
+                         f"{where} is a document: {skipped['short']} are shorter than {min_bytes} bytes, "
+                         f"{skipped['binary']} hold a NUL byte (binary), {skipped['irregular']} are not regular "
+                         f"files; pass folders of text files of {min_bytes} bytes or more")
     return docs
 
 

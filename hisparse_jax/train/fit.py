@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from typing import Callable
 
@@ -21,9 +22,13 @@ import numpy as np
 
 from ..kit.protocol import overrides
 from . import optimizer
+from .checkpoint import MAX_EVAL_BATCHES, MAX_EVAL_SEQ_LEN, MAX_EVAL_TOKENS, MAX_SEED
 from .corpus import Corpus, WindowSampler
 from .forward import check_trainable, forward_loss
 from .model import MODELS, family_of, model_config  # noqa: F401 (model_config: fit's public API since before)
+
+
+_INT32 = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +58,15 @@ class Phase:
     def __post_init__(self):
         if self.attention not in ("dense", "sparse"):
             raise ValueError(f"Phase.attention must be 'dense' or 'sparse', got {self.attention!r}")
-        for name in ("steps", "seq_len", "batch"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"Phase {self.name}: {name} must be a positive int, got {getattr(self, name)!r}")
+        for name, low in (("steps", 1), ("seq_len", 1), ("batch", 1), ("warmup", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _INT32:
+                raise ValueError(f"Phase {self.name}: {name} must be an int in [{low}, 2^31 - 1], got {value!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not 0 <= self.lr < math.inf:
+            raise ValueError(f"Phase {self.name}: lr must be a finite number >= 0, got {self.lr!r}")
+        if self.seconds is not None and (isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float))
+                                         or not 0 < self.seconds < math.inf):
+            raise ValueError(f"Phase {self.name}: seconds must be None or a finite number > 0, got {self.seconds!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +90,15 @@ class TrainPlan:
     def __post_init__(self):
         if not self.phases:
             raise ValueError("TrainPlan.phases: give at least one phase")
+        # The bounds a checkpoint's meta.plan is held to (checkpoint.check_meta): a plan fit runs saves.
+        for name, low, high in (("chunk", 1, MAX_EVAL_SEQ_LEN), ("eval_seq_len", 1, MAX_EVAL_SEQ_LEN),
+                                ("eval_batches", 1, MAX_EVAL_BATCHES), ("log_every", 1, _INT32), ("seed", 0, MAX_SEED)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"TrainPlan.{name} must be an int in [{low}, {high}], got {value!r}")
+        if self.eval_seq_len * self.eval_batches > MAX_EVAL_TOKENS:
+            raise ValueError(f"TrainPlan: eval_batches x eval_seq_len = {self.eval_batches * self.eval_seq_len} "
+                             f"held-out tokens, more than {MAX_EVAL_TOKENS}")
         for phase in self.phases:
             if phase.seq_len % self.chunk:
                 raise ValueError(f"TrainPlan.chunk={self.chunk} must divide phase {phase.name}'s seq_len={phase.seq_len}")

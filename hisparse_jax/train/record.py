@@ -17,11 +17,12 @@ import numpy as np
 
 from .. import decode
 from ..selection.recorded import RecordedTrace
-from .checkpoint import load_model
+from .checkpoint import load_model, with_decode_fields
 from .corpus import Corpus
 from .indexer_spec import describe
 from .model import family_of, kit_indexer
 
+MAX_RECORD_TOKENS = 2**30  # prefill + steps: positions and record ids are int32
 
 def next_token_loss(logits, targets) -> float:
     """Mean cross-entropy in nats of logits [..., V] against integer targets [...], in float64."""
@@ -40,16 +41,31 @@ def record_trace(model_path: str | Path, corpus: Corpus, *, documents: int, pref
     DSA or a kit model with any protocol indexer; `indexer` (MODULE:NAME) says where a
     researcher's indexer module is (checkpoint.load_model)."""
     for name, value in (("documents", documents), ("prefill", prefill), ("steps", steps)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"record: {name} must be a positive int, got {value!r}")
-    overrides = dict(indexer=indexer, **({} if top_k is None else dict(top_k=top_k)))
-    probe, _, _ = load_model(model_path, **overrides)
-    context = -(-(prefill + steps) // probe.prefill_chunk) * probe.prefill_chunk
-    config, weights, meta = load_model(model_path, max_context=context,
-                                       hot_slots=hot_slots or max(probe.hot_slots, probe.top_k), **overrides)
-    if prefill < config.top_k:
-        raise ValueError(f"record: prefill={prefill} tokens hold fewer records than top_k={config.top_k}; "
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RECORD_TOKENS:
+            raise ValueError(f"record: {name} must be an int in [1, 2^30], got {value!r}")
+    if prefill + steps > MAX_RECORD_TOKENS:
+        raise ValueError(f"record: prefill + steps = {prefill + steps} tokens, more than 2^30 (positions and "
+                         "record ids are int32); lower prefill or steps")
+    for name, value in (("top_k", top_k), ("hot_slots", hot_slots)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 1 <= value <= MAX_RECORD_TOKENS):
+            raise ValueError(f"record: {name} must be None or an int in [1, 2^30], got {value!r}")
+    # Loaded once, at its own fields (a bad checkpoint is named as such); the decode's fields are
+    # then set apart, so that a top_k or context the model cannot take is named as the caller's.
+    base, weights, meta = load_model(model_path, indexer=indexer)
+    k = base.top_k if top_k is None else top_k
+    if prefill < k:
+        raise ValueError(f"record: prefill={prefill} tokens hold fewer records than top_k={k}; "
                          "the trace would start with short selections: prefill at least top_k tokens")
+    context = -(-(prefill + steps) // base.prefill_chunk) * base.prefill_chunk
+    asked = dict(max_context=context, hot_slots=hot_slots or max(base.hot_slots, k),
+                 **({} if top_k is None else dict(top_k=top_k)))
+    try:
+        config = with_decode_fields(base, **asked)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"record: the model cannot decode with top_k={k}, hot_slots={asked['hot_slots']} at "
+                         f"{prefill} + {steps} tokens ({' '.join(str(err).split())[:300]}); change top_k, prefill "
+                         "or steps") from None
     docs = corpus.long_documents(prefill + steps + 1)
     if len(docs) < documents:
         raise ValueError(f"record: {len(docs)} held-out documents have {prefill + steps + 1} tokens, {documents} "
@@ -65,7 +81,8 @@ def record_trace(model_path: str | Path, corpus: Corpus, *, documents: int, pref
                           return_logits=True, record_selection=True, teacher_tokens=teacher)
     logits, ids = out.logits, out.selections
     decode_loss = next_token_loss(jax.device_get(logits), jax.device_get(teacher))
-    digest = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()[:16]
+    with open(model_path, "rb") as f:  # in pieces: the file may hold more than the members read
+        digest = hashlib.file_digest(f, "sha256").hexdigest()[:16]
     protocol = kit_indexer(config)
     shape = ("vocab", "d_model", "num_layers", "n_heads", "kv_lora_rank", "qk_rope_dim", "index_heads", "index_dim",
              "top_k", "dtype", "rope_theta")
