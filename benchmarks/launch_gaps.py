@@ -11,54 +11,78 @@ row by mode, context, trace and run. The last columns set the gap against what t
 issue's target allows: the kernels a step, the gap a kernel, and what a step at 85% of its
 roofline leaves beyond its bytes for each kernel (profile.kernel_budget; "-" where the report
 lacks the roofline or the kernel count). The report column is the report's path (without a
-trailing /decode.json); CPU profiles (no kernel events) are left out.
+trailing /decode.json); CPU profiles (no kernel events) are left out. A GPU profile's times must
+be finite numbers >= 0, its profiled step, TPOT, kernels a step and roofline (where the report has
+them) > 0, its context and batch integers >= 1: anything else is refused in one line naming the
+report and the field (benchmarks/script_checks.py, shared with byte_bounds.py).
 """
 
 from __future__ import annotations
 
-import math
+import os
 import sys
 
 from hisparse_jax.bench.decode.report import load_report
 from hisparse_jax.bench.errors import BenchError
 from hisparse_jax.bench.profile import TARGET_SHARE, kernel_budget, kernels_busy
 
+# script_checks.py sits beside this script (importable when it is run and when a test loads it).
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from script_checks import count, finite, number, text  # noqa: E402
 
-def _seconds(value, what: str) -> float:
-    """A finite float >= 0 of a report field, or ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what} is {value!r}, not a finite number of seconds >= 0")
-    return float(value)
+
+def _optional(p: dict, key: str, what: str, unit: str) -> float | None:
+    """A profile field a report may lack (older reports): None when absent, else a finite number
+    > 0 (a GPU step has kernels and a roofline), or ValueError naming it."""
+    return None if key not in p else number(p[key], what, unit=unit, positive=True)
 
 
 def gaps(report: dict) -> list[dict]:
     """One entry per GPU profile of the report: its figures, or {"unjoined": why} when it has no
-    TPOT to set against. ValueError or KeyError on a malformed profile (main says which)."""
+    TPOT to set against. ValueError (a field that is not what a profile holds: times finite and
+    >= 0, the profiled step, the TPOT, the kernels a step and the roofline > 0 where given, context
+    and batch integers >= 1) or KeyError on a malformed profile (main says which)."""
     rows = report.get("rows", [])
     out = []
     for i, p in enumerate(report.get("profiles", [])):
-        seconds = {c: _seconds(v, f"profile {i}'s seconds[{c!r}]") for c, v in p["seconds"].items()}
+        seconds = {c: number(v, f"profile {i}'s seconds[{c!r}]") for c, v in p["seconds"].items()}
         if not any(seconds.values()):
             continue  # a CPU profile: no kernel events
-        run = p.get("run", "capacity")
+        context = count(p.get("context"), f"profile {i}'s context")
+        mode = text(p.get("mode"), f"profile {i}'s mode")
+        run = text(p.get("run", "capacity"), f"profile {i}'s run")
+        trace = text(p.get("trace"), f"profile {i}'s trace", optional=True)
         tpot = p.get("tpot_seconds")
         if tpot is None:
             match = [r for r in rows if (r["mode"], r["context"], r.get("trace"), r["run"])
-                     == (p["mode"], p["context"], p.get("trace"), run)]
+                     == (mode, context, trace, run)]
             if len(match) != 1:  # said by main, not dropped silently
                 why = "no TPOT and no timing row to join" if not match else f"no TPOT and {len(match)} timing rows that match"
-                out.append(dict(mode=p["mode"], context=p.get("context"), run=run, unjoined=why))
+                out.append(dict(mode=mode, context=context, run=run, unjoined=why))
                 continue
-            tpot = _seconds(match[0]["tpot_ms_median"], f"the timing row of profile {i}'s tpot_ms_median") * 1e-3
-        tpot = _seconds(tpot, f"profile {i}'s TPOT")
-        if tpot <= 0:
-            raise ValueError(f"profile {i}'s TPOT is 0")
-        busy = kernels_busy(dict(p, seconds=seconds))
-        budget = kernel_budget(dict(p, seconds=seconds, tpot_seconds=tpot))
-        out.append(dict(mode=p["mode"], context=p["context"], trace=p.get("trace"), batch=p["batch"], run=run,
-                        profiled=_seconds(p["step_seconds"], f"profile {i}'s step_seconds"), busy=busy, tpot=tpot,
-                        gap=tpot - busy, launches=budget and budget["kernels"],
-                        per_kernel=budget and budget["per_kernel"]))
+            tpot = number(match[0]["tpot_ms_median"], f"the timing row of profile {i}'s tpot_ms_median",
+                          unit="ms", positive=True) * 1e-3
+        tpot = number(tpot, f"profile {i}'s TPOT", positive=True)
+        kernels = _optional(p, "kernels_per_step", f"profile {i}'s kernels_per_step", "kernels")
+        roofline = _optional(p, "roofline_seconds", f"profile {i}'s roofline_seconds", "seconds")
+        checked = dict(p, seconds=seconds, tpot_seconds=tpot, kernels_per_step=kernels, roofline_seconds=roofline)
+        if "busy_seconds" in p:
+            checked["busy_seconds"] = number(p["busy_seconds"], f"profile {i}'s busy_seconds")
+        if p.get("io_overlap") is not None:
+            hidden = number(p["io_overlap"]["hidden_seconds"], f"profile {i}'s io_overlap.hidden_seconds")
+            checked["io_overlap"] = dict(p["io_overlap"], hidden_seconds=hidden)
+        busy = kernels_busy(checked)
+        budget = kernel_budget(checked)  # None without the kernel count or the roofline: "-"
+        entry = dict(mode=mode, context=context, trace=trace, batch=count(p.get("batch"), f"profile {i}'s batch"),
+                     run=run, profiled=number(p["step_seconds"], f"profile {i}'s step_seconds", positive=True),
+                     busy=busy, tpot=tpot, gap=tpot - busy, launches=budget and budget["kernels"],
+                     per_kernel=budget and budget["per_kernel"])
+        # The figures as the table shows them (ms, us): finite, or the report's values are not a profile's.
+        finite([entry["profiled"] * 1e3, busy * 1e3, tpot * 1e3, entry["gap"] * 1e3, entry["gap"] / tpot,
+                *((entry["gap"] / kernels * 1e6, budget["per_kernel"] * 1e6) if budget else ())],
+               f"profile {i}'s figures")
+        out.append(entry)
     return out
 
 
@@ -80,7 +104,7 @@ def main(paths: list[str]) -> int:
             return 2
         except (KeyError, TypeError, AttributeError, ValueError, OverflowError, ZeroDivisionError) as err:
             print(f"launch_gaps: error: {path}: a profile or timing row lacks a field or holds a wrong value "
-                  f"({type(err).__name__}: {err}); pass a decode.json written by hisparse-bench decode --profile",
+                  f"({type(err).__name__}: {str(err)[:300]}); pass a decode.json written by hisparse-bench decode --profile",
                   file=sys.stderr)
             return 2
         if not entries:

@@ -5,6 +5,8 @@
 Runs per context in separate processes keep a failure at one context from losing the others
 and return all pinned host memory between contexts; this joins their rows, ratios and profiles
 (sorted by context) into OUT_DIR/decode.json, prints the table, and draws throughput and TPOT vs context.
+Each run (context, mode, run, trace) must come from one report: a report passed twice, or two
+reports of the same run, are refused in one line rather than doubling its rows.
 """
 
 from __future__ import annotations
@@ -32,10 +34,34 @@ def _entries(path: str, report: dict, key: str) -> list[dict]:
     return entries
 
 
+# What names one entry of a report: a timing row or a profile by its run, a ratio by its context and
+# trace (a report holds one of each).
+_KEYS = {"rows": ("context", "mode", "run", "trace"), "ratios": ("context", "trace"),
+         "profiles": ("context", "mode", "run", "trace")}
+
+
+def _refuse_repeats(paths: list[str], reports: list[dict]) -> None:
+    """BenchError naming the first entry a report repeats from an earlier one (the same report
+    passed twice, or two reports of one run): merged, its rows would count twice."""
+    seen: dict[tuple, str] = {}
+    for path, report in zip(paths, reports):
+        mine = set()
+        for key, fields in _KEYS.items():
+            for e in _entries(path, report, key):
+                name = (key, *(repr(e.get(f)) for f in fields))
+                if name in seen:
+                    said = ", ".join(f"{f} {e.get(f)}" for f in fields)
+                    raise BenchError(f"{path}: its {key[:-1]} ({said}) is already in {seen[name]}; pass each run's "
+                                     "report once")
+                mine.add(name)
+        seen.update(dict.fromkeys(mine, path))
+
+
 def merge(reports: list[dict], paths: list[str] | None = None) -> dict:
     """One report of `reports` (read from `paths`): the first one's fields, every report's rows,
     ratios and profiles sorted by context (a stable sort: each context's entries in their order)."""
     paths = paths or [f"report {i + 1}" for i in range(len(reports))]
+    _refuse_repeats(paths, reports)
     entries = {key: [e for p, r in zip(paths, reports) for e in _entries(p, r, key)]
                for key in ("rows", "ratios", "profiles")}
     first = reports[0]
@@ -53,7 +79,9 @@ def merge(reports: list[dict], paths: list[str] | None = None) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
-        raise SystemExit(__doc__)
+        print("merge_decode_reports: error: expected OUT_DIR and at least one REPORT.json; usage: "
+              + __doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
     # Everything is checked and drawn before anything is written: the output folder, every
     # report, the table and the plots (drawn into a scratch folder, then moved).
     with tempfile.TemporaryDirectory() as scratch:

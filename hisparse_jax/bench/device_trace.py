@@ -10,11 +10,22 @@ import dataclasses
 import glob
 import gzip
 import json
+import math
 import os
 import re
+import stat
+import zlib
 from typing import Iterable
 
+from .errors import BenchError
 from .kernel_categories import CATEGORIES, Instruction, classify
+
+# A profiled decode call's trace is a few MB decompressed (4-5 MB for 16 steps of a GLM-5.1 slice);
+# one past this bound is not one and is refused when its decompressed bytes pass it (a gzip bomb is
+# not decompressed whole). Parsing takes a few times the JSON's size in memory on top of it.
+TRACE_MAX_BYTES = 1 << 30
+_PIECE = 16 << 20  # decompressed a piece at a time, so the bound holds within a piece
+_WANTED = "the trace of a profiled run (jax.profiler's plugins/profile/<run>/*.trace.json.gz)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,20 +40,72 @@ class KernelTime:
     stream: str = ""
 
 
+def _read_trace(path: str):
+    """The JSON of a gzipped trace file, read within TRACE_MAX_BYTES decompressed, or BenchError in
+    one line naming the file: not a regular file, not gzip, cut short, past the bound, not JSON."""
+    data = bytearray()
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise BenchError(f"{path}: not a regular file (a directory, device or pipe); pass {_WANTED}")
+        with gzip.open(path) as f:
+            while len(data) <= TRACE_MAX_BYTES:
+                piece = f.read(min(_PIECE, TRACE_MAX_BYTES + 1 - len(data)))
+                if not piece:
+                    break
+                data += piece
+    # OSError: unreadable, or gzip.BadGzipFile (not gzip); EOFError: cut short; zlib.error: corrupt.
+    except (OSError, EOFError, zlib.error) as err:
+        raise BenchError(f"{path}: not a readable gzip file ({type(err).__name__}: {str(err)[:80]}); "
+                         f"pass {_WANTED}") from None
+    if len(data) > TRACE_MAX_BYTES:
+        raise BenchError(f"{path}: more than {TRACE_MAX_BYTES} bytes decompressed (TRACE_MAX_BYTES; a profiled "
+                         f"decode call's trace is a few MB), larger than {_WANTED} can be")
+    try:
+        return json.loads(data)
+    # ValueError: JSONDecodeError, not UTF-8, an integer too long to convert; RecursionError: "[[[[..."
+    # nested past the parser's stack.
+    except (ValueError, RecursionError) as err:
+        raise BenchError(f"{path}: not JSON ({type(err).__name__}: {str(err)[:80]}); pass {_WANTED}") from None
+
+
+def _micros(event: dict, key: str, path: str, i: int) -> float:
+    """An event's `key` (ts or dur, microseconds; 0 when absent) as seconds, or BenchError unless
+    a finite number >= 0."""
+    value = event.get(key, 0.0)
+    try:
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+    except OverflowError:  # an int past the float range
+        ok = False
+    if not ok:
+        raise BenchError(f"{path}: event {i}'s {key} is {repr(value)[:40]}, not a finite number of microseconds "
+                         f">= 0; pass {_WANTED}")
+    return float(value) * 1e-6
+
+
 def device_kernels(trace_dir: str, module: str | None = None) -> list[KernelTime]:
     """Every kernel the device ran in the trace under `trace_dir` (the newest run), only those of
-    the HLO module named `module` when given (the profiled program, not small jits around it)."""
+    the HLO module named `module` when given (the profiled program, not small jits around it).
+    [] without a trace; BenchError in one line naming the file for a trace that is not one (see
+    _read_trace; traceEvents not a list of objects, an event's args not an object, a kernel's ts or
+    dur not a finite number >= 0)."""
     files = sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz")))
     if not files:
         return []
-    with gzip.open(files[-1]) as f:
-        trace = json.load(f)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+    path = files[-1]
+    trace = _read_trace(path)
+    events = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+        raise BenchError(f"{path}: its traceEvents is not a list of objects; pass {_WANTED}")
+    for i, e in enumerate(events):
+        if not isinstance(e.get("args", {}), dict):
+            raise BenchError(f"{path}: event {i}'s args is not an object; pass {_WANTED}")
+    # Process ids as text: an id of another JSON type (a list) is no device's, and is not hashed.
+    devices = {str(e["pid"]) for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and isinstance(e.get("pid"), (int, str))
                and re.search(r"/device:(GPU|TPU)", str(e.get("args", {}).get("name", "")))}
     out = []
-    for e in events:
-        if e.get("ph") != "X" or e.get("pid") not in devices:
+    for i, e in enumerate(events):
+        if e.get("ph") != "X" or str(e.get("pid")) not in devices:
             continue
         args = e.get("args", {})
         # A kernel the prefetch launched on its own stream may carry no module annotation; the
@@ -50,8 +113,8 @@ def device_kernels(trace_dir: str, module: str | None = None) -> list[KernelTime
         if module is not None and args.get("hlo_module") != module and (
                 args.get("hlo_module") or "fetchkernel" not in str(e.get("name", "")).lower()):
             continue
-        out.append(KernelTime(str(e.get("name", "")), str(args.get("hlo_op", "")), float(e.get("dur", 0.0)) * 1e-6,
-                              float(e.get("ts", 0.0)) * 1e-6, str(e.get("tid", ""))))
+        out.append(KernelTime(str(e.get("name", "")), str(args.get("hlo_op", "")), _micros(e, "dur", path, i),
+                              _micros(e, "ts", path, i), str(e.get("tid", ""))))
     return out
 
 
