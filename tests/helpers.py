@@ -472,3 +472,16 @@ def run_sequence(
             recent[s] = (recent[s] + [int(x) for x in row if x >= 0])[-3 * cfg.top_k :]
         sealed = next_sealed(rng, cfg, sealed)
     return total_misses
+
+
+def load_script(name: str):
+    """benchmarks/NAME.py loaded as a module (the scripts are not a package), for tests that call
+    its functions and main() directly."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -6,24 +6,20 @@ passed on. Files are read within a bound (a gzip bomb is not decompressed whole)
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
 from hisparse_jax.bench import device_trace
 from hisparse_jax.bench.errors import BenchError
 
-SCRIPTS = Path(__file__).parents[2] / "benchmarks"
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 def _one_line(capsys, script: str) -> str:

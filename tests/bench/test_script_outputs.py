@@ -3,21 +3,17 @@ or an unreadable input report is one line on stderr and exit 2, and nothing is t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
-SCRIPTS = Path(__file__).parents[2] / "benchmarks"
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 def _last_error_line(capsys) -> str:
