@@ -1,7 +1,7 @@
-"""Bazel's check of libhisparse_cpu.so: load it with ctypes, register its five CPU
+"""Bazel's check of libhisparse_cpu.so: load it with ctypes, register its six CPU
 handlers under target names of their own, and compare each against the pure-JAX
-reference with zero tolerance: RESOLVE, the pool write, TOP-K, and RESOLVE's prefetch
-variant with its join.
+reference with zero tolerance: RESOLVE, the pool write, TOP-K, RESOLVE's prefetch
+variant with its join, and the MoE routing.
 
 The package imported here is the source tree (no compiled extension), so the
 only handlers in play are the ones this file registers.
@@ -22,6 +22,7 @@ import numpy as np
 
 import hisparse_jax as hj
 from hisparse_jax.pool import pool_write_reference
+from hisparse_jax.moe_route import route_experts_reference
 from hisparse_jax.topk import select_topk_reference
 
 RESOLVE = "bazel_hisparse_resolve"
@@ -29,6 +30,7 @@ POOL_WRITE = "bazel_hisparse_pool_write"
 TOPK = "bazel_hisparse_topk"
 RESOLVE_PREFETCH = "bazel_hisparse_resolve_prefetch"
 PREFETCH_JOIN = "bazel_hisparse_prefetch_join"
+MOE_ROUTE = "bazel_hisparse_moe_route"
 
 # [L, *streams, R, page_size, width] = 32-byte records, 2 x 3 streams.
 CONFIG = hj.CacheConfig(
@@ -50,7 +52,8 @@ def register(path: str) -> None:
     )
     for target, symbol in ((TOPK, _LIB.HisparseTopkCpu),
                            (RESOLVE_PREFETCH, _LIB.HisparseResolvePrefetchCpu),
-                           (PREFETCH_JOIN, _LIB.HisparsePrefetchJoinCpu)):
+                           (PREFETCH_JOIN, _LIB.HisparsePrefetchJoinCpu),
+                           (MOE_ROUTE, _LIB.HisparseMoeRouteCpu)):
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
 
 
@@ -92,6 +95,15 @@ def topk_ffi(scores, sealed, *, k):
     call = jax.ffi.ffi_call(TOPK, (jax.ShapeDtypeStruct((*scores.shape[:-1], k), jnp.int32),
                                    jax.ShapeDtypeStruct((*scores.shape[:-1], words), jnp.uint32)))
     return call(scores, sealed, k=np.int64(k))[0]
+
+
+@functools.partial(jax.jit, static_argnames=("k", "experts", "scaling"))
+def moe_route_ffi(scores, *, k, experts, scaling):
+    T = scores.shape[0]
+    call = jax.ffi.ffi_call(MOE_ROUTE, (jax.ShapeDtypeStruct((T, k), jnp.int32), jax.ShapeDtypeStruct((T, k), jnp.float32),
+                                        jax.ShapeDtypeStruct((T * k,), jnp.int32), jax.ShapeDtypeStruct((T * k,), jnp.int32),
+                                        jax.ShapeDtypeStruct((experts,), jnp.int32)))
+    return call(scores, k=np.int64(k), experts=np.int64(experts), scaling=np.float32(scaling))
 
 
 resolve_reference = jax.jit(hj.resolve_reference)
@@ -179,6 +191,18 @@ class FfiCpuTest(unittest.TestCase):
             got = topk_ffi(jnp.asarray(scores), jnp.asarray(sealed), k=k)
             want = select_topk_reference(jnp.asarray(scores), jnp.asarray(sealed), k)
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=f"k = {k}")
+
+    def test_moe_route_matches_reference(self):
+        """Ties, -0.0 and +0.0, infinities and NaNs; more local experts than scores and fewer."""
+        scores = self.rng.standard_normal((9, 24)).astype(np.float32)
+        scores[0, :10] = 0.5
+        scores[1, :6] = [-0.0, 0.0, np.inf, -np.inf, np.nan, 0.0]
+        for k, experts in ((1, 3), (8, 4), (24, 40)):
+            got = moe_route_ffi(jnp.asarray(scores), k=k, experts=experts, scaling=2.5)
+            want = route_experts_reference(jnp.asarray(scores), k, experts, 2.5)
+            for name, g, w in zip(want._fields, got, want):
+                np.testing.assert_array_equal(np.asarray(g).view(np.uint32), np.asarray(w).view(np.uint32),
+                                              err_msg=f"k = {k}, E = {experts}: {name}")
 
     def test_pool_write_matches_reference(self):
         pool = self.host_pool()

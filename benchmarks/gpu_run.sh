@@ -41,6 +41,13 @@
 #             the grouped matmul's tiled-weight experiment (ffi/grouped_matmul_tiled.h): checkers of
 #             tiles of 16 and 32 rows (--quick, memcheck), then --slices --quick row-major / 16 / 32
 #             alternating, twice, and the full checkers; JSON in OUT_DIR
+#   moe-route
+#             the MoE's routing in one custom call (issue: the roofline, fewer launches): the
+#             checker against the CPU (+ memcheck and racecheck), ffi/bench/moe_route_bench.cu (the
+#             kernel alone at the slices' decode batches, JSON in OUT_DIR), tests/test_moe_route.py
+#             and the routing tests with the CUDA handler (needs build), then the glm5-h200 slice at
+#             128K with routing_implementation count and fused (one at a time, profiled) and
+#             benchmarks/launch_gaps.py over both
 #   ncu-profiles
 #             Nsight Compute on the kernels whose limit is not yet known (profile before changing
 #             them): the routed grouped matmul at 136 and 328 pairs (gate_up, down at 328; it falls
@@ -246,6 +253,20 @@ for stage in "$@"; do
         run "prefetch-timeline-$trace" env PYTHONPATH="$SITE" "$PY" benchmarks/prefetch_timeline.py \
           "$profiles/$trace/hisparse-prefetch-131072-$trace" --out "$OUT_DIR/prefetch-timeline-$trace.png"
       done ;;
+    moe-route)
+      mkdir -p build
+      run moe_route_check timeout 600 make -C ffi/tests check-moe-route sanitize-moe-route
+      run moe_route_build make -C ffi/bench moe-route
+      run moe_route timeout 120 build/moe_route_bench --json "$OUT_DIR/moe_route_bench.json"
+      run moe_route_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_moe_route.py \
+        tests/models/test_routing.py -q -p no:cacheprovider
+      for routing in count fused; do
+        run "slice-routing-$routing" env PYTHONPATH="$SITE" XLA_PYTHON_CLIENT_PREALLOCATE=true \
+          XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE/bin/hisparse-bench" decode --deployment glm5-h200 \
+          --set routing_implementation=$routing --contexts 131072 --trace glm-5.1 --no-equal-batch \
+          --one-at-a-time --reps 10 --profile --no-plots --out "$OUT_DIR/slice-routing-$routing" $DECODE_ARGS
+      done
+      run launch_gaps_routing "$PY" benchmarks/launch_gaps.py "$OUT_DIR"/slice-routing-*/decode.json ;;
     ncu-profiles)
       mkdir -p build
       run ncu_gmm_build make -C ffi/bench grouped-matmul

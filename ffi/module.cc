@@ -11,12 +11,14 @@ XLA_FFI_Error* HisparsePoolWriteCpu(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparseTopkCpu(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparseResolvePrefetchCpu(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparsePrefetchJoinCpu(XLA_FFI_CallFrame*);
+XLA_FFI_Error* HisparseMoeRouteCpu(XLA_FFI_CallFrame*);
 #ifdef HISPARSE_WITH_CUDA
 XLA_FFI_Error* HisparseResolveCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparsePoolWriteCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparseTopkCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparseResolvePrefetchCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparsePrefetchJoinCuda(XLA_FFI_CallFrame*);
+XLA_FFI_Error* HisparseMoeRouteCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* HisparseIndexScoresCuda(XLA_FFI_CallFrame*);  // CUDA only: the CPU runs the XLA reference
 XLA_FFI_Error* HisparseGroupedMatmulCuda(XLA_FFI_CallFrame*);  // CUDA only, likewise
 XLA_FFI_Error* HisparseSparseAttentionCuda(XLA_FFI_CallFrame*);  // CUDA only, likewise
@@ -42,6 +44,7 @@ NB_MODULE(_hisparse_ffi, m) {
     d["topk"] = Capsule(HisparseTopkCpu);
     d["resolve_prefetch"] = Capsule(HisparseResolvePrefetchCpu);
     d["prefetch_join"] = Capsule(HisparsePrefetchJoinCpu);
+    d["moe_route"] = Capsule(HisparseMoeRouteCpu);
     return d;
   });
   m.def("cuda_registrations", []() {
@@ -52,6 +55,7 @@ NB_MODULE(_hisparse_ffi, m) {
     d["topk"] = Capsule(HisparseTopkCuda);
     d["resolve_prefetch"] = Capsule(HisparseResolvePrefetchCuda);
     d["prefetch_join"] = Capsule(HisparsePrefetchJoinCuda);
+    d["moe_route"] = Capsule(HisparseMoeRouteCuda);
     d["index_scores"] = Capsule(HisparseIndexScoresCuda);
     d["grouped_matmul"] = Capsule(HisparseGroupedMatmulCuda);
     d["sparse_attention"] = Capsule(HisparseSparseAttentionCuda);

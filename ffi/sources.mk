@@ -21,3 +21,5 @@ INDEXER_SRCS := $(FFI)/indexer_kernels.cu
 GROUPED_MATMUL_SRCS := $(FFI)/grouped_matmul_kernels.cu
 SPARSE_ATTENTION_SRCS := $(FFI)/sparse_attention_kernels.cu
 SPARSE_ATTENTION_CPU_SRCS := $(FFI)/sparse_attention_cpu.cc
+MOE_ROUTE_SRCS := $(FFI)/moe_route_kernels.cu
+MOE_ROUTE_CPU_SRCS := $(FFI)/moe_route_cpu.cc

@@ -14,6 +14,7 @@ from .cache import HotCache, alloc_host_pool, init_hot_cache, pinned_host_shardi
 from .config import CacheConfig
 from .grouped_matmul import grouped_matmul, grouped_matmul_reference, quantize_weights_fp8
 from .indexer import index_scores, index_scores_reference, quantize_keys_fp8
+from .moe_route import RoutedPairs, route_experts, route_experts_reference
 from .prefetch import PendingFetch, join_prefetch, resolve_prefetch
 from .pool import rows_outside_pool, write_records, write_records_inplace
 from .resolve import ResolveResult, resolve, resolve_reference
@@ -32,6 +33,7 @@ __all__ = [
     "HotCache",
     "PendingFetch",
     "ResolveResult",
+    "RoutedPairs",
     "alloc_host_pool",
     "built_with_cuda",
     "ffi_extension_error",
@@ -53,6 +55,8 @@ __all__ = [
     "resolve",
     "resolve_prefetch",
     "resolve_reference",
+    "route_experts",
+    "route_experts_reference",
     "rows_outside_pool",
     "select_topk",
     "sparse_attention",

@@ -1,7 +1,8 @@
 """Which implementation runs an op: the `implementation=` names in one place, the choice "auto"
 makes, and the one-line errors when implementation="ffi" cannot run here.
 
-Every op (resolve, write_records, select_topk, index_scores, grouped_matmul, resolve_prefetch)
+Every op (resolve, write_records, select_topk, index_scores, grouped_matmul, resolve_prefetch,
+route_experts)
 asks `choose_implementation` and, before emitting its custom call, `require_handler`. Targets
 with a handler on every platform the extension was built for run the FFI under "auto" wherever
 one is registered; CUDA-only targets (targets.CUDA_ONLY) run it only on a CUDA backend and only
@@ -24,9 +25,9 @@ Implementation = Literal["auto", "ffi", "reference"]
 def choose_implementation(op: str, implementation: str, target: str, domain_error: str = "") -> str:
     """"ffi" or "reference" for op `op`'s `implementation=` argument, whose custom call is `target`.
 
-    "auto" picks the FFI handler where `target` can run on the default backend and, for a
-    CUDA-only target, the operands are in the kernel's domain (`domain_error` empty: the reason
-    they are not, otherwise). An unknown name is a ValueError.
+    "auto" picks the FFI handler where `target` can run on the default backend and the operands
+    are in the kernel's domain (`domain_error` empty: the reason they are not, otherwise; ops
+    whose handler takes every size pass none). An unknown name is a ValueError.
     """
     del op  # the message below predates the helper and names no op; tests match it
     if implementation not in IMPLEMENTATIONS:
@@ -37,20 +38,20 @@ def choose_implementation(op: str, implementation: str, target: str, domain_erro
         return implementation
     if target in targets.CUDA_ONLY:
         return "ffi" if _ffi.cuda_kernel_ready(target) and not domain_error else "reference"
-    return "ffi" if _ffi.has_ffi() else "reference"
+    return "ffi" if _ffi.has_ffi() and not domain_error else "reference"
 
 
 def require_handler(op: str, target: str, domain_error: str = "") -> None:
     """Raises a RuntimeError saying why implementation='ffi' cannot run `target` for op `op` on
-    the default backend, and what to do instead, or, for a CUDA-only target whose kernel is
-    ready, a ValueError "op: domain_error" when the operands are outside its domain; returns
-    when the call can run."""
+    the default backend, and what to do instead, or, where the handler is there, a ValueError
+    "op: domain_error" when the operands are outside its kernel's domain; returns when the call
+    can run."""
     if target in targets.CUDA_ONLY:
         _require_cuda_kernel(op, target)
-        if domain_error:
-            raise ValueError(f"{op}: {domain_error}")
     else:
         require_ffi(jax.default_backend())
+    if domain_error:
+        raise ValueError(f"{op}: {domain_error}")
 
 
 def require_ffi(platform: str) -> None:

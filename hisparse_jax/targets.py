@@ -15,8 +15,10 @@ GROUPED_MATMUL = "hisparse_grouped_matmul"
 RESOLVE_PREFETCH = "hisparse_resolve_prefetch"
 PREFETCH_JOIN = "hisparse_prefetch_join"
 SPARSE_ATTENTION = "hisparse_sparse_attention"
+MOE_ROUTE = "hisparse_moe_route"
 
-ALL = (RESOLVE, POOL_WRITE, TOPK, INDEX_SCORES, GROUPED_MATMUL, RESOLVE_PREFETCH, PREFETCH_JOIN, SPARSE_ATTENTION)
+ALL = (RESOLVE, POOL_WRITE, TOPK, INDEX_SCORES, GROUPED_MATMUL, RESOLVE_PREFETCH, PREFETCH_JOIN, SPARSE_ATTENTION,
+       MOE_ROUTE)
 
 # Targets with a CUDA handler only: on CPU their ops run the XLA reference.
 CUDA_ONLY = (INDEX_SCORES, GROUPED_MATMUL, SPARSE_ATTENTION)
@@ -31,4 +33,5 @@ CAPSULE_KEYS = {
     RESOLVE_PREFETCH: "resolve_prefetch",
     PREFETCH_JOIN: "prefetch_join",
     SPARSE_ATTENTION: "sparse_attention",
+    MOE_ROUTE: "moe_route",
 }

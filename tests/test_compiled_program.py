@@ -205,10 +205,10 @@ def test_ffi_is_the_cuda_handler_on_gpu():
 def test_target_names():
     assert targets.ALL == ("hisparse_resolve", "hisparse_pool_write", "hisparse_topk", "hisparse_index_scores",
                             "hisparse_grouped_matmul", "hisparse_resolve_prefetch", "hisparse_prefetch_join",
-                            "hisparse_sparse_attention")
+                            "hisparse_sparse_attention", "hisparse_moe_route")
     assert (targets.RESOLVE, targets.POOL_WRITE, targets.TOPK, targets.INDEX_SCORES,
             targets.GROUPED_MATMUL, targets.RESOLVE_PREFETCH, targets.PREFETCH_JOIN,
-            targets.SPARSE_ATTENTION) == targets.ALL
+            targets.SPARSE_ATTENTION, targets.MOE_ROUTE) == targets.ALL
     assert set(targets.CAPSULE_KEYS) == set(targets.ALL)
     assert targets.CUDA_ONLY == ("hisparse_index_scores", "hisparse_grouped_matmul", "hisparse_sparse_attention")
 
@@ -253,6 +253,11 @@ def test_targets_compile_and_run_on_cpu(target):
             result, (cache, misses) = jax.jit(resolved)(cache, pool)
             np.testing.assert_array_equal(result.slots, [[0, 1, -1, -1], [0, 0, 0, 0]])
             np.testing.assert_array_equal(misses, [2, 1])
+        elif target == targets.MOE_ROUTE:
+            routed = jax.jit(lambda s: hs.route_experts(s, 1, 2, 1.0, implementation="ffi"))(
+                jnp.array([[3.0, 1.0, 2.0], [0.0, 5.0, 4.0]], jnp.float32))
+            np.testing.assert_array_equal(routed.chosen, [[0], [1]])
+            np.testing.assert_array_equal(routed.group_sizes, [1, 1])
         elif target == targets.TOPK:
             scores = jnp.array([[3.0, 1.0, 2.0], [0.0, 5.0, 4.0]], jnp.float32)
             ids = jax.jit(

@@ -20,7 +20,7 @@ from ..config import CacheConfig
 # The shared expert's matmuls (ModelConfig.shared_expert_implementation).
 SHARED_EXPERT_IMPLEMENTATIONS = ("grouped", "dot")
 # How the MoE picks a token's experts and groups the pairs (ModelConfig.routing_implementation).
-ROUTING_IMPLEMENTATIONS = ("count", "sort")
+ROUTING_IMPLEMENTATIONS = ("count", "sort", "fused")
 
 
 def field_error(config: Any, field: str, message: str) -> ValueError:
@@ -90,8 +90,9 @@ class ModelConfig:
         "count" (comparison counts XLA fuses into a few reductions where models/routing.py's
         limits say they pay: the grouping up to 2048 (token, choice) pairs, the top-k up to
         T x N^2 <= 2^18 for T tokens of N router scores, i.e. 4 tokens of 256; sorts elsewhere)
-        or "sort" (lax.top_k and a stable argsort everywhere). The same bits either way: an A/B
-        of the step's kernels.
+        or "sort" (lax.top_k and a stable argsort everywhere), or "fused" (the whole routing in
+        one custom call, hisparse_jax.moe_route: C++ on CPU, one CUDA kernel on GPU; "count"'s
+        XLA ops where no handler runs). The same bits every way: an A/B of the step's kernels.
       routed_scaling: factor on the routing weights, which sum to 1 over a token's choices.
     """
 

@@ -2,8 +2,8 @@
 
 A token's branch input h = rms_norm(x) is scored by a sigmoid router over experts x expert_groups
 experts (float32); the token goes to its experts_per_token best (jax.lax.top_k's choice: ties go
-to the lower id; counted instead of sorted at decode sizes, models/routing.py), weighted by their
-scores normalized to sum 1, times routed_scaling (DeepSeek-V3's routing without its group limit
+to the lower id; counted instead of sorted at decode sizes, models/routing.py, or all of it in
+one custom call, moe_route.py), weighted by their scores normalized to sum 1, times routed_scaling (DeepSeek-V3's routing without its group limit
 and score bias). Each routed expert is a SwiGLU of width
 expert_d_ff; a shared expert of width shared_experts x expert_d_ff (if any) sees every token.
 
@@ -46,7 +46,8 @@ import numpy as np
 
 from .. import fp8
 from ..grouped_matmul import grouped_matmul
-from . import layers, routing
+from ..moe_route import RoutedPairs, route_experts, route_experts_reference
+from . import layers
 from .config import ModelConfig, is_positive_int
 from .weights import init_normal, ones
 
@@ -145,12 +146,15 @@ def add_feed_forward(config: ModelConfig, w: Any, x: jax.Array) -> jax.Array:
         return x + feed_forward(config, w, x)
 
 
-def route(config: ModelConfig, router: jax.Array, h: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """h [T, D] -> (chosen global expert ids [T, k] int32, routing weights [T, k] float32).
+def route(config: ModelConfig, router: jax.Array, h: jax.Array) -> RoutedPairs:
+    """h [T, D] -> RoutedPairs: the chosen global expert ids [T, k] int32, their routing weights
+    [T, k] float32, and the T k (token, choice) pairs grouped by local expert (chosen mod
+    experts: order, inverse, group_sizes), by config.routing_implementation.
 
     Sigmoid scores in float32 at full precision (on GPUs XLA's default would round the float32
-    operands to TF32), the k best as lax.top_k picks them (equal scores: the lower id first;
-    routing.top_k), weights = the chosen scores over their sum, times routed_scaling.
+    operands to TF32), the k best as lax.top_k picks them (equal scores: the lower id first),
+    weights = the chosen scores over their sum (left to right), times routed_scaling:
+    hisparse_jax.moe_route's contract, the same bits for "count", "sort" and "fused".
     """
     # One float32 dot here (XLA:CPU compiles it as one fusion). On an H200 XLA's autotuner makes it
     # a split-K GEMM plus a partial-sum fusion at 6-9x its bytes (BENCHMARKS.md, weights/FFN at
@@ -158,10 +162,11 @@ def route(config: ModelConfig, router: jax.Array, h: jax.Array) -> tuple[jax.Arr
     # SMs, and no tensor cores. Same-numerics alternatives: benchmarks/projection_bench.py.
     logits = layers.weight_einsum("...d,de->...e", h.astype(jnp.float32), router.astype(jnp.float32),
                         precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
-    counting = config.routing_implementation == "count" and routing.top_k_counts(h.size // h.shape[-1], router.shape[-1])
-    top, chosen = routing.top_k(jax.nn.sigmoid(logits), config.experts_per_token, counting=counting)
-    weights = top / jnp.sum(top, axis=-1, keepdims=True) * jnp.float32(config.routed_scaling)
-    return chosen, weights
+    scores = jax.nn.sigmoid(logits).reshape(-1, router.shape[-1])
+    k, E, scaling = config.experts_per_token, config.experts, config.routed_scaling
+    if config.routing_implementation == "fused":  # one custom call (its XLA reference elsewhere)
+        return route_experts(scores, k, E, scaling)
+    return route_experts_reference(scores, k, E, scaling, counting=config.routing_implementation == "count")
 
 
 def swiglu_experts(config: ModelConfig, w: ExpertWeights, rows: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -199,13 +204,9 @@ def moe(config: ModelConfig, w: MoEWeights, x: jax.Array) -> jax.Array:
     Every token of x is routed on its own (the leading axes are flattened).
     """
     c = config
-    T, k, E = x.size // x.shape[-1], c.experts_per_token, c.experts
+    T, k = x.size // x.shape[-1], c.experts_per_token
     h = layers.rms_norm(x.reshape(T, x.shape[-1]), w.norm, c.norm_eps)
-    chosen, weights = route(c, w.router, h)
-    local = (chosen % E).reshape(T * k)  # pair p = token p // k, its choice p % k
-    # order: the pairs by local expert, each expert's in token order; inverse: its inverse.
-    counting = c.routing_implementation == "count" and routing.grouping_counts(T * k)
-    order, inverse, group_sizes = routing.group_pairs(local, E, counting=counting)
+    _, weights, order, inverse, group_sizes = route(c, w.router, h)
     sorted_out = swiglu_experts(c, w.routed, jnp.take(h, order // k, axis=0), group_sizes)  # [T k, D] f32
     per_choice = jnp.take(sorted_out, inverse, axis=0).reshape(T, k, -1)
     y = weights[:, 0, None] * per_choice[:, 0]

@@ -134,3 +134,16 @@ def test_no_weight_sized_copy_with_experts():
 
 
 
+
+
+def test_fused_routing_is_one_custom_call_per_moe_layer_per_step(ffi_backend):
+    """routing_implementation="fused": the MoE's routing bookkeeping is one hisparse_moe_route call
+    a layer, run once per decode step, in both modes (its bits are those of "count":
+    tests/models/test_routing.py)."""
+    if not ffi_backend:
+        pytest.skip(f"no FFI handler on {jax.default_backend()}: the routing runs its XLA reference")
+    case = CASES["quest"]
+    config = case.config(max_context=512, **MOE_COPY_CHECK, **FEW_LAYERS[case.family], routing_implementation="fused")
+    for mode in ("hisparse", "device"):
+        calls = [c for c in ffi_calls(traced(case, config, mode).jaxpr.jaxpr) if c[0] == targets.MOE_ROUTE]
+        assert len(calls) == config.num_layers and all(c[1:] == (STEPS, 1) for c in calls), (mode, calls)

@@ -135,12 +135,12 @@ def test_ties_go_to_the_lower_expert_id():
     config = _config(experts_per_token=3)
     h = jnp.ones((5, config.d_model), jnp.float32)
     # Scores by id: 3 at ids 2 and 4, then 2 at ids 3 and 5: the third choice is id 3.
-    chosen, weights = moe.route(config, _router(config, [0, 1, 3, 2, 3, 2, -1, 0]), h)
+    chosen, weights, *_ = moe.route(config, _router(config, [0, 1, 3, 2, 3, 2, -1, 0]), h)
     np.testing.assert_array_equal(np.asarray(chosen), np.broadcast_to([2, 4, 3], (5, 3)))
     s = 1 / (1 + np.exp(-np.array([3.0, 3.0, 2.0])))
     np.testing.assert_allclose(np.asarray(weights), np.broadcast_to(s / s.sum() * 2.5, (5, 3)), rtol=1e-6)
     # All scores equal: the k lowest ids, equal weights.
-    chosen, weights = moe.route(config, jnp.zeros((config.d_model, 8), jnp.float32), h)
+    chosen, weights, *_ = moe.route(config, jnp.zeros((config.d_model, 8), jnp.float32), h)
     np.testing.assert_array_equal(np.asarray(chosen), np.broadcast_to([0, 1, 2], (5, 3)))
     np.testing.assert_allclose(np.asarray(weights), 2.5 / 3, rtol=1e-6)
 

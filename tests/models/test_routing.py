@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hisparse_jax as hs
+from hisparse_jax import targets
 from hisparse_jax.models import dsa, moe, routing
 
 MOE = dict(experts=4, experts_per_token=2, expert_d_ff=16, shared_experts=1, expert_groups=2, routed_scaling=2.5)
@@ -154,15 +156,28 @@ def _moe(config):
 
 @pytest.mark.parametrize("shape", [(3, 64), (2, 5, 64), (1100, 64)],
                          ids=["both-counted", "both-counted-2d", "top-k-counted-grouping-sorted"])
-def test_moe_output_is_the_same_bits_with_either_routing(shape):
+def test_moe_output_is_the_same_bits_with_every_routing(shape):
     """The tiny config scores 8 experts, 2 choices a token: up to 1024 tokens both parts count;
-    at 1100 the grouping (2200 pairs) sorts while the top-k still counts."""
+    at 1100 the grouping (2200 pairs) sorts while the top-k still counts. "fused" is the custom
+    call (hisparse_jax.moe_route) where a handler is registered, else its XLA reference."""
     count = dsa.Config.tiny(**MOE, dtype="bfloat16", expert_dtype="fp8")
-    sort = dsa.Config.tiny(**MOE, dtype="bfloat16", expert_dtype="fp8", routing_implementation="sort")
     w = moe.init_layer(count, 0, 0)
     x = jnp.asarray(np.random.default_rng(3).standard_normal(shape), count.dtype)
-    got, want = np.asarray(_moe(count)(w, x)), np.asarray(_moe(sort)(w, x))
-    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    want = np.asarray(_moe(count)(w, x))
+    for other in ("sort", "fused"):
+        config = dsa.Config.tiny(**MOE, dtype="bfloat16", expert_dtype="fp8", routing_implementation=other)
+        np.testing.assert_array_equal(np.asarray(_moe(config)(w, x)).view(np.uint16), want.view(np.uint16), err_msg=other)
+
+
+@pytest.mark.skipif(not hs.has_ffi(), reason="no FFI handler on this backend")
+def test_fused_routing_is_one_custom_call_and_no_sort():
+    config = dsa.Config.tiny(**MOE, routing_implementation="fused")
+    for tokens in (3, 1100):
+        w = moe.init_layer(config, 0, 0)
+        x = jax.ShapeDtypeStruct((tokens, config.d_model), config.dtype)
+        hlo = jax.jit(functools.partial(moe.moe, config)).lower(w, x).compile().as_text()
+        assert hlo.count(f'custom_call_target="{targets.MOE_ROUTE}"') == 1
+        assert _sorts(config, tokens) == 0
 
 
 def _sorts(config, tokens: int) -> int:
