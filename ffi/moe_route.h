@@ -25,7 +25,7 @@
 //     expert of rank j, j < k. This is jax.lax.top_k(scores, k)'s indices.
 //  2. Weights. With top_j = scores[t, chosen[t, j]] (its bits, NaN included),
 //     sum = (...((top_0 + top_1) + top_2) ... + top_{k-1}) and
-//     weights[t, j] = (top_j / sum) * scaling, every operation an IEEE 754
+//     weights[t, j] = (top_j * (1 / sum)) * scaling, every operation an IEEE 754
 //     float32 operation rounded to nearest even (no fused multiply-add, no
 //     reassociation) in the platform's subnormal mode: the CUDA kernel keeps
 //     subnormals, as XLA:GPU does; the CPU handler runs on XLA:CPU's threads,

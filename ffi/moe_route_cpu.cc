@@ -47,9 +47,9 @@ void MoeRouteCpu(const MoeRouteDims& dims, const MoeRouteBuffers& io) {
     // Rule 2, left to right.
     volatile float sum = row[chosen[0]];
     for (int64_t j = 1; j < k; ++j) sum = sum + row[chosen[j]];
-    const float total = sum;
+    volatile float reciprocal = 1.0f / sum;
     for (int64_t j = 0; j < k; ++j) {
-      volatile float ratio = row[chosen[j]] / total;
+      volatile float ratio = row[chosen[j]] * reciprocal;
       float weight = ratio * dims.scaling;
       if (std::isnan(weight)) std::memcpy(&weight, &kMoeRouteNanBits, sizeof(weight));
       weights[j] = weight;

@@ -34,7 +34,7 @@
 //       O(k N / 32) loads per lane: meant for shapes off the decode path.
 //     Every lane sums the winners' scores left to right as the rounds produce
 //     them (the same uniform value in every lane), so the k weights are then
-//     computed in parallel, one lane each: __fdiv_rn, __fmul_rn, __fadd_rn
+//     computed in parallel, one lane each: __frcp_rn, __fmul_rn, __fadd_rn
 //     (IEEE float32, round to nearest, never contracted into an FMA,
 //     subnormals kept); a NaN weight is stored as kMoeRouteNanBits. A
 //     winner's score is rebuilt exactly from its key (the key is a bijection

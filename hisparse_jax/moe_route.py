@@ -60,7 +60,7 @@ def route_experts(scores: jax.Array, k: int, experts: int, scaling: float, *,
     Returns:
       RoutedPairs. chosen[t] are the ids of the k largest scores of token t in IEEE 754
       totalOrder (-NaN < -inf < ... < -0.0 < +0.0 < ... < +inf < +NaN), ties to the lower id,
-      best first: jax.lax.top_k's indices. weights[t, j] = (top_j / sum) * scaling with top_j the
+      best first: jax.lax.top_k's indices. weights[t, j] = (top_j x (1 / sum)) x scaling with top_j the
       chosen score and sum their float32 sum from left to right (a NaN weight is the quiet NaN
       0x7FC00000 on every platform). order lists the pairs by local
       expert (a stable sort), inverse[p] is pair p's place in it, group_sizes[e] counts expert
@@ -99,9 +99,9 @@ def route_experts_reference(scores: jax.Array, k: int, experts: int, scaling: fl
     total = top[:, 0]
     for j in range(1, k):  # left to right, as the contract sums: XLA never reassociates floats
         total = total + top[:, j]
-    # A divide per choice of [T] by [T]: XLA rewrites a divide by a broadcast into a multiply by the
-    # reciprocal (top * (1 / total)), which rounds twice.
-    weights = jnp.stack([top[:, j] / total for j in range(k)], axis=1) * jnp.float32(scaling)
+    # The reciprocal once, then a multiply per choice: what XLA compiles `top / total[:, None]` to
+    # anyway (it rewrites a divide by a broadcast), so the model's weights keep their earlier bits.
+    weights = top * (jnp.float32(1) / total)[:, None] * jnp.float32(scaling)
     nan = jax.lax.bitcast_convert_type(jnp.uint32(NAN_BITS), jnp.float32)
     weights = jnp.where(jnp.isnan(weights), nan, weights)  # one NaN on every platform
     local = (chosen % experts).reshape(T * k)

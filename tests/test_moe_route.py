@@ -60,7 +60,7 @@ def oracle(scores: np.ndarray, k: int, experts: int, scaling: float,
             total = ftz(top[0])
             for j in range(1, k):
                 total = ftz(total + ftz(top[j]))
-            w = ftz(ftz(ftz(top) / total) * ftz(scale))
+            w = ftz(ftz(ftz(top) * ftz(np.float32(1) / total)) * ftz(scale))
             weights[t] = np.where(np.isnan(w), np.uint32(moe_route.NAN_BITS).view(np.float32), w)
     local = (chosen % experts).reshape(-1)
     order = np.argsort(local, kind="stable").astype(np.int32)
@@ -128,7 +128,7 @@ def test_hand_worked_example():
     np.testing.assert_array_equal(want["order"], [2, 3, 0, 1])
     np.testing.assert_array_equal(want["inverse"], [2, 3, 0, 1])
     np.testing.assert_array_equal(want["group_sizes"], [2, 2])
-    np.testing.assert_array_equal(want["weights"][0], np.float32([0.9, 0.5]) / np.float32(1.4) * np.float32(2.0))
+    np.testing.assert_array_equal(want["weights"][0], np.float32([0.9, 0.5]) * (np.float32(1) / np.float32(1.4)) * np.float32(2.0))
 
 
 @pytest.mark.parametrize("case", ["ties", "all_equal", "specials", "signed_zeros", "nan_weights", "subnormal_scaling",
