@@ -69,6 +69,10 @@ struct WgSmem {
   alignas(16) uint32_t xp[2][128][4];
   float xsum[2][kHt];
 };
+static_assert(sizeof(WgSmem) <= 227 * 1024, "the wgmma chunk kernel's shared memory exceeds sm_90's 227 KB a block");
+// The ring refills stage f - 1's buffer at step f (after the barrier that ends its reads), so it
+// needs a buffer besides the one being read.
+static_assert(kWgBuffers >= 2, "the wgmma chunk kernel's copy ring needs at least two stage buffers");
 
 __device__ __forceinline__ void WgCpAsync16(uint32_t dst, const void* src, int bytes) {
   // bytes 0: the 16 bytes are zero-filled and nothing is read.
