@@ -70,10 +70,29 @@ def oracle(scores: np.ndarray, k: int, experts: int, scaling: float,
                 group_sizes=np.bincount(local, minlength=experts).astype(np.int32))
 
 
-def assert_bits_equal(got, want: dict[str, np.ndarray], where: str = "") -> None:
+# XLA:GPU compiles a float32 divide to PTX div.full.f32 (it feeds LLVM -nvptx-prec-divf32=1): within
+# 2 ulp of the IEEE quotient, not always it. So on a GPU the XLA reference's weights (top x (1/sum) x
+# scaling) may sit a few ulp from the contract's; they are held to WEIGHT_ULPS there, and the same
+# sign, zeros, infinities and NaNs bit for bit. Everything else is bit for bit everywhere: the ids,
+# order and groups of every implementation, the handlers' weights (C++ on CPU, CUDA's __frcp_rn).
+WEIGHT_ULPS = 4
+
+
+def ulps_apart(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance in units in the last place between float32 arrays (totalOrder keys subtracted)."""
+    return np.abs(order_key(a) - order_key(b))
+
+
+def assert_bits_equal(got, want: dict[str, np.ndarray], where: str = "", implementation: str = "ffi") -> None:
     for name in FIELDS:
         g, w = np.asarray(getattr(got, name)), want[name]
         assert g.shape == w.shape and g.dtype == w.dtype, (where, name, g.shape, g.dtype, w.shape, w.dtype)
+        if name == "weights" and implementation == "reference" and jax.default_backend() == "gpu":
+            special = ~np.isfinite(w) | (w == 0) | ~np.isfinite(g) | (g == 0)
+            assert (g.view(np.uint32)[special] == w.view(np.uint32)[special]).all(), (where, name, g, w)
+            assert (np.signbit(g) == np.signbit(w)).all(), (where, name, g, w)
+            assert ulps_apart(g, w).max(initial=0) <= WEIGHT_ULPS, (where, name, ulps_apart(g, w).max(), g, w)
+            continue
         assert g.view(np.uint8).tobytes() == w.view(np.uint8).tobytes(), (where, name, g, w)
 
 
@@ -103,7 +122,7 @@ def check_all(scores, k, experts, scaling=1.0, where=""):
     want = oracle(np.asarray(scores, np.float32), k, experts, scaling)
     for implementation, counting in VARIANTS:
         assert_bits_equal(routed(scores, k, experts, scaling, implementation, counting), want,
-                          f"{where} {implementation} counting={counting}")
+                          f"{where} {implementation} counting={counting}", implementation)
     return want
 
 
@@ -197,7 +216,7 @@ def test_hypothesis_shapes_and_patterns(T, N, data):
             got = route_experts_reference(jnp.asarray(scores), k, E, 1.25, counting=counting)
         else:
             got = route_experts(jnp.asarray(scores), k, E, 1.25, implementation="ffi")
-        assert_bits_equal(got, want, f"{implementation} counting={counting}")
+        assert_bits_equal(got, want, f"{implementation} counting={counting}", implementation)
 
 
 # --------------------------------------------------------------------------- jit, scan, program
@@ -213,7 +232,8 @@ def test_inside_lax_scan(implementation):
 
     sizes, outs = jax.jit(lambda xs: jax.lax.scan(body, jnp.zeros(8, jnp.int32), xs))(jnp.asarray(steps))
     for i in range(4):
-        assert_bits_equal(jax.tree.map(lambda x, i=i: x[i], outs), oracle(steps[i], 4, 8, 1.0), f"step {i}")
+        assert_bits_equal(jax.tree.map(lambda x, i=i: x[i], outs), oracle(steps[i], 4, 8, 1.0), f"step {i}",
+                          implementation)
     assert int(np.asarray(sizes).sum()) == 4 * 6 * 4
 
 
