@@ -32,9 +32,10 @@
 //     which flush subnormal inputs and results to signed zero (DAZ and FTZ),
 //     as XLA's own CPU ops do, so the XLA reference matches it on each
 //     platform (a CPU caller outside XLA keeps subnormals, like the GPU).
-//     On a GPU the XLA reference does not match it bit for bit: XLA:GPU
-//     compiles a float32 divide to PTX div.full.f32, within 2 ulp of the
-//     IEEE quotient, so its weights may part from this kernel's by a few ulp.
+//     One exception, on a GPU: 1 / sum is PTX div.full.f32 (within 2 ulp of
+//     the IEEE quotient, not always it), because XLA:GPU compiles a float32
+//     divide to that instruction; so on each platform the weights are the
+//     bits of the XLA reference compiled there.
 //     A weight that comes out NaN is
 //     stored as the quiet NaN 0x7FC00000, whatever NaN the arithmetic made
 //     (CPUs propagate an operand's payload, GPUs make their own).

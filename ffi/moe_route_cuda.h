@@ -34,9 +34,9 @@
 //       O(k N / 32) loads per lane: meant for shapes off the decode path.
 //     Every lane sums the winners' scores left to right as the rounds produce
 //     them (the same uniform value in every lane), so the k weights are then
-//     computed in parallel, one lane each: __frcp_rn, __fmul_rn, __fadd_rn
-//     (IEEE float32, round to nearest, never contracted into an FMA,
-//     subnormals kept); a NaN weight is stored as kMoeRouteNanBits. A
+//     computed in parallel, one lane each: MoeRouteReciprocal (div.full.f32,
+//     as XLA:GPU divides), __fmul_rn, __fadd_rn (round to nearest, never
+//     contracted into an FMA, subnormals kept); a NaN weight is stored as kMoeRouteNanBits. A
 //     winner's score is rebuilt exactly from its key (the key is a bijection
 //     of the bits), so the scores are read once.
 //  2. Grouping, after a __syncthreads (the block's global writes of `chosen`
@@ -83,6 +83,17 @@ inline constexpr int64_t kMoeRouteMaxExperts = 1024;              // E
 // handler and inside the limits above (cudaErrorInvalidValue otherwise,
 // nothing enqueued).
 cudaError_t LaunchMoeRoute(const MoeRouteDims& dims, const MoeRouteBuffers& io, cudaStream_t stream);
+
+#ifdef __CUDACC__
+// Rule 2's 1 / sum on a GPU: PTX div.full.f32, the instruction XLA:GPU compiles a float32 divide
+// to (it passes LLVM -nvptx-prec-divf32=1). Within 2 ulp of the IEEE quotient, not always it; the
+// same instruction keeps this kernel's weights the bits of the XLA reference on the same GPU.
+__device__ __forceinline__ float MoeRouteReciprocal(float sum) {
+  float r;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(1.0f), "f"(sum));
+  return r;
+}
+#endif
 
 }  // namespace hisparse
 

@@ -61,7 +61,7 @@ __device__ __forceinline__ uint32_t LocalExpert(uint32_t id, const Args& a) {
 
 // Rule 2's weight from the choice's score and the token's sum.
 __device__ __forceinline__ float Weight(float top, float sum, float scaling) {
-  const float w = __fmul_rn(__fmul_rn(top, __frcp_rn(sum)), scaling);
+  const float w = __fmul_rn(__fmul_rn(top, MoeRouteReciprocal(sum)), scaling);
   return isnan(w) ? __uint_as_float(kMoeRouteNanBits) : w;
 }
 

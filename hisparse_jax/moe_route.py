@@ -92,10 +92,9 @@ def route_experts_reference(scores: jax.Array, k: int, experts: int, scaling: fl
                             counting: bool = True) -> RoutedPairs:
     """route_experts in XLA ops (models/routing.py): the top-k and the grouping by comparison
     counts where routing.py's limits say they pay (`counting`), by lax.top_k and a stable argsort
-    elsewhere; the weights summed left to right. The same bits either way. On a CPU the weights
-    are the contract's bits; on a GPU XLA compiles the reciprocal to PTX div.full.f32 (within 2 ulp
-    of the IEEE quotient, not always it), so they may part from the CUDA handler's by a few ulp:
-    the model's routing_implementation is not interchangeable there (BENCHMARKS.md, twelfth pass)."""
+    elsewhere; the weights summed left to right. The same bits either way, and the handler's on
+    each platform: on a GPU XLA compiles the reciprocal to PTX div.full.f32 (within 2 ulp of the
+    IEEE quotient, not always it) and the CUDA kernel takes that instruction too (ffi/moe_route.h)."""
     T = scores.shape[0]
     _, chosen = routing.top_k(scores, k, counting=counting and routing.top_k_counts(T, scores.shape[-1]))
     top = jnp.take_along_axis(scores, chosen, axis=-1)  # the scores' own bits (NaN payloads kept)

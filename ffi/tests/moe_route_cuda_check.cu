@@ -278,6 +278,39 @@ class TightScores {
   size_t misalign_;
 };
 
+__global__ void ReciprocalsKernel(const float* sums, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = hisparse::MoeRouteReciprocal(sums[i]);
+  }
+}
+
+// Rule 2's weights as the GPU computes them: the CPU handler takes the IEEE 1 / sum, the GPU
+// div.full.f32 (ffi/moe_route.h), so the sums' reciprocals come from the device and the rest,
+// left-to-right sums and two round-to-nearest products with subnormals kept, from this thread.
+void GpuWeights(const std::vector<float>& scores, const std::vector<int32_t>& chosen, int64_t T, int64_t N, int64_t k,
+                float scaling, std::vector<float>& weights) {
+  if (T == 0) return;
+  std::vector<float> sums(T), reciprocals(T);
+  for (int64_t t = 0; t < T; ++t) {
+    volatile float sum = scores[t * N + chosen[t * k]];
+    for (int64_t j = 1; j < k; ++j) sum = sum + scores[t * N + chosen[t * k + j]];
+    sums[t] = sum;
+  }
+  DeviceBuffer<float> d_sums(T), d_reciprocals(T);
+  d_sums.Upload(sums.data());
+  ReciprocalsKernel<<<static_cast<unsigned>((T + 255) / 256), 256>>>(d_sums.get(), d_reciprocals.get(), T);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  d_reciprocals.Download(reciprocals.data());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      volatile float part = scores[t * N + chosen[t * k + j]] * reciprocals[t];
+      volatile float w = part * scaling;
+      weights[t * k + j] = std::isnan(w) ? FromBits(hisparse::kMoeRouteNanBits) : w;
+    }
+  }
+}
+
 bool RunCase(const Case& c, uint64_t seed, bool verbose) {
   const int64_t T = c.tokens, N = c.scores, k = c.top_k, E = c.experts, P = T * k;
   Rng rng(seed);
@@ -290,6 +323,7 @@ bool RunCase(const Case& c, uint64_t seed, bool verbose) {
   const MoeRouteDims dims{T, N, k, E, c.scaling};
   hisparse::MoeRouteCpu(dims, MoeRouteBuffers{scores.data(), want_chosen.data(), want_weights.data(),
                                               want_order.data(), want_inverse.data(), want_sizes.data()});
+  GpuWeights(scores, want_chosen, T, N, k, c.scaling, want_weights);
 
   TightScores d_scores(scores, c.misalign);
   DeviceBuffer<int32_t> d_chosen(P), d_order(P), d_inverse(P), d_sizes(E);

@@ -164,11 +164,7 @@ def test_moe_output_is_the_same_bits_with_every_routing(shape):
     w = moe.init_layer(count, 0, 0)
     x = jnp.asarray(np.random.default_rng(3).standard_normal(shape), count.dtype)
     want = np.asarray(_moe(count)(w, x))
-    # On a GPU XLA compiles the reference's divide to div.full.f32 (not always the IEEE quotient), the
-    # CUDA handler takes the IEEE reciprocal: the weights may part by a few ulp (tests/test_moe_route.py),
-    # so there "fused" is not held to the counted form's bits and the default routing stays "count".
-    others = ("sort", "fused") if jax.default_backend() != "gpu" else ("sort",)
-    for other in others:
+    for other in ("sort", "fused"):
         config = dsa.Config.tiny(**MOE, dtype="bfloat16", expert_dtype="fp8", routing_implementation=other)
         np.testing.assert_array_equal(np.asarray(_moe(config)(w, x)).view(np.uint16), want.view(np.uint16), err_msg=other)
 
