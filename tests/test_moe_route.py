@@ -1,8 +1,9 @@
 """MoE ROUTE (route_experts): a NumPy oracle of ffi/moe_route.h, the XLA reference (counted and
 sorted) against it, the FFI handler (C++ on CPU, CUDA on GPU) against both with zero tolerance on
-all five outputs. Named corner cases (ties, special floats, NaN weights, E above N, k = N, no
-tokens), seeded runs at the decode shapes of the deployments, hypothesis over shapes and score
-patterns; jit and lax.scan; the compiled program; every error."""
+all five outputs (on a GPU the weights' reciprocal is XLA's div.full.f32: see RECIPROCAL_ULPS).
+Named corner cases (ties, special floats, NaN weights, E above N, k = N, no tokens), seeded runs
+at the decode shapes of the deployments, hypothesis over shapes and score patterns; jit and
+lax.scan; the compiled program; every error."""
 
 from __future__ import annotations
 
