@@ -37,8 +37,8 @@
 //     computed in parallel, one lane each: MoeRouteReciprocal (div.full.f32,
 //     as XLA:GPU divides), __fmul_rn, __fadd_rn (round to nearest, never
 //     contracted into an FMA, subnormals kept); a NaN weight is stored as
-//     kMoeRouteNanBits. A winner's score is rebuilt exactly from its key (the key is a bijection
-//     of the bits), so the scores are read once.
+//     kMoeRouteNanBits. A winner's score is rebuilt exactly from its key (the
+//     key is a bijection of the bits), so the scores are read once.
 //  2. Grouping, after a __syncthreads (the block's global writes of `chosen`
 //     are visible to the block; the first 1024 pairs' local experts also go
 //     to shared memory, so the decode shapes never re-read `chosen`). Pairs
