@@ -25,9 +25,10 @@
 #             tests/test_grouped_matmul.py's GPU tests (needs build)
 #   attention-wgmma
 #             the experimental wgmma chunk kernel of sparse attention (ffi/sparse_attention_wgmma.cuh,
-#             sm_90a), both its variants: the checker (--quick, then memcheck), the kernel alone
-#             against sm_90a's default kernel at batch 1, 2, 17 and 41 (64 heads, k = 2048;
-#             alternating, twice), then the full checkers and Nsight Compute at batch 17; JSON in OUT_DIR
+#             sm_90a): the checker (--quick, then memcheck and racecheck), the kernel alone against
+#             sm_90a's default kernel at batch 1, 2, 17 and 41 (64 heads, k = 2048; alternating,
+#             twice), then the full checker and Nsight Compute's source view at batch 17 (the
+#             report and JSON in OUT_DIR)
 #   attention-wgmma-slices
 #             the glm5-h200 slice at 128K and 32K (GLM-5.1-like trace, both modes one at a time,
 #             profiled) with two sm_90a builds: the default sparse attention kernel and the wgmma
@@ -48,6 +49,11 @@
 #             and the routing tests with the CUDA handler (needs build), then the glm5-h200 slice at
 #             128K with routing_implementation count and fused (one at a time, profiled) and
 #             benchmarks/launch_gaps.py over both
+#   gather-layout
+#             ffi/bench/gather_layout_bench.cu: random 1152-byte records gathered into shared memory
+#             by 16-byte cp.async (the wgmma attention's core-matrix layout), by one TMA tensor
+#             copy per 64-element slab (a 128-byte-swizzled layout), and by one bulk copy per row;
+#             each layout checked, then GB/s with every SM copying, twice; JSON in OUT_DIR
 #   ncu-profiles
 #             Nsight Compute on the kernels whose limit is not yet known (profile before changing
 #             them): the routed grouped matmul at 136 and 328 pairs (gate_up, down at 328; it falls
@@ -164,34 +170,29 @@ for stage in "$@"; do
       run grouped_matmul_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_grouped_matmul.py -q \
         -p no:cacheprovider -m gpu ;;
     attention-wgmma)
-      # Two variants (HISPARSE_SPARSE_ATTENTION_WGMMA_SPLIT 0 / 1: both warpgroups score every
-      # token, or each half of them), each checked before it is timed.
+      # The wgmma chunk kernel (warpgroup w scores stage w of each two-stage step), checked (and
+      # sanitized) before it is timed against today's mma.sync kernel.
       mkdir -p build/tests
       run attn_bench_build make -C ffi/bench sparse-attention ARCH=sm_90a OUT="$PWD/build/sm90a"
-      for split in 0 1; do
-        flags="-DHISPARSE_SPARSE_ATTENTION_WGMMA=1 -DHISPARSE_SPARSE_ATTENTION_WGMMA_SPLIT=$split"
-        check="$PWD/build/tests/sparse_attention_cuda_check_wgmma$split"
-        run "attn_wgmma${split}_build" make -C ffi/tests sparse-attention ARCH=sm_90a EXTRA="$flags" ATTN_BIN="$check"
-        # Bounded: a kernel never run before may hang (a barrier or mbarrier wait that never completes).
-        run "attn_wgmma${split}_check_quick" timeout 120 "$check" --quick
-        run "attn_wgmma${split}_memcheck" timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$check" --quick --quiet
-        run "attn_wgmma${split}_bench_build" make -C ffi/bench sparse-attention ARCH=sm_90a EXTRA="$flags" \
-          OUT="$PWD/build/wgmma$split"
-      done
+      flags="-DHISPARSE_SPARSE_ATTENTION_WGMMA=1"
+      check="$PWD/build/tests/sparse_attention_cuda_check_wgmma"
+      run attn_wgmma_build make -C ffi/tests sparse-attention ARCH=sm_90a EXTRA="$flags" ATTN_BIN="$check"
+      # Bounded: a kernel never run before may hang (a barrier or mbarrier wait that never completes).
+      run attn_wgmma_check_quick timeout 120 "$check" --quick
+      run attn_wgmma_memcheck timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$check" --quick --quiet
+      run attn_wgmma_racecheck timeout 300 compute-sanitizer --tool racecheck --error-exitcode 3 "$check" --quick --quiet
+      run attn_wgmma_bench_build make -C ffi/bench sparse-attention ARCH=sm_90a EXTRA="$flags" OUT="$PWD/build/wgmma"
       for rep in 1 2; do
         for b in 1 2 17 41; do
           run "attn_mma_b$b-$rep" build/sm90a/sparse_attention_bench "$OUT_DIR/attn_mma_b$b-$rep.json" "$b" 64
-          for split in 0 1; do
-            run "attn_wgmma${split}_b$b-$rep" timeout 120 "build/wgmma$split/sparse_attention_bench" \
-              "$OUT_DIR/attn_wgmma${split}_b$b-$rep.json" "$b" 64
-          done
+          run "attn_wgmma_b$b-$rep" timeout 120 build/wgmma/sparse_attention_bench "$OUT_DIR/attn_wgmma_b$b-$rep.json" "$b" 64
         done
       done
-      for split in 0 1; do run "attn_wgmma${split}_check" timeout 300 "$PWD/build/tests/sparse_attention_cuda_check_wgmma$split"; done
-      # Where its time goes at batch 17 (the per-stage proxy fence's membar stalls among them).
-      run attn_wgmma0_ncu timeout 300 ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-        --section Occupancy -k regex:WgmmaChunkKernel --launch-skip 5 --launch-count 1 \
-        build/wgmma0/sparse_attention_bench "$OUT_DIR/attn_wgmma0_ncu.json" 17 64 ;;
+      run attn_wgmma_check timeout 300 "$check"
+      # Where its time goes at batch 17, by instruction (stall samples with the source).
+      run attn_wgmma_ncu timeout 300 ncu --set full --import-source yes -k regex:WgmmaChunkKernel --launch-skip 3 \
+        --launch-count 1 -o "$OUT_DIR/attn_wgmma_ncu" build/wgmma/sparse_attention_bench "$OUT_DIR/attn_wgmma_ncu.json" 17 64
+      run attn_wgmma_ncu_source ncu -i "$OUT_DIR/attn_wgmma_ncu.ncu-rep" --page source --csv --print-source sass ;;
     grouped-matmul-tiled)
       mkdir -p build/tests
       run gmm_rows_bench_build make -C ffi/bench grouped-matmul OUT="$PWD/build/rows"
@@ -253,6 +254,9 @@ for stage in "$@"; do
         run "prefetch-timeline-$trace" env PYTHONPATH="$SITE" "$PY" benchmarks/prefetch_timeline.py \
           "$profiles/$trace/hisparse-prefetch-131072-$trace" --out "$OUT_DIR/prefetch-timeline-$trace.png"
       done ;;
+    gather-layout)
+      run gather_layout_build make -C ffi/bench gather-layout
+      for rep in 1 2; do run "gather_layout-$rep" timeout 120 build/gather_layout_bench "$OUT_DIR/gather_layout-$rep.json"; done ;;
     moe-route)
       mkdir -p build
       run moe_route_check timeout 600 make -C ffi/tests check-moe-route sanitize-moe-route

@@ -12,16 +12,20 @@
 //
 // A work unit is the contract's (chunk, 64 heads, request), one after another over a contiguous
 // range of units per block (a head block's 16 chunks are adjacent, so a block reloads the query
-// only where its range crosses into another 64-head block; the reload waits for every copy in
-// flight, a pipeline drain counted in the A/B). A block is two warpgroups; both score each
-// 32-token stage for all 64 heads (wgmma m64n32k16, Q and K from shared memory; the same
-// instructions on the same values, so both hold the same scores, maxima and p bits, with no
-// exchange between them; HISPARSE_SPARSE_ATTENTION_WGMMA_SPLIT=1 halves that work, below) and
-// each owns 256 of the 512 output columns (two m64n128k16 a k-step, P from registers, V from the
-// same stage buffer read N-major). The stage buffers are filled by every thread with 16-byte
-// cp.async (zero-filled where a token has no record): three buffers, the next two stages in flight
-// while one is computed, one __syncthreads a stage. Each stage is serial within a warpgroup
-// (scores, wait, softmax, P @ V, wait); overlapping them is the next step once this is measured.
+// only where its range crosses into another 64-head block). A block is three warpgroups and a
+// step is two of the contract's 32-token stages. Warpgroups 0 and 1 do the math: warpgroup w
+// scores stage w of the step for all 64 heads (wgmma m64n32k16, Q and K from shared memory), so
+// no score is computed twice; the two exchange their row maxima, then their P fragments and row
+// sums, through shared memory (named barrier 1); both then hold the step's two running maxima,
+// alphas and P tiles, and each applies them, stage by stage, to its own 256 of the 512 output
+// columns (two m64n128k16 a k-step, P from registers, V from the stage buffer read N-major).
+// Warpgroup 2 copies: the query and each step's records with 16-byte cp.async (zero-filled where
+// a token has no record) into two step buffers, the next step's while the math reads this one,
+// handing them over through mbarriers (full: copied and fenced; empty: read to the end), so the
+// copies' issue, which the math warps paid inline before (a trace at batch 1: 7 us for the
+// query and the first two steps), runs beside the math. setmaxnreg gives the copy warpgroup 48
+// registers and the math 224. (First versions, H100, batch 17: both warpgroups scoring every
+// stage, 98 us; one stage each with the copies inline, 84 us; the mma.sync kernel, 76 us.)
 //
 // Shared memory holds Q and the stages in the no-swizzle core-matrix layout of PTX's wgmma
 // ("Canonical layouts"): row r (a head of Q, a token of a stage) and element e of a 576-wide row
@@ -33,51 +37,63 @@
 //
 // Arithmetic: the contract's (sparse_attention.h), stage by stage: scores scaled and masked,
 // m' = max(m, stage max), alpha = exp(m - m') (0 while m = -inf), p = bf16(exp(s - m')), l =
-// alpha l + (the row's p summed: each thread's in token order, then the quad's xor tree; split,
-// warpgroup 0's half then warpgroup 1's), o =
+// alpha l + (the row's p summed: each thread's in token order, then the quad's xor tree), o =
 // alpha o + P V. The bits differ from the mma.sync kernel's (the tensor cores' order, the sums'
 // order) within the contract's rounding; the checker holds both to the CPU oracle's bound.
 #ifndef HISPARSE_FFI_SPARSE_ATTENTION_WGMMA_CUH_
 #define HISPARSE_FFI_SPARSE_ATTENTION_WGMMA_CUH_
 
-constexpr int kWgThreads = 256;                           // two warpgroups
-constexpr int kWgBuffers = 3;                             // stage buffers, two loads in flight
+constexpr int kWgConsumers = 256;                         // two warpgroups: the math
+constexpr int kWgProducers = 128;                         // the third warpgroup: the copies
+constexpr int kWgThreads = kWgConsumers + kWgProducers;
+// Registers a thread after setmaxnreg (the launch gives 168 to each of 384): the copy warpgroup
+// needs few, the math warpgroups hold o (128 floats a thread), the scores and P.
+constexpr int kWgProducerRegs = 48, kWgConsumerRegs = 224;
+static_assert(kWgProducers * kWgProducerRegs + kWgConsumers * kWgConsumerRegs <= 65536, "the register file");
+constexpr int kWgStepStages = 2;                          // a step's stages: warpgroup w scores stage w
+constexpr int kWgBuffers = 2;                             // step buffers: one computed, one loading
 constexpr int kWgPieces = kW / 8;                         // 72 16-byte pieces a row
 constexpr int kWgGroupBytes = kWgPieces * 128;            // 9216: 8 rows of core matrices
 constexpr int kWgStageBytes = kStage / 8 * kWgGroupBytes; // 36864: a stage's 32 tokens
 constexpr int kWgQBytes = kHt / 8 * kWgGroupBytes;        // 73728: 64 heads
 constexpr int kWgScoreSteps = kW / 16;                    // 36 k-steps of the scores
 constexpr int kWgColumns = kDv / 2;                       // 256 output columns a warpgroup
-static_assert(kWgThreads * 9 == kStage * kWgPieces, "a stage's pieces split evenly, 9 a thread");
-// Who scores a stage (an A/B, -D): 0, both warpgroups score all 32 tokens (no exchange, twice the
-// score MMAs); 1, warpgroup w scores tokens 16 w .. 16 w + 15 (m64n16k16) and the two exchange
-// their row maxima, then their P fragments and row sums, through shared memory (two more barriers
-// a stage). The P fragment of a 16-token half is exactly one k-step's A operand of P @ V, and both
-// warpgroups hold it in the same lanes, so the exchange is a copy by thread index.
-#ifndef HISPARSE_SPARSE_ATTENTION_WGMMA_SPLIT
-#define HISPARSE_SPARSE_ATTENTION_WGMMA_SPLIT 0
-#endif
-constexpr bool kWgSplitScores = HISPARSE_SPARSE_ATTENTION_WGMMA_SPLIT != 0;
+static_assert(kWgProducers == 128 && kStage == 32 && kWgPieces == 9 * 8,
+              "the producers copy a stage as two halves of 16 tokens x 8 pieces a step, 9 steps");
+static_assert(kWgConsumers / 128 == kWgStepStages, "one warpgroup scores each stage of a step");
 
 struct WgSmem {
   alignas(128) uint8_t q[kWgQBytes];
-  alignas(128) uint8_t kv[kWgBuffers][kWgStageBytes];
-  uint8_t valid[kWgBuffers][kStage];  // the stage's token has a record (else zero-filled, score -inf)
-  // The split scores' exchange (kWgSplitScores): each warpgroup's row maxima, P fragments (by
-  // thread of the warpgroup) and row sums of its 16 tokens.
-  float xmax[2][kHt];
-  alignas(16) uint32_t xp[2][128][4];
-  float xsum[2][kHt];
+  alignas(128) uint8_t kv[kWgBuffers][kWgStepStages][kWgStageBytes];
+  // The exchange: warpgroup w's P fragments of its stage (two k-steps, by thread of the
+  // warpgroup), its stage's row maxima and row sums.
+  alignas(16) uint32_t xp[kWgStepStages][128][8];
+  float xmax[kWgStepStages][kHt];
+  float xsum[kWgStepStages][kHt];
+  uint8_t valid[kWgBuffers][kWgStepStages][kStage];  // the token has a record (else zero-filled, score -inf)
+  // Step buffer b: full (its copies and the query landed: the producers' kWgProducers arrivals),
+  // empty (read to the end: one arrival per math warp).
+  alignas(8) unsigned long long full[kWgBuffers];
+  unsigned long long empty[kWgBuffers];
 };
 static_assert(sizeof(WgSmem) <= 227 * 1024, "the wgmma chunk kernel's shared memory exceeds sm_90's 227 KB a block");
-// The ring refills stage f - 1's buffer at step f (after the barrier that ends its reads), so it
-// needs a buffer besides the one being read.
-static_assert(kWgBuffers >= 2, "the wgmma chunk kernel's copy ring needs at least two stage buffers");
+// The producers fill step f + 1's buffer while the math reads step f's.
+static_assert(kWgBuffers == 2, "the wgmma chunk kernel's phases assume two step buffers");
 
 __device__ __forceinline__ void WgCpAsync16(uint32_t dst, const void* src, int bytes) {
   // bytes 0: the 16 bytes are zero-filled and nothing is read.
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
+// Two floats to global memory in one 8-byte store (the float2 store of the partial compiled to
+// two 4-byte ones, which filled the load/store queue: ncu's lg-throttle stalls).
+__device__ __forceinline__ void WgStore2(float* dst, float x, float y) {
+  asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ void WgArrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
+}
+// The two math warpgroups' barrier (named barrier 1; the producers never wait on it).
+__device__ __forceinline__ void WgMathSync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kWgConsumers) : "memory"); }
 template <int kPending>
 __device__ __forceinline__ void WgCpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
@@ -93,16 +109,6 @@ __device__ __forceinline__ void WgScore(float (&s)[16], uint64_t desc_q, uint64_
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
       : "+f"(s[0]), "+f"(s[1]), "+f"(s[2]), "+f"(s[3]), "+f"(s[4]), "+f"(s[5]), "+f"(s[6]), "+f"(s[7]),
         "+f"(s[8]), "+f"(s[9]), "+f"(s[10]), "+f"(s[11]), "+f"(s[12]), "+f"(s[13]), "+f"(s[14]), "+f"(s[15])
-      : "l"(desc_q), "l"(desc_k), "r"(accumulate));
-}
-
-// The same over 16 tokens: m64n16k16.
-__device__ __forceinline__ void WgScore(float (&s)[8], uint64_t desc_q, uint64_t desc_k, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(s[0]), "+f"(s[1]), "+f"(s[2]), "+f"(s[3]), "+f"(s[4]), "+f"(s[5]), "+f"(s[6]), "+f"(s[7])
       : "l"(desc_q), "l"(desc_k), "r"(accumulate));
 }
 
@@ -197,6 +203,48 @@ __device__ __forceinline__ void WgProbabilities(const float (&s)[4 * kTiles], fl
     sum1 += __shfl_xor_sync(0xffffffffu, sum1, x);
   }
 }
+
+// o *= alpha for this thread's two heads (columns of o[nb][4 j + r]: r < 2 head 16 warp + g, else
+// + 8); skipped where every alpha of the warp's rows is 1 (the running max held, the common case
+// after the first stages): o * 1 == o bit for bit. No wgmma may be in flight on o.
+__device__ __forceinline__ void WgRescale(float (&o)[2][64], float al0, float al1) {
+  if (!__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) return;
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[nb][4 * j] *= al0;
+      o[nb][4 * j + 1] *= al0;
+      o[nb][4 * j + 2] *= al1;
+      o[nb][4 * j + 3] *= al1;
+    }
+}
+
+// O += P V over one stage for this warpgroup's 256 columns (8-column groups 128 bytes apart: 16
+// bytes a column), tokens in k-steps of 16 (two 8-token groups, 2 x 9216 bytes); waits for it.
+__device__ __forceinline__ void WgStageValues(float (&o)[2][64], uint32_t (&pa)[2][4], uint32_t kv_addr, int wg) {
+  const uint64_t desc_v = wgmma::Descriptor(kv_addr + wg * kWgColumns * 16, kWgGroupBytes, 128);
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma::Keep(o[nb][i]);
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wgmma::Keep(pa[ks][i]);
+  wgmma::Fence();
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb)
+      WgValue(o[nb], pa[ks], desc_v + ((ks * 2 * kWgGroupBytes + nb * 128 * 16) >> 4));
+  wgmma::Commit();
+  wgmma::WaitAll();
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma::Keep(o[nb][i]);
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // The unit's (chunk, first head of [b * H], request). Units: chunk fastest, then the request's
@@ -218,88 +266,115 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaChunkKernel(ChunkArgs a) {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
   extern __shared__ __align__(128) uint8_t wg_smem[];
   WgSmem& sm = *reinterpret_cast<WgSmem*>(wg_smem);
-  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  Stamp(0);  // entry (-DHISPARSE_SPARSE_ATTENTION_TRACE: thread 0's clock at each phase of step 0)
+  const int tid = threadIdx.x, wg = tid / 128, me = tid % 128, warp = me / 32, lane = tid % 32;
   const int g = lane / 4, q4 = lane % 4;
   const int u_begin = static_cast<int>(static_cast<int64_t>(blockIdx.x) * a.units / gridDim.x);
   const int u_end = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * a.units / gridDim.x);
   const int stages = a.chunk_tokens / kStage;  // whole: k P is a multiple of 16 x 32
-  const int flat = (u_end - u_begin) * stages;
+  const int steps = (stages + kWgStepStages - 1) / kWgStepStages;  // a unit's; its last may hold one stage
+  const int flat = (u_end - u_begin) * steps;
   if (flat <= 0) return;
-  const int layer = __ldg(a.layer);
-  const bool layer_ok = layer >= 0 && layer < a.layers;  // outside: no record is read
-  const uint16_t* source = a.source + (layer_ok ? static_cast<int64_t>(layer) * a.layer_stride : 0);
-
-  // Copy role: token ld_tok of a stage, its pieces ld_piece + 8 i (i < 9). A warp's copy lands on
-  // 8 tokens x 4 pieces: the 8 tokens' 16 bytes of a piece fill one 128-byte core-matrix row, so
-  // its 32 writes hit distinct banks (4 tokens x 8 pieces would be 2-way conflicted).
-  const int ld_tok = tid % 8 + 8 * (tid / 64), ld_piece = (tid / 8) % 8;
-  // The source row (elements) of this thread's token in flat stage fs, or -1 without a record.
-  auto token_row = [&](int fs) -> int64_t {
-    const WgUnit x = WgUnitAt(a, u_begin + fs / stages);
-    const int j = x.chunk * a.chunk_tokens + (fs % stages) * kStage + ld_tok;
-    const int r = a.page == 1 ? j : a.by_page.Div(j);
-    const int id = __ldg(a.index + static_cast<int64_t>(x.req) * a.top_k + r);
-    if (!layer_ok || id < 0 || id >= a.records) return -1;
-    return ((static_cast<int64_t>(x.req) * a.records + id) * a.page + (j - r * a.page)) * kW;
-  };
-  auto issue = [&](int fs, int64_t row) {
-    const int buf = fs % kWgBuffers;
-    const uint32_t dst = SmemAddr(sm.kv[buf]) + (ld_tok / 8) * kWgGroupBytes + (ld_tok % 8) * 16;
-    const uint16_t* src = row >= 0 ? source + row : a.source;
-#pragma unroll
-    for (int i = 0; i < 9; ++i) {
-      const int p = ld_piece + 8 * i;
-      WgCpAsync16(dst + p * 128, src + (row >= 0 ? p * 8 : 0), row >= 0 ? 16 : 0);
+  if (tid == 0) {
+    for (int b = 0; b < kWgBuffers; ++b) {
+      MbarInit(&sm.full[b], kWgProducers);
+      MbarInit(&sm.empty[b], kWgConsumers);
     }
-    if (ld_piece == 0) sm.valid[buf][ld_tok] = row >= 0;
-  };
-  auto load_query = [&](int64_t head0) {
-    // 8 heads x 4 pieces a warp, as the stages' copies (consecutive pieces of one head are 128
-    // bytes apart: a warp of them would write one 16-byte bank slot 32 times).
-    for (int i = tid; i < kHt * kWgPieces; i += kWgThreads) {
-      const int h = i % 8 + 8 * (i / (8 * kWgPieces)), p = (i / 8) % kWgPieces;
-      WgCpAsync16(SmemAddr(sm.q) + p * 128 + (h / 8) * kWgGroupBytes + (h % 8) * 16, a.q + (head0 + h) * kW + p * 8, 16);
-    }
-  };
-
-  // Prologue: the first unit's query with stage 0, then stages 1 .. kWgBuffers - 2, one group each.
-  int64_t query_head0 = WgUnitAt(a, u_begin).head0;
-  load_query(query_head0);
-  int64_t next_row = token_row(0);
-#pragma unroll
-  for (int s = 0; s < kWgBuffers - 1; ++s) {
-    if (s < flat) issue(s, next_row);
-    CpAsyncCommit();
-    if (s + 1 < flat) next_row = token_row(s + 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
+  __syncthreads();  // the barriers ready; the last block-wide barrier (the roles part here)
 
-  const uint32_t q_addr = SmemAddr(sm.q);
-  float o[2][64];  // this warpgroup's 256 columns: o[nb][4 j + r], column 256 wg + 128 nb + 8 j + 2 q4 + (r & 1)
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 16 warp + g and + 8
-  for (int f = 0; f < flat; ++f) {
-    const int s = f % stages, buf = f % kWgBuffers;
-    const WgUnit x = WgUnitAt(a, u_begin + f / stages);
-    WgCpAsyncWait<kWgBuffers - 2>();  // this thread's copies of stage f (and of the query) landed
-    // Required (cp.async writes through the generic proxy, wgmma reads through the async one), but
-    // it compiles to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S: if that membar waits for stage f + 1's
-    // copies too, the ring overlaps nothing (the mma.sync kernel measured ~1000 cycles of membar
-    // stall for it on every pass). First GPU run: check ncu's membar stalls; bulk copies, which
-    // complete on an mbarrier through the async proxy, would not need it.
-    FenceProxyAsync();
-    __syncthreads();  // every thread's; and stage f - 1 fully consumed, its buffer free
-    if (x.head0 != query_head0) {  // another 64-head block's query: every wgmma on the old one is done
-      load_query(x.head0);
+  if (wg == kWgStepStages) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWgProducerRegs));
+    // The producers: step f's query (where its 64-head block changes) and records into buffer
+    // f % 2 once the math has read that buffer's step f - 2 to the end, then, when every copy of
+    // this thread landed, a proxy fence (cp.async writes through the generic proxy, wgmma reads
+    // through the async one) and an arrival on the buffer's full barrier. Copy role: thread p
+    // copies tokens p_tok and p_tok + 16 of each stage, pieces p_piece + 8 i (i < 9): 8
+    // consecutive threads write one piece of 8 consecutive tokens, one 128-byte core-matrix row
+    // (distinct banks). Four warps: one issued the 16-byte copies at ~11 GB/s (H100), a step's
+    // 74 KB in ~7 us.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWgProducerRegs));
+    const int p_tok = me % 8 + 8 * (me / 64), p_piece = (me / 8) % 8;
+    const int layer = __ldg(a.layer);
+    const bool layer_ok = layer >= 0 && layer < a.layers;  // outside: no record is read
+    const uint16_t* source = a.source + (layer_ok ? static_cast<int64_t>(layer) * a.layer_stride : 0);
+    // The record ids of this thread's tokens in step fs (stage h, half hf), loaded a step before
+    // they are read; kNoStage where the unit has no such stage (an odd count: nothing is copied).
+    constexpr int kNoStage = INT32_MIN;
+    auto load_ids = [&](int fs, int (&ids)[kWgStepStages][2]) {
+      const WgUnit x = WgUnitAt(a, u_begin + fs / steps);
+#pragma unroll
+      for (int h = 0; h < kWgStepStages; ++h)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int st = (fs % steps) * kWgStepStages + h;
+          const int j = x.chunk * a.chunk_tokens + st * kStage + p_tok + 16 * hf;
+          ids[h][hf] = st >= stages ? kNoStage
+                                    : __ldg(a.index + static_cast<int64_t>(x.req) * a.top_k +
+                                            (a.page == 1 ? j : a.by_page.Div(j)));
+        }
+    };
+    int ids[kWgStepStages][2];
+    load_ids(0, ids);
+    int64_t query_head0 = -1;
+    for (int f = 0; f < flat; ++f) {
+      const int buf = f % kWgBuffers;
+      const WgUnit x = WgUnitAt(a, u_begin + f / steps);
+      if (f >= kWgBuffers) MbarWait(&sm.empty[buf], ((f - kWgBuffers) / kWgBuffers) & 1);  // step f - 2 read
+      if (x.head0 != query_head0) {  // another 64-head block: the math must be done with step f - 1's query
+        if (f >= 1) MbarWait(&sm.empty[(f - 1) % kWgBuffers], ((f - 1) / kWgBuffers) & 1);
+#pragma unroll 4
+        for (int i = me; i < kHt * kWgPieces; i += kWgProducers) {
+          const int h = i % 8 + 8 * (i / (8 * kWgPieces)), pc = (i / 8) % kWgPieces;
+          WgCpAsync16(SmemAddr(sm.q) + pc * 128 + (h / 8) * kWgGroupBytes + (h % 8) * 16, a.q + (x.head0 + h) * kW + pc * 8, 16);
+        }
+        query_head0 = x.head0;
+      }
+#pragma unroll
+      for (int h = 0; h < kWgStepStages; ++h)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int id = ids[h][hf];
+          if (id == kNoStage) continue;
+          const int tok = p_tok + 16 * hf;
+          const int j = x.chunk * a.chunk_tokens + ((f % steps) * kWgStepStages + h) * kStage + tok;
+          const int r = a.page == 1 ? j : a.by_page.Div(j);
+          // The source row (elements) of the token, or -1 without a record (zero-filled).
+          const int64_t row = !layer_ok || id < 0 || id >= a.records
+                                  ? -1
+                                  : ((static_cast<int64_t>(x.req) * a.records + id) * a.page + (j - r * a.page)) * kW;
+          const uint32_t dst = SmemAddr(sm.kv[buf][h]) + (tok / 8) * kWgGroupBytes + (tok % 8) * 16;
+          const uint16_t* src = row >= 0 ? source + row : a.source;
+#pragma unroll 3  // the producers' 48 registers: fully unrolled, their addresses spilled
+          for (int i = 0; i < kWgPieces / 8; ++i) {
+            const int pc = p_piece + 8 * i;
+            WgCpAsync16(dst + pc * 128, src + (row >= 0 ? pc * 8 : 0), row >= 0 ? 16 : 0);
+          }
+          if (p_piece == 0) sm.valid[buf][h][tok] = row >= 0;
+        }
       CpAsyncCommit();
+      if (f + 1 < flat) load_ids(f + 1, ids);  // in flight while this step's copies land
       WgCpAsyncWait<0>();
       FenceProxyAsync();
-      __syncthreads();
-      query_head0 = x.head0;
+      WgArrive(&sm.full[buf]);
     }
-    const int fn = f + kWgBuffers - 1;  // into stage f - 1's buffer
-    if (fn < flat) issue(fn, next_row);
-    CpAsyncCommit();
-    if (fn + 1 < flat) next_row = token_row(fn + 1);
-    if (s == 0) {
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWgConsumerRegs));
+
+  Stamp(1);  // the math starts
+  const uint32_t q_addr = SmemAddr(sm.q);
+  const int rA = warp * 16 + g, rB = rA + 8;  // this thread's heads (of the unit's 64)
+  float o[2][64];  // this warpgroup's 256 columns: o[nb][4 j + r], column 256 wg + 128 nb + 8 j + 2 q4 + (r & 1)
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads rA and rB
+  for (int f = 0; f < flat; ++f) {
+    const int t = f % steps, buf = f % kWgBuffers;
+    const bool two = t * kWgStepStages + 1 < stages;  // the step holds both stages (else stage 0 only)
+    const WgUnit x = WgUnitAt(a, u_begin + f / steps);
+    MbarWait(&sm.full[buf], (f / kWgBuffers) & 1);  // step f's records (and query) landed and fenced
+    if (f <= 1) Stamp(f == 0 ? 2 : 6);  // step 0 / 1 landed
+    if (t == 0) {
 #pragma unroll
       for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
@@ -308,91 +383,73 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaChunkKernel(ChunkArgs a) {
       l0 = l1 = 0.f;
     }
 
-    // The stage's online softmax, row by row: this thread's heads 16 warp + g and + 8.
-    const uint32_t kv_addr = SmemAddr(sm.kv[buf]);
-    const uint8_t* valid = sm.valid[buf];
-    uint32_t pa[2][4];  // A fragments of the two 16-token k-steps of P @ V
-    float al0, al1, sum0, sum1;
-    if constexpr (!kWgSplitScores) {
-      float sc[16], mx0, mx1;  // all 32 tokens
-      WgStageScores<4>(sc, q_addr, kv_addr, valid, 0, a.scale, q4, mx0, mx1);
-      const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-      al0 = m0 == -INFINITY ? 0.f : expf(m0 - n0), al1 = m1 == -INFINITY ? 0.f : expf(m1 - n1);
-      WgProbabilities<4>(sc, n0, n1, pa, sum0, sum1);
-      m0 = n0, m1 = n1;
-    } else {
-      float sc[8], mx0, mx1;  // this warpgroup's 16 tokens (two 8-token groups further per warpgroup)
-      WgStageScores<2>(sc, q_addr, kv_addr + wg * 2 * kWgGroupBytes, valid, 16 * wg, a.scale, q4, mx0, mx1);
-      const int rA = warp * 16 + g, rB = rA + 8, me = tid % 128;
-      if (q4 == 0) sm.xmax[wg][rA] = mx0, sm.xmax[wg][rB] = mx1;
-      __syncthreads();  // both halves' maxima
-      const float n0 = fmaxf(m0, fmaxf(sm.xmax[0][rA], sm.xmax[1][rA]));
-      const float n1 = fmaxf(m1, fmaxf(sm.xmax[0][rB], sm.xmax[1][rB]));
-      al0 = m0 == -INFINITY ? 0.f : expf(m0 - n0), al1 = m1 == -INFINITY ? 0.f : expf(m1 - n1);
-      uint32_t mine[1][4];
+    // Scores of this warpgroup's stage (warpgroup 1 has none in a one-stage step).
+    const bool scorer = wg == 0 || two;
+    float sc[16], mx0 = -INFINITY, mx1 = -INFINITY;
+    uint32_t mine[2][4] = {};
+    if (scorer) WgStageScores<4>(sc, q_addr, SmemAddr(sm.kv[buf][wg]), sm.valid[buf][wg], 0, a.scale, q4, mx0, mx1);
+    if (f == 0) Stamp(3);  // step 0 scored
+    if (q4 == 0) sm.xmax[wg][rA] = mx0, sm.xmax[wg][rB] = mx1;
+    WgMathSync();  // both stages' maxima
+    // The step's online softmax, row by row: both warpgroups compute the same maxima and alphas.
+    const float n1A = fmaxf(m0, sm.xmax[0][rA]), n1B = fmaxf(m1, sm.xmax[0][rB]);
+    const float n2A = two ? fmaxf(n1A, sm.xmax[1][rA]) : n1A, n2B = two ? fmaxf(n1B, sm.xmax[1][rB]) : n1B;
+    const float a1A = m0 == -INFINITY ? 0.f : expf(m0 - n1A), a1B = m1 == -INFINITY ? 0.f : expf(m1 - n1B);
+    const float a2A = n1A == -INFINITY ? 0.f : expf(n1A - n2A), a2B = n1B == -INFINITY ? 0.f : expf(n1B - n2B);
+    if (scorer) {
       float s0, s1;
-      WgProbabilities<2>(sc, n0, n1, mine, s0, s1);
-      *reinterpret_cast<uint4*>(sm.xp[wg][me]) = make_uint4(mine[0][0], mine[0][1], mine[0][2], mine[0][3]);
+      WgProbabilities<4>(sc, wg == 0 ? n1A : n2A, wg == 0 ? n1B : n2B, mine, s0, s1);
+      uint4* xp = reinterpret_cast<uint4*>(sm.xp[wg][me]);
+      xp[0] = make_uint4(mine[0][0], mine[0][1], mine[0][2], mine[0][3]);
+      xp[1] = make_uint4(mine[1][0], mine[1][1], mine[1][2], mine[1][3]);
       if (q4 == 0) sm.xsum[wg][rA] = s0, sm.xsum[wg][rB] = s1;
-      __syncthreads();  // both halves' P fragments and sums (the next writes follow the next stage's barriers)
-      const uint4 other = *reinterpret_cast<const uint4*>(sm.xp[1 - wg][me]);
-      const uint32_t theirs[4] = {other.x, other.y, other.z, other.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        pa[0][i] = wg == 0 ? mine[0][i] : theirs[i];  // tokens 0..15: warpgroup 0's
-        pa[1][i] = wg == 0 ? theirs[i] : mine[0][i];
-      }
-      sum0 = sm.xsum[0][rA] + sm.xsum[1][rA];  // the same order in both warpgroups: the same l
-      sum1 = sm.xsum[0][rB] + sm.xsum[1][rB];
-      m0 = n0, m1 = n1;
     }
-    l0 = al0 * l0 + sum0;
-    l1 = al1 * l1 + sum1;
+    WgMathSync();  // both stages' P fragments and sums (the next writes follow the next step's barriers)
+    if (f == 0) Stamp(4);  // step 0's softmax exchanged
+    l0 = a1A * l0 + sm.xsum[0][rA];  // the same order in both warpgroups: the same l
+    l1 = a1B * l1 + sm.xsum[0][rB];
+    if (two) {
+      l0 = a2A * l0 + sm.xsum[1][rA];
+      l1 = a2B * l1 + sm.xsum[1][rB];
+    }
+    m0 = n2A, m1 = n2B;
+
+    // O = alpha O + P V, stage by stage: this warpgroup's own P from registers, the other's from
+    // the exchange (the same lanes hold the same fragment positions in both warpgroups).
 #pragma unroll
-    for (int nb = 0; nb < 2; ++nb)
+    for (int h = 0; h < kWgStepStages; ++h) {
+      if (h == 1 && !two) break;
+      uint32_t pa[2][4];
+      if (h == wg) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o[nb][4 * j] *= al0;
-        o[nb][4 * j + 1] *= al0;
-        o[nb][4 * j + 2] *= al1;
-        o[nb][4 * j + 3] *= al1;
+        for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) pa[ks][i] = mine[ks][i];
+      } else {
+        const uint4* xp = reinterpret_cast<const uint4*>(sm.xp[h][me]);
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+          const uint4 v = xp[ks];
+          pa[ks][0] = v.x, pa[ks][1] = v.y, pa[ks][2] = v.z, pa[ks][3] = v.w;
+        }
       }
+      if (h == 0) WgRescale(o, a1A, a1B);
+      else WgRescale(o, a2A, a2B);
+      WgStageValues(o, pa, SmemAddr(sm.kv[buf][h]), wg);
+    }
 
-    // O += P V: this warpgroup's 256 columns (8-column groups 128 bytes apart: 16 bytes a column),
-    // tokens in k-steps of 16 (two 8-token groups, 2 x 9216 bytes).
-    const uint64_t desc_v = wgmma::Descriptor(kv_addr + wg * kWgColumns * 16, kWgGroupBytes, 128);
-#pragma unroll
-    for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-      for (int i = 0; i < 64; ++i) wgmma::Keep(o[nb][i]);
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) wgmma::Keep(pa[ks][i]);
-    wgmma::Fence();
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks)
-#pragma unroll
-      for (int nb = 0; nb < 2; ++nb)
-        WgValue(o[nb], pa[ks], desc_v + ((ks * 2 * kWgGroupBytes + nb * 128 * 16) >> 4));
-    wgmma::Commit();
-    wgmma::WaitAll();
-#pragma unroll
-    for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-      for (int i = 0; i < 64; ++i) wgmma::Keep(o[nb][i]);
-
-    if (s == stages - 1) {  // the unit's partial: (m, l, o) of its chunk, for the combine kernel
-      const int64_t hA = x.head0 + warp * 16 + g, hB = hA + 8;
+    // This thread is done with the step's buffer (and, at a unit's end, with the query).
+    WgArrive(&sm.empty[buf]);
+    if (f == 0) Stamp(5);  // step 0's P @ V done
+    if (t == steps - 1) {  // the unit's partial: (m, l, o) of its chunk, for the combine kernel
+      const int64_t hA = x.head0 + rA, hB = x.head0 + rB;
 #pragma unroll
       for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
           const int col = wg * kWgColumns + nb * 128 + 8 * j + 2 * q4;
-          *reinterpret_cast<float2*>(a.o_part + (hA * kChunks + x.chunk) * kDv + col) =
-              make_float2(o[nb][4 * j], o[nb][4 * j + 1]);
-          *reinterpret_cast<float2*>(a.o_part + (hB * kChunks + x.chunk) * kDv + col) =
-              make_float2(o[nb][4 * j + 2], o[nb][4 * j + 3]);
+          WgStore2(a.o_part + (hA * kChunks + x.chunk) * kDv + col, o[nb][4 * j], o[nb][4 * j + 1]);
+          WgStore2(a.o_part + (hB * kChunks + x.chunk) * kDv + col, o[nb][4 * j + 2], o[nb][4 * j + 3]);
         }
       if (wg == 0 && q4 == 0) {
         *reinterpret_cast<float2*>(a.ml + (hA * kChunks + x.chunk) * 2) = make_float2(m0, l0);
@@ -400,7 +457,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaChunkKernel(ChunkArgs a) {
       }
     }
   }
-  WgCpAsyncWait<0>();  // no copy outlives the block (the trailing groups are empty)
+  Stamp(7);  // exit
 #elif defined(__CUDA_ARCH__)
   __trap();  // device code without sm_90a's features: the build needs CMAKE_CUDA_ARCHITECTURES=90a (ARCH=sm_90a)
 #endif

@@ -21,7 +21,8 @@ import pytest
 
 SOURCE = pathlib.Path(__file__).resolve().parents[1] / "ffi" / "sparse_attention_wgmma.cuh"
 W, DV, HEADS, STAGE = 576, 512, 64, 32
-BUFFERS = 3
+BUFFERS = 2  # step buffers (kWgBuffers), each of STEP_STAGES stage buffers
+STEP_STAGES = 2  # a step's stages: warpgroup w scores stage w (kWgStepStages)
 GROUP = W // 8 * 128  # bytes of 8 rows of core matrices (kWgGroupBytes)
 
 
@@ -50,32 +51,36 @@ def test_the_kernel_uses_these_formulas(source):
     """The constants, copies and descriptors below are the kernel's own (a change there must
     change this test's model too)."""
     for text in [
-        "kWgBuffers = 3",
+        "kWgBuffers = 2",
+        "kWgStepStages = 2",
+        "uint8_t kv[kWgBuffers][kWgStepStages][kWgStageBytes];",
         "kWgGroupBytes = kWgPieces * 128",
         "kWgPieces = kW / 8",
-        # the copies: a stage's token ld_tok, its pieces p = ld_piece + 8 i; the query's head h, piece p
-        "const int ld_tok = tid % 8 + 8 * (tid / 64), ld_piece = (tid / 8) % 8;",
-        "const int h = i % 8 + 8 * (i / (8 * kWgPieces)), p = (i / 8) % kWgPieces;",
-        "SmemAddr(sm.kv[buf]) + (ld_tok / 8) * kWgGroupBytes + (ld_tok % 8) * 16;",
-        "WgCpAsync16(dst + p * 128, src + (row >= 0 ? p * 8 : 0), row >= 0 ? 16 : 0);",
-        "SmemAddr(sm.q) + p * 128 + (h / 8) * kWgGroupBytes + (h % 8) * 16, a.q + (head0 + h) * kW + p * 8, 16)",
+        # the producers' copies: thread p's tokens p_tok + 16 hf, pieces pc = p_piece + 8 i; the
+        # query's head h, piece pc
+        "const int p_tok = me % 8 + 8 * (me / 64), p_piece = (me / 8) % 8;",
+        "const int tok = p_tok + 16 * hf;",
+        "for (int i = 0; i < kWgPieces / 8; ++i) { const int pc = p_piece + 8 * i;",
+        "const int h = i % 8 + 8 * (i / (8 * kWgPieces)), pc = (i / 8) % kWgPieces;",
+        "SmemAddr(sm.kv[buf][h]) + (tok / 8) * kWgGroupBytes + (tok % 8) * 16;",
+        "WgCpAsync16(dst + pc * 128, src + (row >= 0 ? pc * 8 : 0), row >= 0 ? 16 : 0);",
+        "SmemAddr(sm.q) + pc * 128 + (h / 8) * kWgGroupBytes + (h % 8) * 16, a.q + (x.head0 + h) * kW + pc * 8, 16)",
+        "for (int i = me; i < kHt * kWgPieces; i += kWgProducers)",
+        "constexpr int kWgProducers = 128;",
         # the descriptors and their k-step advances (in the 16-byte start field)
         "wgmma::Descriptor(q_addr, 128, kWgGroupBytes)",
         "wgmma::Descriptor(k_addr, 128, kWgGroupBytes)",
         "WgScore(s, desc_q + ks * 16, desc_k + ks * 16, ks > 0)",
-        # all 32 tokens from the stage's start, or (split) warpgroup wg's 16 from token 16 wg
-        "WgStageScores<4>(sc, q_addr, kv_addr, valid, 0, a.scale, q4, mx0, mx1);",
-        "WgStageScores<2>(sc, q_addr, kv_addr + wg * 2 * kWgGroupBytes, valid, 16 * wg, a.scale, q4, mx0, mx1);",
+        # warpgroup wg scores all 32 tokens of the step's stage wg, from the stage's start
+        "WgStageScores<4>(sc, q_addr, SmemAddr(sm.kv[buf][wg]), sm.valid[buf][wg], 0, a.scale, q4, mx0, mx1);",
         "const int tok = tok0 + 8 * j + 2 * q4 + (r & 1);",
-        "pa[0][i] = wg == 0 ? mine[0][i] : theirs[i];",
-        "pa[1][i] = wg == 0 ? theirs[i] : mine[0][i];",
+        # P @ V of stage h reads that stage's buffer
+        "WgStageValues(o, pa, SmemAddr(sm.kv[buf][h]), wg);",
         "wgmma::Descriptor(kv_addr + wg * kWgColumns * 16, kWgGroupBytes, 128)",
         "WgValue(o[nb], pa[ks], desc_v + ((ks * 2 * kWgGroupBytes + nb * 128 * 16) >> 4))",
         # the instructions: both operands K-major for the scores, V N-major (imm-trans-b 1)
         "m64n32k16.f32.bf16.bf16",
         "%16, %17, p, 1, 1, 0, 0;",
-        "m64n16k16.f32.bf16.bf16",
-        "%8, %9, p, 1, 1, 0, 0;",
         "m64n128k16.f32.bf16.bf16",
         "{%64, %65, %66, %67}, %68, p, 1, 1, 1;",
         # P's repacking (test_p_fragments)
@@ -98,18 +103,6 @@ def test_score_operands_read_the_intended_elements():
                                       err_msg=f"K, k-step {ks}")
 
 
-def test_split_score_operands_read_each_warpgroups_tokens():
-    """The split variant (HISPARSE_SPARSE_ATTENTION_WGMMA_SPLIT=1): warpgroup wg's B operand (16
-    tokens, m64n16k16) starts two 8-token groups further per warpgroup and must read tokens
-    16 wg .. 16 wg + 15, whose P fragment is then P @ V's k-step wg (pa[wg] of both warpgroups)."""
-    tokens = np.arange(16)[:, None]
-    k = np.arange(16)[None, :]
-    for wg in range(2):
-        for ks in range(W // 16):
-            read = k_major(wg * 2 * GROUP + 256 * ks, 128, GROUP, tokens, k)
-            np.testing.assert_array_equal(read, stored(16 * wg + tokens, 16 * ks + k), err_msg=f"warpgroup {wg}")
-
-
 def test_value_operands_read_the_intended_elements():
     """O += P V: warpgroup wg's columns 256 wg + 128 nb + n, tokens 16 ks + k, read N-major from
     start + wg 4096 + ks 2 GROUP + nb 2048 with LBO GROUP (8-token groups), SBO 128 (8 columns)."""
@@ -125,9 +118,15 @@ def test_value_operands_read_the_intended_elements():
                 assert (256 * wg + 128 * nb + n).max() < DV  # the value only: never the rope columns
 
 
-def stage_copy(tid, i):
-    """(token, piece) of thread tid's i-th copy of a stage (ld_tok, ld_piece + 8 i)."""
-    return tid % 8 + 8 * (tid // 64), (tid // 8) % 8 + 8 * i
+PRODUCERS = 128
+
+
+def stage_copy(p, hf, i):
+    """(token, piece) of producer thread p's copy i of half hf of a stage."""
+    return p % 8 + 8 * (p // 64) + 16 * hf, (p // 8) % 8 + 8 * i
+
+
+STAGE_COPIES = [(p, hf, i) for hf in range(2) for i in range(W // 8 // 8) for p in range(PRODUCERS)]
 
 
 def query_copy(i):
@@ -136,9 +135,9 @@ def query_copy(i):
 
 
 def test_copies_fill_each_piece_once_and_stay_in_their_buffer():
-    stage = [stage_copy(tid, i) for tid in range(256) for i in range(9)]
+    stage = [stage_copy(*c) for c in STAGE_COPIES]
     assert len(set(stage)) == len(stage) == STAGE * (W // 8)
-    query = [query_copy(i) for tid in range(256) for i in range(tid, HEADS * (W // 8), 256)]
+    query = [query_copy(i) for p in range(PRODUCERS) for i in range(p, HEADS * (W // 8), PRODUCERS)]
     assert len(set(query)) == len(query) == HEADS * (W // 8)
     for rows, size in [(STAGE, STAGE // 8 * GROUP), (HEADS, HEADS // 8 * GROUP)]:
         r, e = np.meshgrid(np.arange(rows), np.arange(0, W, 8), indexing="ij")
@@ -154,9 +153,10 @@ def test_copies_hit_distinct_banks():
     def slot(row, piece):
         return (stored(row, 8 * piece) // 16) % 8
 
-    for first in range(0, 256, 8):
-        for i in range(9):
-            assert sorted(slot(*stage_copy(tid, i)) for tid in range(first, first + 8)) == list(range(8))
+    for hf in range(2):
+        for i in range(W // 8 // 8):
+            for first in range(0, PRODUCERS, 8):
+                assert sorted(slot(*stage_copy(p, hf, i)) for p in range(first, first + 8)) == list(range(8))
     for first in range(0, HEADS * (W // 8), 8):
         assert sorted(slot(*query_copy(i)) for i in range(first, first + 8)) == list(range(8))
 
@@ -169,10 +169,13 @@ def descriptor(address, leading, stride):
 def test_descriptor_fields_hold_every_address_the_kernel_forms():
     """The k-step advances add to the 14-bit start field: they must never carry into the LBO's
     bits, at the highest shared address of the block (1 KB reserved on sm_90, then WgSmem)."""
-    smem = HEADS // 8 * GROUP + BUFFERS * (STAGE // 8 * GROUP) + BUFFERS * STAGE
+    stage_buffers = BUFFERS * STEP_STAGES
+    exchange = STEP_STAGES * 128 * 8 * 4 + 2 * STEP_STAGES * HEADS * 4  # P fragments, row maxima and sums
+    exchange += 2 * BUFFERS * 8  # the full and empty barriers
+    smem = HEADS // 8 * GROUP + stage_buffers * (STAGE // 8 * GROUP) + exchange + stage_buffers * STAGE
     assert smem <= 227 * 1024  # the opt-in maximum a block may use on an H200
     base = 1024
-    q, last_kv = base, base + HEADS // 8 * GROUP + (BUFFERS - 1) * (STAGE // 8 * GROUP)
+    q, last_kv = base, base + HEADS // 8 * GROUP + (stage_buffers - 1) * (STAGE // 8 * GROUP)
     for start, lbo, sbo, step in [(q, 128, GROUP, 16 * (W // 16 - 1)), (last_kv, 128, GROUP, 16 * (W // 16 - 1)),
                                   (last_kv + 4096, GROUP, 128, (2 * GROUP + 2048) >> 4)]:
         d = descriptor(start, lbo, sbo) + step

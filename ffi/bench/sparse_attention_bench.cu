@@ -33,8 +33,14 @@ void PrintTrace(const char* what, int blocks) {
   unsigned long long t0 = ~0ull;
   for (int b = 0; b < blocks; ++b)
     if (ns[b * 8]) t0 = std::min(t0, ns[b * 8]);
+#ifdef HISPARSE_SPARSE_ATTENTION_WGMMA
+  // The wgmma chunk kernel's phases (sparse_attention_wgmma.cuh): its step 0 and step 1.
+  static const char* names[8] = {"entry", "math starts", "step 0 landed", "step 0 scored",
+                                 "step 0 softmax exchanged", "step 0 P @ V done", "step 1 landed", "exit"};
+#else
   static const char* names[8] = {"entry", "ids read, copies issued", "pass 0 landed", "pass 0 computed",
                                  "pass 1 landed", "passes done", "cluster: partials shared", "exit"};
+#endif
   std::printf("trace %s (%d blocks), us after the first block's entry: min / median / max; cycles after the block's own entry (median)\n",
               what, blocks);
   for (int slot = 0; slot < 8; ++slot) {

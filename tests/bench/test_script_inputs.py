@@ -1,5 +1,5 @@
 """Bad input to the analysis scripts under benchmarks/ (kernel_table, trace_calibration,
-two_level_bytes, byte_bounds, launch_gaps, merge_decode_reports): one line on stderr naming the
+two_level_bytes, byte_bounds, launch_gaps, merge_decode_reports, ncu_stalls): one line on stderr naming the
 argument or the file and what to give instead, exit status 2, nothing on stdout; nothing clamped or
 passed on. Files are read within a bound (a gzip bomb is not decompressed whole)."""
 
@@ -346,3 +346,51 @@ def test_merge_refuses_a_run_given_twice_and_says_its_usage(tmp_path, capsys):
     ]:
         assert says in _refused(capsys, "merge_decode_reports", merge.main, argv)
     assert not out.exists()  # refused before anything was written
+
+
+# --------------------------------------------------------------------------- ncu_stalls.py
+
+NCU_HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_lg",'
+              '"stall_long_sb","stall_lg (Not Issued)"')
+
+
+def _ncu_page(tmp_path: Path, *rows: str, first: str = '"Kernel Name","k(Args)",') -> str:
+    path = tmp_path / "source.csv"
+    path.write_text("\n".join([first, NCU_HEADER, *rows]) + "\n")
+    return str(path)
+
+
+def test_ncu_stalls_sums_reasons_and_lists_the_top_instructions(tmp_path, capsys):
+    page = _ncu_page(tmp_path, '"0x10","LDG.E R1, [R2]","30","1,056","10","20","9"',
+                     '"0x20","HGMMA.64x32x16","","64","",""," "', '"0x30","BAR.SYNC","10","8","10","0","0"')
+    assert _script("ncu_stalls").main([page, "--top", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "k(Args): 40 stall samples, 1128 warp instructions executed"
+    assert out[1].split() == ["stall_lg", "20", "50.0%"] and out[2].split() == ["stall_long_sb", "20", "50.0%"]
+    assert out[4].split()[:2] == ["0", "30"] and "stall_long_sb 20, stall_lg 10" in out[4]
+    assert out[5].split()[:2] == ["2", "10"] and len(out) == 6  # --top 2; the "Not Issued" column is not a reason
+
+
+@pytest.mark.parametrize("rows, first, says", [
+    (['"0x10","LDG","1","1","1","1","1"'], "x", "no 'Kernel Name' line first"),
+    ([], '"Kernel Name","k",', "no 'Kernel Name' line first"),
+    (['"0x10","LDG","many","1","1","1","1"'], None, "row 3: 'Warp Stall Sampling (All Samples)' is 'many', not a count"),
+    (['"0x10","LDG","1","1","-1","1","1"'], None, "row 3: 'stall_lg' is '-1', not a count"),
+    (['"0x10","LDG","1","1","nan","1","1"'], None, "row 3: 'stall_lg' is 'nan', not a count"),
+    (['"0x10","LDG","1"'], None, "row 3 has 3 cells, the header 7"),
+])
+def test_ncu_stalls_refuses_what_is_not_a_source_page(rows, first, says, tmp_path, capsys):
+    page = _ncu_page(tmp_path, *rows, **({} if first is None else {"first": first}))
+    err = _refused(capsys, "ncu_stalls", _script("ncu_stalls").main, [page])
+    assert f"{page}: {says}" in err and "pass the output of `ncu -i REPORT --page source --csv" in err
+
+
+def test_ncu_stalls_refuses_a_page_without_its_columns_and_a_bad_top(tmp_path, capsys):
+    path = tmp_path / "source.csv"
+    path.write_text('"Kernel Name","k",\n"Address","Source","Instructions Executed","stall_lg"\n"0x1","X","1","1"\n')
+    err = _refused(capsys, "ncu_stalls", _script("ncu_stalls").main, [str(path)])
+    assert "no 'Warp Stall Sampling (All Samples)' column" in err
+    err = _refused(capsys, "ncu_stalls", _script("ncu_stalls").main, [str(path), "--top", "-1"])
+    assert "--top must be an integer in [0, 10000], got -1" in err
+    err = _refused(capsys, "ncu_stalls", _script("ncu_stalls").main, [str(tmp_path)])
+    assert "not a regular file" in err
