@@ -72,7 +72,7 @@ struct WgSmem {
   float xsum[kWgStepStages][kHt];
   uint8_t valid[kWgBuffers][kWgStepStages][kStage];  // the token has a record (else zero-filled, score -inf)
   // Step buffer b: full (its copies and the query landed: the producers' kWgProducers arrivals),
-  // empty (read to the end: one arrival per math warp).
+  // empty (read to the end: one arrival per math thread).
   alignas(8) unsigned long long full[kWgBuffers];
   unsigned long long empty[kWgBuffers];
 };
@@ -285,7 +285,6 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaChunkKernel(ChunkArgs a) {
   __syncthreads();  // the barriers ready; the last block-wide barrier (the roles part here)
 
   if (wg == kWgStepStages) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWgProducerRegs));
     // The producers: step f's query (where its 64-head block changes) and records into buffer
     // f % 2 once the math has read that buffer's step f - 2 to the end, then, when every copy of
     // this thread landed, a proxy fence (cp.async writes through the generic proxy, wgmma reads
