@@ -21,8 +21,9 @@
 #             jit), JSON in OUT_DIR
 #   grouped-matmul
 #             the MoE grouped matmul: ffi/tests check + memcheck, ffi/bench/grouped_matmul_bench.cu
-#             (auto plan and the best variant against HBM bandwidth, JSON in OUT_DIR), and
-#             tests/test_grouped_matmul.py's GPU tests (needs build)
+#             (auto plan and the best variant against HBM bandwidth, JSON in OUT_DIR; then --ab: the
+#             streaming kernel's launch shapes against the warp-tile kernel at the slices' shapes),
+#             and tests/test_grouped_matmul.py's GPU tests (needs build)
 #   attention-wgmma
 #             the experimental wgmma chunk kernel of sparse attention (ffi/sparse_attention_wgmma.cuh,
 #             sm_90a): the checker (--quick, then memcheck and racecheck), the kernel alone against
@@ -167,6 +168,7 @@ for stage in "$@"; do
       run grouped_matmul_check make -C ffi/tests check-grouped-matmul sanitize-grouped-matmul
       run grouped_matmul_build make -C ffi/bench grouped-matmul
       run grouped_matmul build/grouped_matmul_bench "$OUT_DIR/grouped_matmul.json"
+      run grouped_matmul_ab build/grouped_matmul_bench "$OUT_DIR/grouped_matmul_ab.json" --slices --quick --ab
       run grouped_matmul_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_grouped_matmul.py -q \
         -p no:cacheprovider -m gpu ;;
     attention-wgmma)

@@ -20,13 +20,19 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
+#include "async_copy.cuh"
 #include "common.h"
 #include "grouped_matmul.h"
 #include "grouped_matmul_cuda.h"
 #include "grouped_matmul_tiled.h"
+#include "tensor_map.h"
 
 namespace hisparse {
 namespace {
@@ -332,6 +338,8 @@ __global__ void __launch_bounds__(kGroupedMatmulMaxWarps * kWarp)
         1 + group_in_block, partials + group_in_block * k_slices * 4 * kWarp);
 }
 
+#include "grouped_matmul_stream.cuh"
+
 // --------------------------------------------------------------------------- plan and dispatch
 
 using KernelFn = void (*)(GroupedArgs);
@@ -379,6 +387,158 @@ int AutoTokenTiles(int64_t rows, int64_t experts) {
   return tiles;
 }
 
+// --------------------------------------------------------------------------- the streaming kernel's plan
+
+using StreamKernelFn = void (*)(CUtensorMap, CUtensorMap, GroupedArgs, int);
+
+template <bool kFp8>
+StreamKernelFn StreamForTokenTiles(int token_tiles) {
+  switch (token_tiles) {
+    case 1: return GroupedMatmulStreamKernel<kFp8, 1>;
+    case 2: return GroupedMatmulStreamKernel<kFp8, 2>;
+    case 4: return GroupedMatmulStreamKernel<kFp8, 4>;
+    case 8: return GroupedMatmulStreamKernel<kFp8, 8>;
+  }
+  return nullptr;
+}
+
+StreamKernelFn StreamKernelFor(const GroupedMatmulDims& dims, int token_tiles) {
+  return dims.weight_type == GroupedWeightType::kFp8E4m3 ? StreamForTokenTiles<true>(token_tiles)
+                                                        : StreamForTokenTiles<false>(token_tiles);
+}
+
+int64_t StreamStageBytes(const GroupedMatmulDims& dims, int token_tiles) {
+  return dims.weight_type == GroupedWeightType::kFp8E4m3 ? StreamShape<true>::StageBytes(token_tiles)
+                                                        : StreamShape<false>::StageBytes(token_tiles);
+}
+
+// What the streaming kernel needs to know of the current device, asked once per device.
+struct StreamDevice {
+  bool runs = false;   // compute capability 9.0 or up: TMA bulk copies and mbarrier transactions
+  int sms = 0;
+  int max_shared = 0;  // dynamic shared memory a block may opt into
+  int shared_per_sm = 0;
+  int reserved_per_block = 0;  // shared memory the system keeps of each resident block
+};
+
+constexpr int kStreamMaxDevices = 64;
+// The automatic launch shape of the streaming kernel (GroupedMatmulTuning's stream_* fields): two
+// blocks an SM, a block a unit. H100, the slices' shapes (grouped_matmul_bench --slices --ab,
+// BENCHMARKS.md): within 1-5% of the fastest of the four shapes everywhere; one persistent block
+// an SM lost 5-25% where experts have few rows (the hardware's block scheduler balances units of
+// uneven passes better than a fixed round-robin).
+constexpr int kStreamAutoBlocksPerSm = 2;
+constexpr bool kStreamAutoPersistent = false;
+// The streaming kernel by default only where experts average at least 2.5 rows (2 M >= 5 E): below
+// it the warp-tile kernel's smaller, more numerous blocks measured up to 16% faster (down at 8
+// and 16 pairs over 32 experts), above it the streaming kernel 0-28% faster.
+constexpr int64_t kStreamAutoMinRowsTimes2PerExpert = 5;
+
+cudaError_t StreamDeviceInfo(int* device, StreamDevice* out) {
+  static std::array<StreamDevice, kStreamMaxDevices> cache{};
+  static std::mutex mutex;
+  if (cudaError_t err = cudaGetDevice(device); err != cudaSuccess) return err;
+  if (*device < 0 || *device >= kStreamMaxDevices) return cudaErrorInvalidDevice;
+  std::lock_guard<std::mutex> lock(mutex);
+  StreamDevice& d = cache[*device];
+  if (d.sms == 0) {
+    int major = 0;
+    if (cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, *device); err != cudaSuccess)
+      return err;
+    if (cudaError_t err = cudaDeviceGetAttribute(&d.max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, *device);
+        err != cudaSuccess)
+      return err;
+    if (cudaError_t err = cudaDeviceGetAttribute(&d.shared_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, *device);
+        err != cudaSuccess)
+      return err;
+    if (cudaError_t err = cudaDeviceGetAttribute(&d.reserved_per_block, cudaDevAttrReservedSharedMemoryPerBlock, *device);
+        err != cudaSuccess)
+      return err;
+    if (cudaError_t err = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, *device); err != cudaSuccess)
+      return err;
+    d.runs = major >= 9;
+  }
+  *out = d;
+  return cudaSuccess;
+}
+
+// Opts `kernel` in to all the dynamic shared memory a block may have on `device`, once (a launch
+// may then ask for any amount up to it).
+cudaError_t StreamOptIn(StreamKernelFn kernel, int device, int64_t bytes) {
+  struct Entry {
+    StreamKernelFn kernel;
+    int device;
+  };
+  static std::vector<Entry> done;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Entry& e : done)
+    if (e.kernel == kernel && e.device == device) return cudaSuccess;
+  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+      err != cudaSuccess)
+    return err;
+  done.push_back({kernel, device});
+  return cudaSuccess;
+}
+
+// The stages each of `blocks_per_sm` resident blocks of the streaming kernel keeps in flight for
+// `dims` (0: it does not run them here).
+int StreamStages(const GroupedMatmulDims& dims, int token_tiles, int k_slices, int blocks_per_sm,
+                 const StreamDevice& device) {
+  // The tensor copies' coordinates are int32: a weight row of 2^31 bytes or more stays on the
+  // warp-tile kernel.
+  const int64_t row_bytes = dims.k * GroupedWeightBytes(dims.weight_type);
+  if (!device.runs || k_slices != 1 || kGroupedMatmulTileRows > 0 || row_bytes > INT32_MAX) return 0;
+  const int64_t budget =
+      std::min<int64_t>(device.max_shared, device.shared_per_sm / blocks_per_sm - device.reserved_per_block);
+  const int64_t fit = (budget - kStreamBarrierBytes) / StreamStageBytes(dims, token_tiles);
+  const int stages = static_cast<int>(std::min<int64_t>(kStreamMaxStages, fit));
+  return stages >= 2 ? stages : 0;
+}
+
+// One launch of the streaming kernel under `plan` (stream_stages > 0) with the warp-tile kernel's
+// arguments `p`. *maps_refused: the driver refused a tensor map of w or x (nothing launched).
+cudaError_t LaunchStream(const GroupedMatmulDims& dims, const GroupedMatmulBuffers& io, const GroupedMatmulPlan& plan,
+                         GroupedArgs p, cudaStream_t stream, bool* maps_refused) {
+  int device = 0;
+  StreamDevice info;
+  if (cudaError_t err = StreamDeviceInfo(&device, &info); err != cudaSuccess) return err;
+  const StreamKernelFn kernel = StreamKernelFor(dims, plan.token_tiles);
+  const int64_t shared = kStreamBarrierBytes + plan.stream_stages * StreamStageBytes(dims, plan.token_tiles);
+  if (cudaError_t err = StreamOptIn(kernel, device, info.max_shared); err != cudaSuccess) return err;
+  // w as [E][N][row bytes] in boxes of 128 rows x a chunk; x as [M][K] bf16 in boxes of a pass's
+  // tokens x a chunk's k. Zeros past every edge (grouped_matmul_stream.cuh).
+  const bool fp8 = dims.weight_type == GroupedWeightType::kFp8E4m3;
+  CUtensorMap w_map, x_map;
+  const cuuint64_t w_dims[3] = {static_cast<cuuint64_t>(p.w_row_bytes), static_cast<cuuint64_t>(dims.n),
+                                static_cast<cuuint64_t>(dims.experts)};
+  const cuuint64_t w_strides[2] = {static_cast<cuuint64_t>(p.w_row_bytes),
+                                   static_cast<cuuint64_t>(p.w_row_bytes * dims.n)};
+  const cuuint32_t w_box[3] = {kChunkBytes, kStreamRows, 1};
+  const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(dims.k), static_cast<cuuint64_t>(dims.rows)};
+  const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(p.x_row_bytes)};
+  const cuuint32_t x_box[2] = {static_cast<cuuint32_t>(fp8 ? StreamShape<true>::kXChunkElements
+                                                           : StreamShape<false>::kXChunkElements),
+                               static_cast<cuuint32_t>(kTokensPerTile * plan.token_tiles)};
+  if (cudaError_t err = EncodeTensorMap(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, io.w, w_dims, w_strides, w_box,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+      err != cudaSuccess)
+    return *maps_refused = true, err;
+  if (cudaError_t err = EncodeTensorMap(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, io.x, x_dims, x_strides, x_box,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
+      err != cudaSuccess)
+    return *maps_refused = true, err;
+  const int64_t units = dims.experts * ((dims.n + kStreamRows - 1) / kStreamRows);
+  p.zero_blocks = 0;  // the streaming kernel's blocks write the zero rows themselves
+  // Persistent: each resident block takes every grid-th unit. Else a block a unit, and the
+  // hardware hands the next unit to whichever SM frees first.
+  const int64_t grid = plan.stream_persistent ? std::min<int64_t>(units, int64_t{info.sms} * plan.stream_blocks_per_sm)
+                                              : units;
+  if (grid > INT32_MAX) return cudaErrorInvalidValue;
+  kernel<<<static_cast<unsigned>(grid), kStreamThreads, shared, stream>>>(w_map, x_map, p, plan.stream_stages);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 int GroupedMatmulKSlices(const GroupedMatmulDims& dims) {
@@ -411,6 +571,20 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
   if (p.warps_per_block > kGroupedMatmulMaxWarps || tuning.tiles_per_warp < 0) return cudaErrorInvalidValue;
   // A split of K, from the weight's shape alone (it fixes y's bits: grouped_matmul.h).
   p.k_slices = GroupedMatmulKSlices(dims);
+  if (tuning.stream < -1 || tuning.stream > 1) return cudaErrorInvalidValue;
+  if (tuning.stream >= 0) {
+    int device = 0;
+    StreamDevice info;
+    if (cudaError_t err = StreamDeviceInfo(&device, &info); err != cudaSuccess) return err;
+    if (tuning.stream_blocks_per_sm < 0 || tuning.stream_blocks_per_sm > 2 || tuning.stream_persistent < -1 ||
+        tuning.stream_persistent > 1)
+      return cudaErrorInvalidValue;
+    p.stream_blocks_per_sm = tuning.stream_blocks_per_sm > 0 ? tuning.stream_blocks_per_sm : kStreamAutoBlocksPerSm;
+    p.stream_persistent = tuning.stream_persistent != 0 ? tuning.stream_persistent > 0 : kStreamAutoPersistent;
+    p.stream_stages = StreamStages(dims, p.token_tiles, p.k_slices, p.stream_blocks_per_sm, info);
+    if (tuning.stream == 1 && p.stream_stages == 0) return cudaErrorNotSupported;
+    if (tuning.stream == 0 && 2 * dims.rows < kStreamAutoMinRowsTimes2PerExpert * dims.experts) p.stream_stages = 0;
+  }
   const KernelFn kernel = KernelFor(dims, p);
   if (kernel == nullptr) return cudaErrorInvalidValue;  // a tuning value outside the variants
 
@@ -460,6 +634,13 @@ cudaError_t LaunchGroupedMatmul(const GroupedMatmulDims& dims, const GroupedMatm
   p.zero_blocks = static_cast<int32_t>(std::min<int64_t>(kGroupedMatmulMaxZeroBlocks, dims.rows));
   p.k_slices = plan.k_slices;
   p.slice_chunks = (p.chunks + plan.k_slices - 1) / plan.k_slices;
+  if (plan.stream_stages > 0) {
+    bool maps_refused = false;
+    const cudaError_t err = LaunchStream(dims, io, plan, p, stream, &maps_refused);
+    // A shape the driver's tensor maps refuse runs on the warp-tile kernel, unless the caller
+    // asked for the streaming kernel.
+    if (!maps_refused || tuning.stream == 1) return err;
+  }
   const int64_t blocks = p.zero_blocks + dims.experts * plan.blocks_per_expert;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   const size_t partial_bytes = plan.k_slices > 1 ? plan.warps_per_block * 4 * kWarp * sizeof(float) : 0;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "async_copy.cuh"
 #include "sparse_attention_cuda.h"
 #include "wgmma.cuh"
 
@@ -105,10 +106,6 @@ constexpr int kOStride = kDv + 8;
 static_assert(kHt * kOStride * 4 <= sizeof(Smem::kv), "the cluster plan's o rows must fit in the KV buffers");
 static_assert(sizeof(Smem) <= 227 * 1024, "the chunk kernel's shared memory exceeds sm_90's 227 KB a block");
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(dst)), "l"(src) : "memory");
 }
@@ -120,49 +117,11 @@ __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_g
 __device__ __forceinline__ void CpAsyncArrive(unsigned long long* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
 }
-__device__ __forceinline__ void MbarInit(unsigned long long* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void MbarArriveExpectTx(unsigned long long* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void MbarWait(unsigned long long* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(SmemAddr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// One record row, global -> shared, completing on `bar` (the TMA engine: one instruction a row,
-// where 16-byte cp.async took 72 and their address arithmetic).
-__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes, unsigned long long* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          SmemAddr(dst)),
-      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
-      : "memory");
-}
-// The same copy with an L2 eviction policy (createpolicy): the A/B of evict-first records below.
-__device__ __forceinline__ void BulkCopyHint(void* dst, const void* src, uint32_t bytes, unsigned long long* bar,
-                                             uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-          SmemAddr(dst)),
-      "l"(src), "r"(bytes), "r"(SmemAddr(bar)), "l"(policy)
-      : "memory");
-}
 // The records stream through L2 once a call: evicted first (-DHISPARSE_SPARSE_ATTENTION_EVICT_FIRST=1),
 // they would displace the combine plan's partials (read back right after) last. An A/B, off.
 #ifndef HISPARSE_SPARSE_ATTENTION_EVICT_FIRST
 #define HISPARSE_SPARSE_ATTENTION_EVICT_FIRST 0
 #endif
-// Generic-proxy accesses of this thread (zero fills; reads ordered before it by a barrier) before
-// the async proxy's next writes of the same shared memory.
-__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // ldmatrix at a 32-bit shared address (smem pointers kept as 32-bit offsets: fewer registers
 // than generic 64-bit pointers, under the 128 a thread of 16 warps gets).

@@ -89,9 +89,6 @@ __device__ __forceinline__ void WgCpAsync16(uint32_t dst, const void* src, int b
 __device__ __forceinline__ void WgStore2(float* dst, float x, float y) {
   asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
 }
-__device__ __forceinline__ void WgArrive(unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
-}
 // The two math warpgroups' barrier (named barrier 1; the producers never wait on it).
 __device__ __forceinline__ void WgMathSync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kWgConsumers) : "memory"); }
 template <int kPending>
@@ -356,7 +353,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaChunkKernel(ChunkArgs a) {
       if (f + 1 < flat) load_ids(f + 1, ids);  // in flight while this step's copies land
       WgCpAsyncWait<0>();
       FenceProxyAsync();
-      WgArrive(&sm.full[buf]);
+      MbarArrive(&sm.full[buf]);
     }
     return;
   }
@@ -438,7 +435,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaChunkKernel(ChunkArgs a) {
     }
 
     // This thread is done with the step's buffer (and, at a unit's end, with the query).
-    WgArrive(&sm.empty[buf]);
+    MbarArrive(&sm.empty[buf]);
     if (f == 0) Stamp(5);  // step 0's P @ V done
     if (t == steps - 1) {  // the unit's partial: (m, l, o) of its chunk, for the combine kernel
       const int64_t hA = x.head0 + rA, hB = x.head0 + rB;

@@ -22,7 +22,8 @@
 // A sweep of the plan (weight tiles x chunks in flight x token tiles x warps
 // per block x tiles per warp) per configuration shows whether the automatic
 // plan is the fast one: the table gives the automatic plan and the best
-// variant; --sweep prints every variant.
+// variant; --sweep prints every variant. Every sweep holds the warp-tile kernel's own plan
+// (grouped_matmul_cuda.h): on sm_90 the automatic plan is the streaming kernel.
 //
 // Build (repository root):
 //   make -C ffi/bench grouped-matmul
@@ -30,6 +31,8 @@
 //   build/grouped_matmul_bench results/grouped_matmul_bench.json
 //   build/grouped_matmul_bench /tmp/gmm.json --quick     # fp8 only, no sweep
 //   build/grouped_matmul_bench /tmp/gmm.json --sweep     # every variant of every configuration
+//   build/grouped_matmul_bench /tmp/gmm.json --slices --quick --ab   # the streaming kernel (the
+//       # automatic plan on sm_90) against the warp-tile kernel, same bits checked, both timed
 //   build/grouped_matmul_bench /tmp/gmm.json --slices --quick --only gate_up:32:328 --iters 3
 //       # one configuration (projection:experts:rows; fp8 and bf16 both unless --quick), e.g. under
 //       # ncu --kernel-name regex:GroupedMatmulKernel --launch-skip 3 --launch-count 1
@@ -137,8 +140,12 @@ std::string Describe(const GroupedMatmulPlan& p) {
   std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d", p.warps_per_block, p.weight_tiles,
                 p.chunks_in_flight, p.token_tiles, p.tiles_per_warp);
 #else
-  std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d S%d", p.warps_per_block, p.weight_tiles,
-                p.chunks_in_flight, p.token_tiles, p.tiles_per_warp, p.k_slices);
+  if (p.stream_stages > 0)
+    std::snprintf(buffer, sizeof(buffer), "stream st%d tt%d b%d%s", p.stream_stages, p.token_tiles,
+                  p.stream_blocks_per_sm, p.stream_persistent ? " p" : "");
+  else
+    std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d S%d", p.warps_per_block, p.weight_tiles,
+                  p.chunks_in_flight, p.token_tiles, p.tiles_per_warp, p.k_slices);
 #endif
   return buffer;
 }
@@ -147,15 +154,22 @@ std::string Json(const GroupedMatmulPlan& p) {
   char buffer[256];
   std::snprintf(buffer, sizeof(buffer),
                 "{\"warps_per_block\": %d, \"weight_tiles\": %d, \"chunks_in_flight\": %d, \"token_tiles\": %d, "
-                "\"tiles_per_warp\": %d, \"blocks_per_expert\": %d}",
+                "\"tiles_per_warp\": %d, \"blocks_per_expert\": %d, \"stream_stages\": %d}",
                 p.warps_per_block, p.weight_tiles, p.chunks_in_flight, p.token_tiles, p.tiles_per_warp,
-                p.blocks_per_expert);
+                p.blocks_per_expert, p.stream_stages);
   return buffer;
 }
 
-// --slices: the plan fields that matter at decode (tt automatic, one tile per warp).
+// The warp-tile kernel's own automatic plan: the A/B against the streaming kernel (--ab).
+GroupedMatmulTuning WarpTileKernel() {
+  GroupedMatmulTuning t;
+  t.stream = -1;
+  return t;
+}
+
+// --slices: the warp-tile kernel's plan fields that matter at decode (tt automatic, one tile per warp).
 std::vector<GroupedMatmulTuning> SliceSweep() {
-  std::vector<GroupedMatmulTuning> out;
+  std::vector<GroupedMatmulTuning> out = {WarpTileKernel()};
   for (int wt : {1, 2})
     for (int u : {2, 4})
       for (int warps : {2, 4, 8}) {
@@ -163,18 +177,32 @@ std::vector<GroupedMatmulTuning> SliceSweep() {
         t.weight_tiles = wt;
         t.chunks_in_flight = u;
         t.warps_per_block = warps;
+        t.stream = -1;
         out.push_back(t);
       }
   return out;
 }
 
-std::vector<GroupedMatmulTuning> Sweep(const Config& c, bool slices) {
+std::vector<GroupedMatmulTuning> Sweep(const Config& c, bool slices, bool ab) {
+  if (ab) {  // the warp-tile kernel, then the streaming kernel's launch shapes
+    std::vector<GroupedMatmulTuning> out = {WarpTileKernel()};
+    for (int persistent : {1, -1})
+      for (int blocks : {1, 2}) {
+        GroupedMatmulTuning t;
+        t.stream = 1;
+        t.stream_blocks_per_sm = blocks;
+        t.stream_persistent = persistent;
+        GroupedMatmulPlan plan;
+        if (hisparse::GroupedMatmulPlanFor(c.dims(), t, &plan) == cudaSuccess) out.push_back(t);
+      }
+    return out;
+  }
   if (slices) return SliceSweep();
   GroupedMatmulPlan automatic;
   CUDA_OK(hisparse::GroupedMatmulPlanFor(c.dims(), {}, &automatic));
   std::vector<int> token_tiles = {automatic.token_tiles};
   if (automatic.token_tiles != 8) token_tiles.push_back(8);
-  std::vector<GroupedMatmulTuning> out;
+  std::vector<GroupedMatmulTuning> out = {WarpTileKernel()};
   for (int wt : {1, 2})
     for (int u : {2, 4})
       for (int tt : token_tiles)
@@ -186,13 +214,14 @@ std::vector<GroupedMatmulTuning> Sweep(const Config& c, bool slices) {
             t.token_tiles = tt;
             t.warps_per_block = warps;
             t.tiles_per_warp = q;
+            t.stream = -1;
             out.push_back(t);
           }
   return out;
 }
 
 Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bool print_sweep, uint8_t* w_copies[2],
-                 uint32_t seed, bool slices) {
+                 uint32_t seed, bool slices, bool ab) {
   Result r;
   r.config = c;
   const GroupedMatmulDims dims = c.dims();
@@ -283,7 +312,7 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
   r.auto_gbs = r.active_bytes / (r.auto_stats.median_us * 1e3);
   r.best_plan = r.auto_plan, r.best_stats = r.auto_stats, r.best_gbs = r.auto_gbs;
   if (sweep) {
-    for (const GroupedMatmulTuning& t : Sweep(c, slices)) {
+    for (const GroupedMatmulTuning& t : Sweep(c, slices, ab)) {
       GroupedMatmulPlan plan;
       CUDA_OK(hisparse::GroupedMatmulPlanFor(dims, t, &plan));
       launch(t, 0);
@@ -304,7 +333,9 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
 }
 
 const char* kUsage =
-    "usage: %s OUT.json [--quick] [--sweep] [--slices] [--iters N] [--seed N] [--only PROJ:E:P]\n"
+    "usage: %s OUT.json [--quick] [--sweep] [--slices] [--ab] [--iters N] [--seed N] [--only PROJ:E:P]\n"
+    "  --ab                    each configuration against the warp-tile kernel's own plan alone (same bits\n"
+    "                          checked; both times printed), instead of the sweep\n"
     "  --only gate_up:32:328   that configuration alone (e.g. under ncu); a wrong one lists them\n";
 
 }  // namespace
@@ -315,7 +346,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* out_path = argv[1];
-  bool quick = false, print_sweep = false, slices = false;
+  bool quick = false, print_sweep = false, slices = false, ab = false;
   std::string only;  // PROJ:E:P, or empty: every configuration
   int iters = 30;
   uint32_t seed = 1;
@@ -324,6 +355,7 @@ int main(int argc, char** argv) {
     if (a == "--quick") quick = true;
     else if (a == "--sweep") print_sweep = true;
     else if (a == "--slices") slices = true;
+    else if (a == "--ab") ab = print_sweep = true;
     else if (a == "--iters" && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
     else if (a == "--seed" && i + 1 < argc) seed = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
@@ -336,11 +368,11 @@ int main(int argc, char** argv) {
   // --- configurations (before the device: a wrong --only fails fast) --------
   std::vector<Config> configs;
   // --slices: the deployment slices' shapes (GLM-5.1 per GPU, EP8, fp8): routed E = 32 at P = 8 x
-  // batch pairs (batches 2, 17, 41, 64), then the shared expert (E = 1, every token) at M = batch.
+  // batch pairs (batches 1, 2, 9, 10, 17, 41, 64), then the shared expert (E = 1, every token) at M = batch.
   if (slices) {
     for (const auto& [name, k, n] : {std::tuple<const char*, int64_t, int64_t>{"gate_up", 6144, 4096},
                                      std::tuple<const char*, int64_t, int64_t>{"down", 2048, 6144}}) {
-      for (int64_t rows : {8, 16, 136, 328, 512}) configs.push_back({name, k, n, true, rows});
+      for (int64_t rows : {8, 16, 72, 80, 136, 328, 512}) configs.push_back({name, k, n, true, rows});
       for (int64_t rows : {2, 17, 41, 64}) configs.push_back({name, k, n, true, rows, 1});
       // The shared expert as a 33rd expert of the routed launch (batch b: 8 b routed pairs + b
       // shared rows), against the two launches above: the layout hisparse_jax.models.moe
@@ -407,7 +439,7 @@ int main(int argc, char** argv) {
                   c.fp8 ? "fp8" : "bf16", (long long)c.experts, (long long)c.rows);
       continue;
     }
-    const Result r = RunConfig(c, stream, iters, !quick, print_sweep, w_copies, seed, slices);
+    const Result r = RunConfig(c, stream, iters, !quick || ab, print_sweep, w_copies, seed, slices, ab);
     all_ok = all_ok && r.ok;
     std::printf("| %s | %s | %lld | %lld | %lld | %.1f | %s | %.1f / %.1f / %.1f | %.0f | %.2f | %.2f | %.2f | %s | %.0f "
                 "| %s%s%s |\n",

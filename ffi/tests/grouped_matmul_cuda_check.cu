@@ -4,7 +4,10 @@
 // sizes) runs under the automatic plan and then under every kernel variant
 // (weight tiles 1, 2 x chunks in flight 2, 4 x token tiles 1, 2, 4, 8), each
 // with the automatic launch shape and with 1 warp per block and 3 tiles per
-// warp. Checked:
+// warp, and the streaming kernel (grouped_matmul_stream.cuh) at token tiles
+// 1, 2, 4, 8, persistent with one block an SM and a block a unit with two,
+// where it runs. On sm_90 the automatic plan is the streaming
+// kernel wherever K is not split. Checked:
 //   - every covered element within the contract's bound of the exact value,
 //     rows past the last group +0 bit for bit;
 //   - every variant, and a second run of the automatic plan, writes the same
@@ -234,6 +237,8 @@ struct Outcome {
   }
 };
 
+// The warp-tile kernel's variants, then the streaming kernel's token tiles (where it runs: S = 1 on
+// compute capability 9.0 and up; RunCase skips them elsewhere).
 std::vector<GroupedMatmulTuning> Variants() {
   std::vector<GroupedMatmulTuning> out;
   for (int wt : {1, 2})
@@ -245,12 +250,25 @@ std::vector<GroupedMatmulTuning> Variants() {
           t.chunks_in_flight = u;
           t.token_tiles = tt;
           if (shape == 1) t.warps_per_block = 1, t.tiles_per_warp = 3;
+          t.stream = -1;
           out.push_back(t);
         }
+  for (int tt : {1, 2, 4, 8})
+    for (int shape : {0, 1}) {  // one persistent block an SM, or two an SM and a block a unit
+      GroupedMatmulTuning t;
+      t.token_tiles = tt;
+      t.stream = 1;
+      t.stream_blocks_per_sm = shape == 0 ? 1 : 2;
+      t.stream_persistent = shape == 0 ? 1 : -1;
+      out.push_back(t);
+    }
   return out;
 }
 
 std::string Describe(const GroupedMatmulPlan& p) {
+  if (p.stream_stages > 0)
+    return Format("streaming kernel, %d stages, token tiles %d, %d blocks an SM%s", p.stream_stages, p.token_tiles,
+                  p.stream_blocks_per_sm, p.stream_persistent ? ", persistent" : "");
   return Format("warps %d, weight tiles %d, in flight %d, token tiles %d, tiles/warp %d, blocks/expert %d, "
                 "K slices %d",
                 p.warps_per_block, p.weight_tiles, p.chunks_in_flight, p.token_tiles, p.tiles_per_warp,
@@ -347,6 +365,7 @@ Outcome RunCase(const Case& c, Rng& rng, bool verbose) {
   // Every variant: the same bits.
   if (out.ok) {
     for (const GroupedMatmulTuning& t : Variants()) {
+      if (t.stream == 1 && hisparse::GroupedMatmulPlanFor(dims, t, &plan) == cudaErrorNotSupported) continue;
       std::vector<uint32_t> bits;
       if (!run(t, &bits)) break;
       if (bits != first) {
@@ -376,6 +395,12 @@ bool RefusesBadArguments() {
   GroupedMatmulTuning t;
   t.token_tiles = 3;
   ok = ok && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorInvalidValue;
+  t.token_tiles = 0, t.stream = 2;
+  ok = ok && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorInvalidValue;
+  // The streaming kernel, required, refuses a split of K (it runs S = 1 only).
+  d.experts = 1, d.n = 64, d.k = 4096;
+  t.stream = 1;
+  ok = ok && hisparse::GroupedMatmulKSlices(d) > 1 && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorNotSupported;
   return ok;
 }
 

@@ -1,0 +1,220 @@
+// The grouped matmul's streaming kernel (sm_90): the weights reach shared memory through the TMA
+// engine, a deep ring of stages ahead of the math, instead of through each warp's registers.
+// Included by grouped_matmul_kernels.cu inside its anonymous namespace, after WarpTile, whose
+// arithmetic it repeats: the same fragments, the same mma in the same order on every accumulator,
+// so y has the same bits as the warp-tile kernel's (grouped_matmul.h: the bits depend on neither
+// the launch variant nor the batch). It runs the shapes without a split of K (S = 1: the routed
+// experts); a split weight (the shared expert) keeps the warp-tile kernel.
+//
+// Why (ncu on an H100, gate_up fp8 at 328 pairs, BENCHMARKS.md): the warp-tile kernel keeps its
+// weight loads in registers, 146 a thread there, so 12 warps an SM fit and its loads stop while
+// they compute: HBM at 52% of peak with L2 and L1 at a quarter of theirs. Here one producer lane
+// a block keeps `stages` stages of 128 rows x 256 bytes in flight whatever the math's registers.
+//
+// Work: units of (expert, 128 weight rows), expert-major; block b takes units b, b + grid, ...
+// (experts without rows are skipped by every warp alike). With a grid of one block a unit (the
+// default, two blocks resident an SM) the hardware hands out the units; a persistent grid loops.
+// A unit's tokens go in passes of 8 kTokenTiles, each pass streams the unit's rows once (as the
+// warp-tile kernel does). A stage is 4 chunks of k (256 bytes of each weight row): per chunk one
+// TMA tensor copy of the unit's 128 rows x 64 bytes and one of the pass's tokens' x at the same k
+// (a bulk copy a row moved only ~6 GB/s an SM: the copy engine takes ~90 cycles a copy, so copies
+// must be large). The maps (tensor_map.h) fill rows past N, k past K and tokens past M with
+// zeros; tokens past the group's end are read but never written. Consumer warp w computes weight
+// rows 16 w .. 16 w + 15. The block also writes the rows past the last group (the warp-tile
+// kernel's zero blocks).
+// Shared memory reads without bank conflicts: a chunk's weight rows are 64 bytes apart, so the
+// 16-byte reads of rows g and g + 1 by a quarter-warp cover all 32 banks; fp8's x rows are 128
+// bytes apart and a lane reads 32 bytes (lo, hi), so even tokens read lo first and odd ones hi
+// first (the values are the same; only the order of the two loads differs); bf16's x rows are 64
+// bytes apart like the weights.
+
+constexpr int kStreamConsumerWarps = 8;
+constexpr int kStreamThreads = kWarp * (1 + kStreamConsumerWarps);  // warp 0 copies
+constexpr int kStreamRows = kRowsPerWeightTile * kStreamConsumerWarps;  // 128 rows a unit
+constexpr int kStreamStageChunks = 4;
+constexpr int kStreamStageBytes = kStreamStageChunks * kChunkBytes;  // of each weight row
+constexpr int kStreamMaxStages = 6;
+constexpr int64_t kStreamWeightBox = int64_t{kStreamRows} * kChunkBytes;  // a chunk of the unit's rows: 8 KB
+
+template <bool kFp8>
+struct StreamShape {
+  static constexpr int kXChunkBytes = kFp8 ? 2 * kChunkBytes : kChunkBytes;  // x is bf16: a chunk's k
+  static constexpr int kXChunkElements = kXChunkBytes / 2;
+  __host__ __device__ static constexpr int64_t XBox(int token_tiles) {
+    return int64_t{kTokensPerTile} * token_tiles * kXChunkBytes;
+  }
+  __host__ __device__ static constexpr int64_t StageBytes(int token_tiles) {
+    return kStreamStageChunks * (kStreamWeightBox + XBox(token_tiles));
+  }
+};
+
+// The barriers first (full: the stage's bytes landed; empty: every consumer thread read it), then
+// the stages, each 128-byte aligned (the tensor copies' destinations must be).
+constexpr int64_t kStreamBarrierBytes = 128;
+static_assert(2 * kStreamMaxStages * 8 <= kStreamBarrierBytes, "the stream kernel's barriers must fit their area");
+
+// sum over i < count of max(sizes[i], 0) in 64 bits, by one warp (every lane gets it): each warp
+// computes its own, so the producer never waits for the consumers to learn a group's offset.
+__device__ __forceinline__ int64_t WarpClampedSizeSum(const int32_t* sizes, int count, int lane) {
+  int64_t sum = 0;
+  for (int i = lane; i < count; i += kWarp) sum += max(sizes[i], 0);
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+  return sum;
+}
+
+__device__ __forceinline__ uint4 LoadShared16(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+
+// A 3-d (w: k bytes, row, expert) or 2-d (x: k, token) tensor copy into shared memory, completing
+// on `bar`.
+__device__ __forceinline__ void TensorCopy3d(void* dst, const CUtensorMap* map, int x, int y, int z,
+                                             unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          SmemAddr(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(z), "r"(SmemAddr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void TensorCopy2d(void* dst, const CUtensorMap* map, int x, int y, unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          SmemAddr(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+template <bool kFp8, int kTokenTiles>
+__global__ void __launch_bounds__(kStreamThreads, 1)
+    GroupedMatmulStreamKernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
+                              const GroupedArgs p, int stages) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Shape = StreamShape<kFp8>;
+  constexpr int kSteps = kFp8 ? 4 : 2;
+  constexpr int kTokensPerPass = kTokensPerTile * kTokenTiles;
+  constexpr int64_t kXBox = Shape::XBox(kTokenTiles);
+  constexpr int64_t kStageBytes = Shape::StageBytes(kTokenTiles);
+  extern __shared__ __align__(128) uint8_t smem[];
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem);
+  unsigned long long* empty = full + kStreamMaxStages;
+  uint8_t* stage_base = smem + kStreamBarrierBytes;
+
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      MbarInit(&full[s], 1);
+      MbarInit(&empty[s], kWarp * kStreamConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int64_t row_blocks = (p.n + kStreamRows - 1) / kStreamRows;
+  const int64_t units = p.experts * row_blocks;
+  const int g = lane / 4, c = lane % 4;
+  int64_t it = 0;  // stages handed over so far: slot it % stages, phase (it / stages) & 1
+
+  for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const int expert = static_cast<int>(unit / row_blocks);
+    const int row0 = static_cast<int>((unit % row_blocks) * kStreamRows);
+    if (p.sizes[expert] <= 0) continue;  // the same answer on every warp: no rows, nothing read
+    const int64_t begin = WarpClampedSizeSum(p.sizes, expert, lane);
+    if (begin >= p.rows) continue;
+    const int64_t end = min(begin + p.sizes[expert], p.rows);
+
+    for (int64_t t0 = begin; t0 < end; t0 += kTokensPerPass) {
+      if (warp == 0) {
+        // ---- producer (lane 0): one stage after another, each into the slot its consumers released
+        for (int chunk0 = 0; chunk0 < p.chunks; chunk0 += kStreamStageChunks, ++it) {
+          if (lane != 0) continue;
+          const int slot = static_cast<int>(it % stages);
+          if (it >= stages) MbarWait(&empty[slot], static_cast<uint32_t>((it / stages - 1) & 1));
+          uint8_t* w_stage = stage_base + slot * kStageBytes;
+          uint8_t* x_stage = w_stage + kStreamStageChunks * kStreamWeightBox;
+          const int chunks = min(kStreamStageChunks, p.chunks - chunk0);
+          MbarArriveExpectTx(&full[slot], static_cast<uint32_t>(chunks * (kStreamWeightBox + kXBox)));
+          for (int q = 0; q < chunks; ++q) {
+            const int chunk = chunk0 + q;
+            TensorCopy3d(w_stage + q * kStreamWeightBox, &w_map, chunk * kChunkBytes, row0, expert, &full[slot]);
+            TensorCopy2d(x_stage + q * kXBox, &x_map, chunk * Shape::kXChunkElements, static_cast<int>(t0), &full[slot]);
+          }
+        }
+        continue;
+      }
+
+      // ---- consumer warp: weight rows 16 w' .. 16 w' + 15 of the unit (w' = warp - 1)
+      const int tile_row = kRowsPerWeightTile * (warp - 1);
+      const int tiles = static_cast<int>(min(static_cast<int64_t>(kTokenTiles), (end - t0 + kTokensPerTile - 1) / kTokensPerTile));
+      float acc[kTokenTiles][4];
+#pragma unroll
+      for (int t = 0; t < kTokenTiles; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
+
+      for (int chunk0 = 0; chunk0 < p.chunks; chunk0 += kStreamStageChunks, ++it) {
+        const int slot = static_cast<int>(it % stages);
+        MbarWait(&full[slot], static_cast<uint32_t>((it / stages) & 1));
+        const uint8_t* w_stage = stage_base + slot * kStageBytes;
+        const uint8_t* x_stage = w_stage + kStreamStageChunks * kStreamWeightBox;
+#pragma unroll
+        for (int q = 0; q < kStreamStageChunks; ++q) {
+          if (chunk0 + q >= p.chunks) break;  // warp-uniform: a short last stage
+          // Past the row (a partial last chunk) the copy filled zeros, as the warp-tile kernel's masks do.
+          const uint8_t* w_chunk = w_stage + q * kStreamWeightBox + 16 * c;
+          const uint4 top = LoadShared16(w_chunk + (tile_row + g) * kChunkBytes);
+          const uint4 bottom = LoadShared16(w_chunk + (tile_row + 8 + g) * kChunkBytes);
+          uint32_t a[kSteps][4];
+#pragma unroll
+          for (int s = 0; s < kSteps; ++s) WeightFragment<kFp8>(top, bottom, s, a[s]);
+          const uint8_t* x_chunk = x_stage + q * kXBox;
+#pragma unroll
+          for (int t = 0; t < kTokenTiles; ++t) {
+            if (t >= tiles) break;  // warp-uniform
+            const uint8_t* src = x_chunk + (kTokensPerTile * t + g) * Shape::kXChunkBytes;
+            uint4 lo, hi = make_uint4(0, 0, 0, 0);
+            if constexpr (kFp8) {
+              const int odd = g & 1;  // odd tokens read their hi piece first: no bank conflict
+              const uint4 first = LoadShared16(src + 32 * c + 16 * odd);
+              const uint4 second = LoadShared16(src + 32 * c + 16 * (1 - odd));
+              lo = odd ? second : first;
+              hi = odd ? first : second;
+            } else {
+              lo = LoadShared16(src + 16 * c);
+            }
+            const uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+            for (int s = 0; s < kSteps; ++s) Mma(acc[t], a[s], xw[2 * s], xw[2 * s + 1]);
+          }
+        }
+        MbarArrive(&empty[slot]);  // every consumer thread: its reads of the slot are done
+      }
+
+
+      // y[token, n] = acc * scale[expert, n]; c0, c1: row g, tokens 2c, 2c+1; c2, c3: row g + 8.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t n = row0 + tile_row + 8 * h + g;
+        if (n >= p.n) continue;
+        const float factor = p.scale[static_cast<int64_t>(expert) * p.n + n];
+#pragma unroll
+        for (int t = 0; t < kTokenTiles; ++t) {
+          if (t >= tiles) break;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int64_t token = t0 + kTokensPerTile * t + 2 * c + i;
+            if (token < end) p.y[token * p.n + n] = acc[t][2 * h + i] * factor;
+          }
+        }
+      }
+    }
+  }
+
+  // Rows [min(total, M), M) belong to no group: +0 in every column, rows spread over the blocks.
+  const int64_t first = min(WarpClampedSizeSum(p.sizes, p.experts, lane), p.rows);
+  for (int64_t row = first + blockIdx.x; row < p.rows; row += gridDim.x) {
+    float* out = p.y + row * p.n;
+    for (int64_t col = threadIdx.x; col < p.n; col += blockDim.x) out[col] = 0.0f;
+  }
+#else
+  __trap();  // launched only on devices of compute capability 9.0 and up (GroupedMatmulStreamFits)
+#endif
+}
