@@ -2,8 +2,10 @@
 // pointers, no XLA types. Needs sm_80 or newer (mma.sync bf16, mul.bf16x2 on
 // sm_90); built and tuned for sm_90 (plain sm_90, not sm_90a).
 //
-// Decode reads far more weight bytes than anything else, so the kernel is a
-// weight stream: one launch, no shared-memory staging of operands.
+// Decode reads far more weight bytes than anything else, so each kernel is a
+// weight stream in one launch: the warp-tile kernel below loads straight into
+// registers (no shared-memory staging); the streaming kernel (further down)
+// stages through shared memory by the copy engine. Same bits from both.
 //   - A block is W warps of one expert; a warp owns tiles_per_warp warp
 //     tiles of 16 * weight_tiles adjacent weight rows (output channels) and
 //     streams each along all of K with 16-byte read-only loads (L1 bypassed),
