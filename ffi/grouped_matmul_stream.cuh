@@ -31,8 +31,7 @@
 constexpr int kStreamConsumerWarps = 8;
 constexpr int kStreamThreads = kWarp * (1 + kStreamConsumerWarps);  // warp 0 copies
 constexpr int kStreamRows = kRowsPerWeightTile * kStreamConsumerWarps;  // 128 rows a unit
-constexpr int kStreamStageChunks = 4;
-constexpr int kStreamStageBytes = kStreamStageChunks * kChunkBytes;  // of each weight row
+constexpr int kStreamStageChunks = 4;  // a stage: 4 chunks, 256 bytes of each weight row
 constexpr int kStreamMaxStages = 6;
 constexpr int64_t kStreamWeightBox = int64_t{kStreamRows} * kChunkBytes;  // a chunk of the unit's rows: 8 KB
 
