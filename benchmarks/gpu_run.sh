@@ -22,8 +22,9 @@
 #   grouped-matmul
 #             the MoE grouped matmul: ffi/tests check + memcheck, ffi/bench/grouped_matmul_bench.cu
 #             (auto plan and the best variant against HBM bandwidth, JSON in OUT_DIR; then --ab: the
-#             streaming kernel's launch shapes against the warp-tile kernel at the slices' shapes),
-#             and tests/test_grouped_matmul.py's GPU tests (needs build)
+#             streaming kernel's launch shapes against the warp-tile kernel at the slices' shapes, the
+#             shared expert's split K included), and tests/test_grouped_matmul.py's GPU tests (needs
+#             build)
 #   attention-wgmma
 #             the experimental wgmma chunk kernel of sparse attention (ffi/sparse_attention_wgmma.cuh,
 #             sm_90a): the checker (--quick, then memcheck and racecheck), the kernel alone against

@@ -41,14 +41,16 @@
 //     kernels compile without its slice bounds (sharing them cost 5-15%).
 //     H200, glm5 shared expert at batch 17 (fp8): gate_up 117 -> 22 us, down
 //     35 -> 17 us (the bench's --slices mode; BENCHMARKS.md).
-//   - The streaming kernel (grouped_matmul_stream.cuh, sm_90, S = 1): in
+//   - The streaming kernel (grouped_matmul_stream.cuh, sm_90): in
 //     each block (two an SM by default) a producer lane keeps a ring of
 //     stages (256 bytes of each of 128 weight rows and the pass's x at the
 //     same k) in flight through TMA tensor copies, 8 consumer warps run the same fragments and
 //     mma as the warp-tile kernel from shared memory: the bytes in flight no
-//     longer depend on the registers the math needs. The default where it
-//     runs and experts average 2.5 rows or more; the warp-tile kernel stays
-//     for fewer rows, split weights and older devices.
+//     longer depend on the registers the math needs. A split weight runs
+//     there with each consumer warp summing its rows' slices in order
+//     itself. The default where it runs, K is not split and experts average
+//     2.5 rows or more; the warp-tile kernel stays for fewer rows, split
+//     weights (until the streaming split is timed) and older devices.
 //   - Blocks of experts without rows exit before reading anything; a few
 //     extra blocks write the zeros of rows past the last group. Each block
 //     sums the group sizes it needs itself (E <= 1024), so there is no
@@ -89,9 +91,9 @@ struct GroupedMatmulPlan {
   int tiles_per_warp = 1;     // warp tiles a warp streams one after another
   int blocks_per_expert = 1;  // ceil(N / (16 weight_tiles tiles_per_warp) / (warps_per_block / k_slices))
   int k_slices = 1;           // GroupedMatmulKSlices(dims): fixed by the weight's shape, not a tuning
-  // > 0: the streaming kernel (grouped_matmul_stream.cuh) with this many stages in flight per SM,
-  // one block an SM; the fields above but token_tiles and k_slices are then unused. 0: the
-  // warp-tile kernel. Same bits either way.
+  // > 0: the streaming kernel (grouped_matmul_stream.cuh) with this many stages in flight per
+  // block; the fields above but token_tiles and k_slices are then unused. 0: the warp-tile
+  // kernel. Same bits either way.
   int stream_stages = 0;
   int stream_blocks_per_sm = 1;   // resident blocks of the streaming kernel an SM: 1 or 2
   bool stream_persistent = true;  // its blocks loop over units (else one unit a block)
@@ -116,10 +118,10 @@ struct GroupedMatmulTuning {
   int chunks_in_flight = 0;
   int token_tiles = 0;
   int tiles_per_warp = 0;
-  // 0: the streaming kernel where it runs (S = 1 and a device of compute capability 9.0 or up)
-  // and experts average 2.5 rows or more (2 M >= 5 E), else the warp-tile kernel; 1: the
-  // streaming kernel or cudaErrorNotSupported; -1: the warp-tile kernel (the A/B of
-  // ffi/bench/grouped_matmul_bench.cu).
+  // 0: the streaming kernel where it runs (a device of compute capability 9.0 or up), K is not
+  // split (S = 1) and experts average 2.5 rows or more (2 M >= 5 E), else the warp-tile kernel;
+  // 1: the streaming kernel, split K included, or cudaErrorNotSupported; -1: the warp-tile kernel
+  // (the A/B of ffi/bench/grouped_matmul_bench.cu).
   int stream = 0;
   int stream_blocks_per_sm = 0;  // 0 automatic, 1 or 2 (the stages share the SM's shared memory)
   int stream_persistent = 0;     // 0 automatic, 1 a block loops over units, -1 one unit a block

@@ -127,6 +127,27 @@ __device__ __forceinline__ void WeightFragment(const uint4& top, const uint4& bo
   }
 }
 
+// --------------------------------------------------------------------------- the output
+
+// One output channel n of a pass (half h of a 16-row mma tile: its row g or g + 8): y[token, n] =
+// acc * scale[expert, n] for the pass's tokens below `end`. The C fragment holds tokens 2c, 2c + 1
+// of each 8-token tile in elements 2h, 2h + 1.
+template <int kTokenTiles>
+__device__ __forceinline__ void StoreChannel(const GroupedArgs& p, int expert, int64_t n, int h,
+                                             const float (&acc)[kTokenTiles][4], int64_t t0, int64_t end,
+                                             int tiles, int c) {
+  const float factor = p.scale[static_cast<int64_t>(expert) * p.n + n];
+#pragma unroll
+  for (int t = 0; t < kTokenTiles; ++t) {
+    if (t >= tiles) break;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t token = t0 + kTokensPerTile * t + 2 * c + i;
+      if (token < end) p.y[token * p.n + n] = acc[t][2 * h + i] * factor;
+    }
+  }
+}
+
 // --------------------------------------------------------------------------- group offsets
 
 // sum over i < count of max(sizes[i], 0), in 64 bits, on every thread of the
@@ -276,23 +297,12 @@ struct WarpTile {
         if (slice > 0) continue;  // slice 0 writes y
       }
 
-      // y[token, n] = acc * scale[expert, n]; c0, c1: row g, tokens 2c, 2c+1; c2, c3: row g + 8.
+      // y = acc * scale: rows g (h = 0) and g + 8 (h = 1) of each weight tile.
 #pragma unroll
       for (int j = 0; j < kWeightTiles; ++j) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          if (!row_ok[j][h]) continue;
-          const int64_t n = row0 + kRowsPerWeightTile * j + 8 * h + g;
-          const float factor = p.scale[static_cast<int64_t>(expert) * p.n + n];
-#pragma unroll
-          for (int t = 0; t < kTokenTiles; ++t) {
-            if (t >= tiles) break;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const int64_t token = t0 + kTokensPerTile * t + 2 * c + i;
-              if (token < end) p.y[token * p.n + n] = acc[j][t][2 * h + i] * factor;
-            }
-          }
+          if (row_ok[j][h]) StoreChannel<kTokenTiles>(p, expert, row0 + kRowsPerWeightTile * j + 8 * h + g, h, acc[j], t0, end, tiles, c);
         }
       }
     }
@@ -390,20 +400,26 @@ int AutoTokenTiles(int64_t rows, int64_t experts) {
 
 using StreamKernelFn = void (*)(CUtensorMap, CUtensorMap, GroupedArgs, int);
 
-template <bool kFp8>
+template <bool kFp8, bool kSplit>
 StreamKernelFn StreamForTokenTiles(int token_tiles) {
   switch (token_tiles) {
-    case 1: return GroupedMatmulStreamKernel<kFp8, 1>;
-    case 2: return GroupedMatmulStreamKernel<kFp8, 2>;
-    case 4: return GroupedMatmulStreamKernel<kFp8, 4>;
-    case 8: return GroupedMatmulStreamKernel<kFp8, 8>;
+    case 1: return GroupedMatmulStreamKernel<kFp8, 1, kSplit>;
+    case 2: return GroupedMatmulStreamKernel<kFp8, 2, kSplit>;
+    case 4: return GroupedMatmulStreamKernel<kFp8, 4, kSplit>;
+    case 8: return GroupedMatmulStreamKernel<kFp8, 8, kSplit>;
   }
   return nullptr;
 }
 
-StreamKernelFn StreamKernelFor(const GroupedMatmulDims& dims, int token_tiles) {
-  return dims.weight_type == GroupedWeightType::kFp8E4m3 ? StreamForTokenTiles<true>(token_tiles)
-                                                        : StreamForTokenTiles<false>(token_tiles);
+template <bool kSplit>
+StreamKernelFn StreamForWeights(const GroupedMatmulDims& dims, int token_tiles) {
+  return dims.weight_type == GroupedWeightType::kFp8E4m3 ? StreamForTokenTiles<true, kSplit>(token_tiles)
+                                                        : StreamForTokenTiles<false, kSplit>(token_tiles);
+}
+
+StreamKernelFn StreamKernelFor(const GroupedMatmulDims& dims, const GroupedMatmulPlan& plan) {
+  return plan.k_slices > 1 ? StreamForWeights<true>(dims, plan.token_tiles)
+                           : StreamForWeights<false>(dims, plan.token_tiles);
 }
 
 int64_t StreamStageBytes(const GroupedMatmulDims& dims, int token_tiles) {
@@ -430,7 +446,9 @@ constexpr int kStreamAutoBlocksPerSm = 2;
 constexpr bool kStreamAutoPersistent = false;
 // The streaming kernel by default only where experts average at least 2.5 rows (2 M >= 5 E): below
 // it the warp-tile kernel's smaller, more numerous blocks measured up to 16% faster (down at 8
-// and 16 pairs over 32 experts), above it the streaming kernel 0-28% faster.
+// and 16 pairs over 32 experts), above it the streaming kernel 0-28% faster. A split weight stays
+// on the warp-tile kernel by default: the streaming kernel runs it (the slices' sums kept in each
+// consumer warp) when asked (GroupedMatmulTuning::stream = 1), and has not been timed yet.
 constexpr int64_t kStreamAutoMinRowsTimes2PerExpert = 5;
 
 cudaError_t StreamDeviceInfo(int* device, StreamDevice* out) {
@@ -482,12 +500,11 @@ cudaError_t StreamOptIn(StreamKernelFn kernel, int device, int64_t bytes) {
 
 // The stages each of `blocks_per_sm` resident blocks of the streaming kernel keeps in flight for
 // `dims` (0: it does not run them here).
-int StreamStages(const GroupedMatmulDims& dims, int token_tiles, int k_slices, int blocks_per_sm,
-                 const StreamDevice& device) {
+int StreamStages(const GroupedMatmulDims& dims, int token_tiles, int blocks_per_sm, const StreamDevice& device) {
   // The tensor copies' coordinates are int32: a weight row of 2^31 bytes or more stays on the
   // warp-tile kernel.
   const int64_t row_bytes = dims.k * GroupedWeightBytes(dims.weight_type);
-  if (!device.runs || k_slices != 1 || kGroupedMatmulTileRows > 0 || row_bytes > INT32_MAX) return 0;
+  if (!device.runs || kGroupedMatmulTileRows > 0 || row_bytes > INT32_MAX) return 0;
   const int64_t budget =
       std::min<int64_t>(device.max_shared, device.shared_per_sm / blocks_per_sm - device.reserved_per_block);
   const int64_t fit = (budget - kStreamBarrierBytes) / StreamStageBytes(dims, token_tiles);
@@ -502,7 +519,7 @@ cudaError_t LaunchStream(const GroupedMatmulDims& dims, const GroupedMatmulBuffe
   int device = 0;
   StreamDevice info;
   if (cudaError_t err = StreamDeviceInfo(&device, &info); err != cudaSuccess) return err;
-  const StreamKernelFn kernel = StreamKernelFor(dims, plan.token_tiles);
+  const StreamKernelFn kernel = StreamKernelFor(dims, plan);
   const int64_t shared = kStreamBarrierBytes + plan.stream_stages * StreamStageBytes(dims, plan.token_tiles);
   if (cudaError_t err = StreamOptIn(kernel, device, info.max_shared); err != cudaSuccess) return err;
   // w as [E][N][row bytes] in boxes of 128 rows x a chunk; x as [M][K] bf16 in boxes of a pass's
@@ -580,9 +597,11 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
       return cudaErrorInvalidValue;
     p.stream_blocks_per_sm = tuning.stream_blocks_per_sm > 0 ? tuning.stream_blocks_per_sm : kStreamAutoBlocksPerSm;
     p.stream_persistent = tuning.stream_persistent != 0 ? tuning.stream_persistent > 0 : kStreamAutoPersistent;
-    p.stream_stages = StreamStages(dims, p.token_tiles, p.k_slices, p.stream_blocks_per_sm, info);
+    p.stream_stages = StreamStages(dims, p.token_tiles, p.stream_blocks_per_sm, info);
     if (tuning.stream == 1 && p.stream_stages == 0) return cudaErrorNotSupported;
-    if (tuning.stream == 0 && 2 * dims.rows < kStreamAutoMinRowsTimes2PerExpert * dims.experts) p.stream_stages = 0;
+    if (tuning.stream == 0 &&
+        (p.k_slices > 1 || 2 * dims.rows < kStreamAutoMinRowsTimes2PerExpert * dims.experts))
+      p.stream_stages = 0;
   }
   const KernelFn kernel = KernelFor(dims, p);
   if (kernel == nullptr) return cudaErrorInvalidValue;  // a tuning value outside the variants

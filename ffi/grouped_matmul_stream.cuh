@@ -3,8 +3,16 @@
 // Included by grouped_matmul_kernels.cu inside its anonymous namespace, after WarpTile, whose
 // arithmetic it repeats: the same fragments, the same mma in the same order on every accumulator,
 // so y has the same bits as the warp-tile kernel's (grouped_matmul.h: the bits depend on neither
-// the launch variant nor the batch). It runs the shapes without a split of K (S = 1: the routed
-// experts); a split weight (the shared expert) keeps the warp-tile kernel.
+// the launch variant nor the batch).
+// A split of K (S > 1: the shared expert) runs here too, without splitting the work: a consumer
+// warp streams its rows' whole K in order as without a split, starts each slice's sum from +0 at
+// the slice's first chunk and adds the finished slice into a running total, ((p_0 + p_1) + p_2)
+// + ..., an empty last slice adding its +0 as the warp-tile kernel's idle slice warps do. The
+// warp-tile kernel spreads the S slices over S warps and meets them in shared memory, and each
+// of its blocks of 16 rows reads all of x (at 17 tokens x 6144, x is twice the block's weight
+// bytes); here a block's 128 rows share one copy of x, at the price of few units (the glm5 shared
+// expert: 32 or 48, fewer than the SMs), each streaming a whole 128-row slab. Which wins is for
+// the A/B (grouped_matmul_bench --slices --ab) to say: the split runs here only when asked.
 //
 // Why (ncu on an H100, gate_up fp8 at 328 pairs, BENCHMARKS.md): the warp-tile kernel keeps its
 // weight loads in registers, 146 a thread there, so 12 warps an SM fit and its loads stop while
@@ -82,7 +90,49 @@ __device__ __forceinline__ void TensorCopy2d(void* dst, const CUtensorMap* map, 
       : "memory");
 }
 
-template <bool kFp8, int kTokenTiles>
+// A consumer warp's sum over the slices of K (kSplit): `total` holds the finished slices in slice
+// order, p_0 then (p_0 + p_1) + ...; `next` is the chunk where the next slice starts.
+template <int kTokenTiles, bool kSplit>
+struct SliceTotal {
+  float total[kTokenTiles][4];
+  int folded = 0;
+  int next;
+  __device__ __forceinline__ explicit SliceTotal(int slice_chunks) : next(slice_chunks) {
+#pragma unroll
+    for (int t = 0; t < kTokenTiles; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) total[t][i] = 0.0f;  // never read before the first Fold sets it
+  }
+  // The slice that acc holds is finished: add it to the total; acc restarts from +0.
+  __device__ __forceinline__ void Fold(float (&acc)[kTokenTiles][4], int slice_chunks) {
+#pragma unroll
+    for (int t = 0; t < kTokenTiles; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        total[t][i] = folded == 0 ? acc[t][i] : total[t][i] + acc[t][i];
+        acc[t][i] = 0.0f;
+      }
+    ++folded;
+    next += slice_chunks;
+  }
+  // After the last chunk: its slice, then each empty slice's +0 (as the warp-tile kernel adds its
+  // idle slice warps' sums), and acc takes the total.
+  __device__ __forceinline__ void Finish(float (&acc)[kTokenTiles][4], int k_slices, int slice_chunks) {
+    while (folded < k_slices) Fold(acc, slice_chunks);
+#pragma unroll
+    for (int t = 0; t < kTokenTiles; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[t][i] = total[t][i];
+  }
+};
+template <int kTokenTiles>
+struct SliceTotal<kTokenTiles, false> {
+  __device__ __forceinline__ explicit SliceTotal(int) {}
+};
+
+// kSplit: K in p.k_slices slices of p.slice_chunks chunks (a template flag: the routed experts'
+// kernels compile without the slice bookkeeping).
+template <bool kFp8, int kTokenTiles, bool kSplit>
 __global__ void __launch_bounds__(kStreamThreads, 1)
     GroupedMatmulStreamKernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                               const GroupedArgs p, int stages) {
@@ -148,7 +198,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
       for (int t = 0; t < kTokenTiles; ++t)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
-
+      SliceTotal<kTokenTiles, kSplit> slices(p.slice_chunks);
       for (int chunk0 = 0; chunk0 < p.chunks; chunk0 += kStreamStageChunks, ++it) {
         const int slot = static_cast<int>(it % stages);
         MbarWait(&full[slot], static_cast<uint32_t>((it / stages) & 1));
@@ -157,6 +207,9 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
 #pragma unroll
         for (int q = 0; q < kStreamStageChunks; ++q) {
           if (chunk0 + q >= p.chunks) break;  // warp-uniform: a short last stage
+          if constexpr (kSplit) {
+            if (chunk0 + q == slices.next) slices.Fold(acc, p.slice_chunks);  // warp-uniform
+          }
           // Past the row (a partial last chunk) the copy filled zeros, as the warp-tile kernel's masks do.
           const uint8_t* w_chunk = w_stage + q * kStreamWeightBox + 16 * c;
           const uint4 top = LoadShared16(w_chunk + (tile_row + g) * kChunkBytes);
@@ -186,23 +239,13 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
         }
         MbarArrive(&empty[slot]);  // every consumer thread: its reads of the slot are done
       }
+      if constexpr (kSplit) slices.Finish(acc, p.k_slices, p.slice_chunks);
 
-
-      // y[token, n] = acc * scale[expert, n]; c0, c1: row g, tokens 2c, 2c+1; c2, c3: row g + 8.
+      // y = acc * scale: rows g (h = 0) and g + 8 (h = 1) of the warp's 16.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t n = row0 + tile_row + 8 * h + g;
-        if (n >= p.n) continue;
-        const float factor = p.scale[static_cast<int64_t>(expert) * p.n + n];
-#pragma unroll
-        for (int t = 0; t < kTokenTiles; ++t) {
-          if (t >= tiles) break;
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int64_t token = t0 + kTokensPerTile * t + 2 * c + i;
-            if (token < end) p.y[token * p.n + n] = acc[t][2 * h + i] * factor;
-          }
-        }
+        if (n < p.n) StoreChannel<kTokenTiles>(p, expert, n, h, acc, t0, end, tiles, c);
       }
     }
   }

@@ -32,7 +32,8 @@
 //   build/grouped_matmul_bench /tmp/gmm.json --quick     # fp8 only, no sweep
 //   build/grouped_matmul_bench /tmp/gmm.json --sweep     # every variant of every configuration
 //   build/grouped_matmul_bench /tmp/gmm.json --slices --quick --ab   # the streaming kernel (the
-//       # automatic plan on sm_90) against the warp-tile kernel, same bits checked, both timed
+//       # automatic plan on sm_90 for the routed experts; asked for, the shared expert's split K) in
+//       # four launch shapes against the warp-tile kernel, same bits checked, all timed
 //   build/grouped_matmul_bench /tmp/gmm.json --slices --quick --only gate_up:32:328 --iters 3
 //       # one configuration (projection:experts:rows; fp8 and bf16 both unless --quick), e.g. under
 //       # ncu --kernel-name regex:GroupedMatmulKernel --launch-skip 3 --launch-count 1

@@ -6,8 +6,8 @@
 // with the automatic launch shape and with 1 warp per block and 3 tiles per
 // warp, and the streaming kernel (grouped_matmul_stream.cuh) at token tiles
 // 1, 2, 4, 8, persistent with one block an SM and a block a unit with two,
-// where it runs. On sm_90 the automatic plan is the streaming
-// kernel wherever K is not split. Checked:
+// where it runs (split K included: the warp-tile variants then check the
+// streaming kernel's slice sums against theirs). Checked:
 //   - every covered element within the contract's bound of the exact value,
 //     rows past the last group +0 bit for bit;
 //   - every variant, and a second run of the automatic plan, writes the same
@@ -237,8 +237,8 @@ struct Outcome {
   }
 };
 
-// The warp-tile kernel's variants, then the streaming kernel's token tiles (where it runs: S = 1 on
-// compute capability 9.0 and up; RunCase skips them elsewhere).
+// The warp-tile kernel's variants, then the streaming kernel's token tiles (where it runs: compute
+// capability 9.0 and up; RunCase skips them elsewhere).
 std::vector<GroupedMatmulTuning> Variants() {
   std::vector<GroupedMatmulTuning> out;
   for (int wt : {1, 2})
@@ -397,10 +397,9 @@ bool RefusesBadArguments() {
   ok = ok && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorInvalidValue;
   t.token_tiles = 0, t.stream = 2;
   ok = ok && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorInvalidValue;
-  // The streaming kernel, required, refuses a split of K (it runs S = 1 only).
-  d.experts = 1, d.n = 64, d.k = 4096;
-  t.stream = 1;
-  ok = ok && hisparse::GroupedMatmulKSlices(d) > 1 && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorNotSupported;
+  // The streaming kernel's launch shape outside its variants (1 or 2 blocks an SM).
+  t.stream = 1, t.stream_blocks_per_sm = 3;
+  ok = ok && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorInvalidValue;
   return ok;
 }
 

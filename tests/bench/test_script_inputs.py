@@ -1,7 +1,7 @@
 """Bad input to the analysis scripts under benchmarks/ (kernel_table, trace_calibration,
-two_level_bytes, byte_bounds, launch_gaps, merge_decode_reports, ncu_stalls): one line on stderr naming the
-argument or the file and what to give instead, exit status 2, nothing on stdout; nothing clamped or
-passed on. Files are read within a bound (a gzip bomb is not decompressed whole)."""
+two_level_bytes, byte_bounds, launch_gaps, merge_decode_reports, ncu_stalls, sass_lines): one line
+on stderr naming the argument or the file and what to give instead, exit status 2, nothing on
+stdout; nothing clamped or passed on. Files are read within a bound (a gzip bomb is not decompressed whole)."""
 
 from __future__ import annotations
 
@@ -393,4 +393,71 @@ def test_ncu_stalls_refuses_a_page_without_its_columns_and_a_bad_top(tmp_path, c
     err = _refused(capsys, "ncu_stalls", _script("ncu_stalls").main, [str(path), "--top", "-1"])
     assert "--top must be an integer in [0, 10000], got -1" in err
     err = _refused(capsys, "ncu_stalls", _script("ncu_stalls").main, [str(tmp_path)])
+    assert "not a regular file" in err
+
+
+# --------------------------------------------------------------------------- sass_lines.py
+
+
+def _listing(tmp_path: Path) -> tuple[str, Path]:
+    """A two-function nvdisasm --print-line-info listing whose lines point at a real source file."""
+    source = tmp_path / "k.cu"
+    source.write_text("".join(f"// line {i}\n" for i in range(1, 20)))
+    text = f"""//--------------------- .text._Z3fooPf --------------------------
+\t.section\t.text._Z3fooPf,"ax",@progbits
+_Z3fooPf:
+\t//## File "{source}", line 10
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+.L_x_0:
+\t//## File "{source}", line 12
+        /*0010*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0020*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+\t//## File "{source}", line 13
+        /*0030*/              @!P0 BRA `(.L_x_0) ;
+        /*0040*/                   EXIT ;
+//--------------------- .text._Z3barPf --------------------------
+\t.section\t.text._Z3barPf,"ax",@progbits
+_Z3barPf:
+        /*0000*/                   EXIT ;
+"""
+    path = tmp_path / "k.sass"
+    path.write_text(text)
+    return str(path), source
+
+
+def test_sass_lines_counts_a_range_by_line_and_opcode_with_repeats(tmp_path, capsys):
+    listing, _ = _listing(tmp_path)
+    argv = [listing, "--kernel", "foo", "--loops", "--from", "0x10", "--to", "0x40", "--repeat", "0x10:0x30:3"]
+    assert _script("sass_lines").main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "_Z3fooPf: 7 instructions counted in [0x10, 0x40), [0x10, 0x30) x3 (5 in the kernel)"
+    assert out[1].startswith("backward branches") and out[2].split() == ["0x30", "->", "0x10", "3"]
+    assert out[3] == "by opcode: HMMA 6 (85.7%), BRA 1 (14.3%)"  # LDC and EXIT are outside the range
+    assert out[5].split()[:3] == ["6", "85.7%", "k.cu:12"] and out[5].endswith("// line 12")
+    assert out[6].split()[:3] == ["1", "14.3%", "k.cu:13"] and len(out) == 7
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--kernel", "baz"], "no function whose name holds 'baz'"),
+    (["--kernel", "Pf"], "2 functions hold 'Pf' (_Z3fooPf, _Z3barPf); pass --kernel a longer piece"),
+    (["--kernel", "foo", "--from", "0x50"], "no instruction of _Z3fooPf in [0x50, end); its code spans 0x0-0x40"),
+    (["--kernel", "foo", "--from", "ten"], "--from is 'ten', not an address"),
+    (["--kernel", "foo", "--from", "0x20", "--to", "0x10"], "--from 0x20 must be below --to 0x10"),
+    (["--kernel", "foo", "--repeat", "0x10:0x30"], "--repeat is '0x10:0x30', not FROM:TO:TIMES"),
+    (["--kernel", "foo", "--repeat", "0x10:0x30:0"], "--repeat's TIMES is '0', not an integer in [1, 1000000]"),
+    (["--kernel", "foo", "--repeat", "0x30:0x10:2"], "--repeat '0x30:0x10:2': FROM must be below TO"),
+    (["--kernel", "foo", "--top", "-1"], "--top must be an integer in [0, 100000], got -1"),
+])
+def test_sass_lines_refuses_bad_arguments_in_one_line(argv, says, tmp_path, capsys):
+    listing, _ = _listing(tmp_path)
+    err = _refused(capsys, "sass_lines", _script("sass_lines").main, [listing, *argv])
+    assert says in err, err
+
+
+def test_sass_lines_refuses_what_is_not_a_listing(tmp_path, capsys):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello\n")
+    err = _refused(capsys, "sass_lines", _script("sass_lines").main, [str(path), "--kernel", "foo"])
+    assert "no function whose name holds 'foo'" in err and "nvdisasm --print-line-info" in err
+    err = _refused(capsys, "sass_lines", _script("sass_lines").main, [str(tmp_path), "--kernel", "foo"])
     assert "not a regular file" in err
