@@ -34,12 +34,18 @@
 #   attention-wgmma-slices
 #             the glm5-h200 slice at 128K and 32K (GLM-5.1-like trace, both modes one at a time,
 #             profiled) with two sm_90a builds: the default sparse attention kernel and the wgmma
-#             one (HISPARSE_SPARSE_ATTENTION_WGMMA=ON); sites in $SITE-90a-default and -wgmma
+#             one (HISPARSE_SPARSE_ATTENTION_WGMMA=ON); sites in $SITE-attention-default and -wgmma
 #   graphs-slices
 #             launch gaps (issue: the roofline): the glm5-h200 slice at 128K, profiled, with XLA's
 #             default command buffers and with the whole loop nest in one graph (WHILE and
 #             CONDITIONAL command buffers, loops unrolled: benchmarks/check_command_buffer.py's
 #             one-launch configuration), then benchmarks/launch_gaps.py over both
+#   grouped-matmul-split-slices
+#             the shared expert's split K on the streaming kernel (HISPARSE_GROUPED_MATMUL_STREAM_SPLIT):
+#             the checker of that build (its automatic plan streams the split weights, every warp-tile
+#             variant against it) and its --slices --quick --ab bench, then the glm5-h200 slice at
+#             128K and 32K (GLM-5.1-like trace, both modes one at a time, profiled) with the default
+#             build and with the split one; sites in $SITE-gmm-default and -split
 #   grouped-matmul-tiled
 #             the grouped matmul's tiled-weight experiment (ffi/grouped_matmul_tiled.h): checkers of
 #             tiles of 16 and 32 rows (--quick, memcheck), then --slices --quick row-major / 16 / 32
@@ -123,6 +129,29 @@ run() {  # run STAGE_NAME CMD...: tee the output into OUT_DIR/STAGE_NAME.log
   local t0=$SECONDS
   "$@" 2>&1 | tee "$OUT_DIR/$name.log"
   echo "=== $name: ok in $((SECONDS - t0)) s"
+}
+
+# ab_slices NAME VARIANT=DEFINES...: one site per variant ($SITE-NAME-VARIANT, built with its
+# space-separated -Ccmake.define.X=Y), then the glm5-h200 slice at 128K and 32K (GLM-5.1-like
+# trace, both modes one at a time, profiled) with each, the variants in turn at each context.
+ab_slices() {
+  local name=$1 spec variant context
+  shift
+  for spec in "$@"; do
+    variant=${spec%%=*}
+    # shellcheck disable=SC2086  # the defines are words of their own
+    run "build-$name-$variant" env HISPARSE_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps --upgrade \
+      --target "$SITE-$name-$variant" ${spec#*=} .
+  done
+  for context in 131072 32768; do
+    for spec in "$@"; do
+      variant=${spec%%=*}
+      run "slice-$name-$variant-$context" env PYTHONPATH="$SITE-$name-$variant" XLA_PYTHON_CLIENT_PREALLOCATE=true \
+        XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE-$name-$variant/bin/hisparse-bench" decode \
+        --deployment glm5-h200 --contexts "$context" --trace glm-5.1 --no-equal-batch --one-at-a-time \
+        --reps 10 --profile --no-plots --out "$OUT_DIR/slice-$name-$variant-$context" $DECODE_ARGS
+    done
+  done
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
@@ -215,20 +244,20 @@ for stage in "$@"; do
       done
       for tile in 16 32; do run "gmm_tiled${tile}_check" "$PWD/build/tests/grouped_matmul_cuda_check_tiled$tile"; done ;;
     attention-wgmma-slices)
-      for variant in default wgmma; do
-        defs=(-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90a)
-        if [ "$variant" = wgmma ]; then defs+=(-Ccmake.define.HISPARSE_SPARSE_ATTENTION_WGMMA=ON); fi
-        run "build-90a-$variant" env HISPARSE_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps --upgrade \
-          --target "$SITE-90a-$variant" "${defs[@]}" .
-      done
-      for context in 131072 32768; do
-        for variant in default wgmma; do
-          run "slice-attention-$variant-$context" env PYTHONPATH="$SITE-90a-$variant" XLA_PYTHON_CLIENT_PREALLOCATE=true \
-            XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE-90a-$variant/bin/hisparse-bench" decode \
-            --deployment glm5-h200 --contexts "$context" --trace glm-5.1 --no-equal-batch --one-at-a-time \
-            --reps 10 --profile --no-plots --out "$OUT_DIR/slice-attention-$variant-$context" $DECODE_ARGS
-        done
-      done ;;
+      ab_slices attention "default=-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90a" \
+        "wgmma=-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90a -Ccmake.define.HISPARSE_SPARSE_ATTENTION_WGMMA=ON" ;;
+    grouped-matmul-split-slices)
+      mkdir -p build/tests
+      split_check="$PWD/build/tests/grouped_matmul_cuda_check_split"
+      run gmm_split_check_build make -C ffi/tests grouped-matmul EXTRA=-DHISPARSE_GROUPED_MATMUL_STREAM_SPLIT=1 \
+        GMM_BIN="$split_check"
+      # Bounded: the split streaming kernel had never run when this stage was written.
+      run gmm_split_check timeout 600 "$split_check" --quiet
+      run gmm_split_memcheck timeout 600 compute-sanitizer --tool memcheck --error-exitcode 3 "$split_check" --quick --quiet
+      run gmm_split_bench_build make -C ffi/bench grouped-matmul EXTRA=-DHISPARSE_GROUPED_MATMUL_STREAM_SPLIT=1 \
+        OUT="$PWD/build/gmm-split"
+      run gmm_split_ab build/gmm-split/grouped_matmul_bench "$OUT_DIR/gmm_split_ab.json" --slices --quick --ab
+      ab_slices gmm "default=" "split=-Ccmake.define.HISPARSE_GROUPED_MATMUL_STREAM_SPLIT=ON" ;;
     graphs-slices)
       one_graph="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,CONDITIONAL,WHILE"
       one_graph="$one_graph --xla_gpu_command_buffer_unroll_loops=true"

@@ -123,7 +123,9 @@ struct GroupedMatmulTuning {
   // 1: the streaming kernel, split K included, or cudaErrorNotSupported; -1: the warp-tile kernel
   // (the A/B of ffi/bench/grouped_matmul_bench.cu).
   int stream = 0;
-  int stream_blocks_per_sm = 0;  // 0 automatic, 1 or 2 (the stages share the SM's shared memory)
+  // 0 automatic (2; 1 for a split weight whose units fit the SMs), 1 or 2 (the stages share the
+  // SM's shared memory)
+  int stream_blocks_per_sm = 0;
   int stream_persistent = 0;     // 0 automatic, 1 a block loops over units, -1 one unit a block
 };
 

@@ -450,6 +450,18 @@ constexpr bool kStreamAutoPersistent = false;
 // on the warp-tile kernel by default: the streaming kernel runs it (the slices' sums kept in each
 // consumer warp) when asked (GroupedMatmulTuning::stream = 1), and has not been timed yet.
 constexpr int64_t kStreamAutoMinRowsTimes2PerExpert = 5;
+// HISPARSE_GROUPED_MATMUL_STREAM_SPLIT=1 (CMake: -DHISPARSE_GROUPED_MATMUL_STREAM_SPLIT=ON): the
+// automatic plan streams split weights too, whatever their rows: the A/B build of the deployment
+// slices (benchmarks/gpu_run.sh grouped-matmul-split-slices). The same bits either way.
+#ifndef HISPARSE_GROUPED_MATMUL_STREAM_SPLIT
+#define HISPARSE_GROUPED_MATMUL_STREAM_SPLIT 0
+#endif
+constexpr bool kStreamAutoSplit = HISPARSE_GROUPED_MATMUL_STREAM_SPLIT != 0;
+
+// At most this many units of 128 rows have rows (an expert with rows has at least one).
+int64_t StreamUnitsBound(const GroupedMatmulDims& dims) {
+  return std::min<int64_t>(dims.experts, std::max<int64_t>(dims.rows, 1)) * ((dims.n + kStreamRows - 1) / kStreamRows);
+}
 
 cudaError_t StreamDeviceInfo(int* device, StreamDevice* out) {
   static std::array<StreamDevice, kStreamMaxDevices> cache{};
@@ -595,13 +607,17 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
     if (tuning.stream_blocks_per_sm < 0 || tuning.stream_blocks_per_sm > 2 || tuning.stream_persistent < -1 ||
         tuning.stream_persistent > 1)
       return cudaErrorInvalidValue;
-    p.stream_blocks_per_sm = tuning.stream_blocks_per_sm > 0 ? tuning.stream_blocks_per_sm : kStreamAutoBlocksPerSm;
+    // A split weight's units fit the SMs (the shared expert: 32 or 48): one block an SM, as many
+    // stages as a block alone may hold.
+    const bool split = p.k_slices > 1;
+    const int auto_blocks = split && StreamUnitsBound(dims) <= info.sms ? 1 : kStreamAutoBlocksPerSm;
+    p.stream_blocks_per_sm = tuning.stream_blocks_per_sm > 0 ? tuning.stream_blocks_per_sm : auto_blocks;
     p.stream_persistent = tuning.stream_persistent != 0 ? tuning.stream_persistent > 0 : kStreamAutoPersistent;
     p.stream_stages = StreamStages(dims, p.token_tiles, p.stream_blocks_per_sm, info);
     if (tuning.stream == 1 && p.stream_stages == 0) return cudaErrorNotSupported;
-    if (tuning.stream == 0 &&
-        (p.k_slices > 1 || 2 * dims.rows < kStreamAutoMinRowsTimes2PerExpert * dims.experts))
-      p.stream_stages = 0;
+    const bool streams_by_default =
+        split ? kStreamAutoSplit : 2 * dims.rows >= kStreamAutoMinRowsTimes2PerExpert * dims.experts;
+    if (tuning.stream == 0 && !streams_by_default) p.stream_stages = 0;
   }
   const KernelFn kernel = KernelFor(dims, p);
   if (kernel == nullptr) return cudaErrorInvalidValue;  // a tuning value outside the variants
