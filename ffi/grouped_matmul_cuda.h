@@ -48,7 +48,9 @@
 //     mma as the warp-tile kernel from shared memory: the bytes in flight no
 //     longer depend on the registers the math needs. A split weight runs
 //     there with each consumer warp summing its rows' slices in order
-//     itself. The default where it runs, K is not split and experts average
+//     itself, or in 2 or 4 slice groups of warps (units of 64 or 32 rows:
+//     more units; the later groups' slice sums meet group 0's in shared
+//     memory, in slice order). The default where it runs, K is not split and experts average
 //     2.5 rows or more; the warp-tile kernel stays for fewer rows, split
 //     weights (until the streaming split is timed) and older devices.
 //   - Blocks of experts without rows exit before reading anything; a few
@@ -96,6 +98,9 @@ struct GroupedMatmulPlan {
   // kernel. Same bits either way.
   int stream_stages = 0;
   int stream_blocks_per_sm = 1;   // resident blocks of the streaming kernel an SM: 1 or 2
+  // A split weight on the streaming kernel: its slices in this many groups (1, 2 or 4), each unit
+  // 128 / groups rows (grouped_matmul_stream.cuh). Same bits whatever the value.
+  int stream_slice_groups = 1;
   bool stream_persistent = true;  // its blocks loop over units (else one unit a block)
 };
 
@@ -127,6 +132,9 @@ struct GroupedMatmulTuning {
   // SM's shared memory)
   int stream_blocks_per_sm = 0;
   int stream_persistent = 0;     // 0 automatic, 1 a block loops over units, -1 one unit a block
+  // 0 automatic (1), 1, 2 or 4 slice groups for a split weight on the streaming kernel;
+  // cudaErrorNotSupported above the weight's S (none for a weight without a split).
+  int stream_slice_groups = 0;
 };
 
 // The plan LaunchGroupedMatmul uses for `dims` under `tuning` on the current

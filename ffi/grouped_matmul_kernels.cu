@@ -400,32 +400,46 @@ int AutoTokenTiles(int64_t rows, int64_t experts) {
 
 using StreamKernelFn = void (*)(CUtensorMap, CUtensorMap, GroupedArgs, int);
 
-template <bool kFp8, bool kSplit>
+template <bool kFp8, int kSliceGroups>
 StreamKernelFn StreamForTokenTiles(int token_tiles) {
   switch (token_tiles) {
-    case 1: return GroupedMatmulStreamKernel<kFp8, 1, kSplit>;
-    case 2: return GroupedMatmulStreamKernel<kFp8, 2, kSplit>;
-    case 4: return GroupedMatmulStreamKernel<kFp8, 4, kSplit>;
-    case 8: return GroupedMatmulStreamKernel<kFp8, 8, kSplit>;
+    case 1: return GroupedMatmulStreamKernel<kFp8, 1, kSliceGroups>;
+    case 2: return GroupedMatmulStreamKernel<kFp8, 2, kSliceGroups>;
+    case 4: return GroupedMatmulStreamKernel<kFp8, 4, kSliceGroups>;
+    case 8: return GroupedMatmulStreamKernel<kFp8, 8, kSliceGroups>;
   }
   return nullptr;
 }
 
-template <bool kSplit>
+template <int kSliceGroups>
 StreamKernelFn StreamForWeights(const GroupedMatmulDims& dims, int token_tiles) {
-  return dims.weight_type == GroupedWeightType::kFp8E4m3 ? StreamForTokenTiles<true, kSplit>(token_tiles)
-                                                        : StreamForTokenTiles<false, kSplit>(token_tiles);
+  return dims.weight_type == GroupedWeightType::kFp8E4m3 ? StreamForTokenTiles<true, kSliceGroups>(token_tiles)
+                                                        : StreamForTokenTiles<false, kSliceGroups>(token_tiles);
 }
+
+// The kernel's slice groups: 0 without a split of K, else the plan's 1, 2 or 4.
+int StreamKernelGroups(const GroupedMatmulPlan& plan) { return plan.k_slices > 1 ? plan.stream_slice_groups : 0; }
 
 StreamKernelFn StreamKernelFor(const GroupedMatmulDims& dims, const GroupedMatmulPlan& plan) {
-  return plan.k_slices > 1 ? StreamForWeights<true>(dims, plan.token_tiles)
-                           : StreamForWeights<false>(dims, plan.token_tiles);
+  switch (StreamKernelGroups(plan)) {
+    case 0: return StreamForWeights<0>(dims, plan.token_tiles);
+    case 1: return StreamForWeights<1>(dims, plan.token_tiles);
+    case 2: return StreamForWeights<2>(dims, plan.token_tiles);
+    case 4: return StreamForWeights<4>(dims, plan.token_tiles);
+  }
+  return nullptr;
 }
 
-int64_t StreamStageBytes(const GroupedMatmulDims& dims, int token_tiles) {
-  return dims.weight_type == GroupedWeightType::kFp8E4m3 ? StreamShape<true>::StageBytes(token_tiles)
-                                                        : StreamShape<false>::StageBytes(token_tiles);
+// A stage's bytes (each group's 4 chunks of weight rows and x) and the slice sums' area after the
+// stages, for `groups` = StreamKernelGroups (0 or 1: no slice groups).
+int64_t StreamStageBytes(const GroupedMatmulDims& dims, int token_tiles, int groups) {
+  const int g = std::max(groups, 1);
+  return dims.weight_type == GroupedWeightType::kFp8E4m3 ? StreamShape<true>::StageBytes(token_tiles, g)
+                                                        : StreamShape<false>::StageBytes(token_tiles, g);
 }
+
+// Rows of a unit: 128, or 128 / G with G slice groups.
+int StreamUnitRows(int groups) { return kStreamRows / std::max(groups, 1); }
 
 // What the streaming kernel needs to know of the current device, asked once per device.
 struct StreamDevice {
@@ -450,17 +464,21 @@ constexpr bool kStreamAutoPersistent = false;
 // on the warp-tile kernel by default: the streaming kernel runs it (the slices' sums kept in each
 // consumer warp) when asked (GroupedMatmulTuning::stream = 1), and has not been timed yet.
 constexpr int64_t kStreamAutoMinRowsTimes2PerExpert = 5;
-// HISPARSE_GROUPED_MATMUL_STREAM_SPLIT=1 (CMake: -DHISPARSE_GROUPED_MATMUL_STREAM_SPLIT=ON): the
-// automatic plan streams split weights too, whatever their rows: the A/B build of the deployment
-// slices (benchmarks/gpu_run.sh grouped-matmul-split-slices). The same bits either way.
+// HISPARSE_GROUPED_MATMUL_STREAM_SPLIT=G, G = 1, 2 or 4 (CMake: -DHISPARSE_GROUPED_MATMUL_STREAM_SPLIT=ON
+// builds G = 1): the automatic plan streams split weights too, whatever their rows, in G slice
+// groups: the A/B build of the deployment slices (benchmarks/gpu_run.sh
+// grouped-matmul-split-slices). The same bits either way.
 #ifndef HISPARSE_GROUPED_MATMUL_STREAM_SPLIT
 #define HISPARSE_GROUPED_MATMUL_STREAM_SPLIT 0
 #endif
 constexpr bool kStreamAutoSplit = HISPARSE_GROUPED_MATMUL_STREAM_SPLIT != 0;
+constexpr int kStreamAutoSliceGroups = kStreamAutoSplit ? HISPARSE_GROUPED_MATMUL_STREAM_SPLIT : 1;
+static_assert(kStreamAutoSliceGroups == 1 || kStreamAutoSliceGroups == 2 || kStreamAutoSliceGroups == kStreamMaxSliceGroups,
+              "HISPARSE_GROUPED_MATMUL_STREAM_SPLIT must be 0, 1, 2 or 4");
 
-// At most this many units of 128 rows have rows (an expert with rows has at least one).
-int64_t StreamUnitsBound(const GroupedMatmulDims& dims) {
-  return std::min<int64_t>(dims.experts, std::max<int64_t>(dims.rows, 1)) * ((dims.n + kStreamRows - 1) / kStreamRows);
+// At most this many units of `unit_rows` rows have rows (an expert with rows has at least one).
+int64_t StreamUnitsBound(const GroupedMatmulDims& dims, int unit_rows) {
+  return std::min<int64_t>(dims.experts, std::max<int64_t>(dims.rows, 1)) * ((dims.n + unit_rows - 1) / unit_rows);
 }
 
 cudaError_t StreamDeviceInfo(int* device, StreamDevice* out) {
@@ -512,14 +530,16 @@ cudaError_t StreamOptIn(StreamKernelFn kernel, int device, int64_t bytes) {
 
 // The stages each of `blocks_per_sm` resident blocks of the streaming kernel keeps in flight for
 // `dims` (0: it does not run them here).
-int StreamStages(const GroupedMatmulDims& dims, int token_tiles, int blocks_per_sm, const StreamDevice& device) {
+int StreamStages(const GroupedMatmulDims& dims, int token_tiles, int groups, int k_slices, int blocks_per_sm,
+                 const StreamDevice& device) {
   // The tensor copies' coordinates are int32: a weight row of 2^31 bytes or more stays on the
   // warp-tile kernel.
   const int64_t row_bytes = dims.k * GroupedWeightBytes(dims.weight_type);
   if (!device.runs || kGroupedMatmulTileRows > 0 || row_bytes > INT32_MAX) return 0;
   const int64_t budget =
       std::min<int64_t>(device.max_shared, device.shared_per_sm / blocks_per_sm - device.reserved_per_block);
-  const int64_t fit = (budget - kStreamBarrierBytes) / StreamStageBytes(dims, token_tiles);
+  const int64_t fit = (budget - kStreamBarrierBytes - StreamPartialBytes(token_tiles, groups, k_slices)) /
+                      StreamStageBytes(dims, token_tiles, groups);
   const int stages = static_cast<int>(std::min<int64_t>(kStreamMaxStages, fit));
   return stages >= 2 ? stages : 0;
 }
@@ -532,17 +552,19 @@ cudaError_t LaunchStream(const GroupedMatmulDims& dims, const GroupedMatmulBuffe
   StreamDevice info;
   if (cudaError_t err = StreamDeviceInfo(&device, &info); err != cudaSuccess) return err;
   const StreamKernelFn kernel = StreamKernelFor(dims, plan);
-  const int64_t shared = kStreamBarrierBytes + plan.stream_stages * StreamStageBytes(dims, plan.token_tiles);
+  const int groups = StreamKernelGroups(plan), unit_rows = StreamUnitRows(groups);
+  const int64_t shared = kStreamBarrierBytes + plan.stream_stages * StreamStageBytes(dims, plan.token_tiles, groups) +
+                         StreamPartialBytes(plan.token_tiles, groups, plan.k_slices);
   if (cudaError_t err = StreamOptIn(kernel, device, info.max_shared); err != cudaSuccess) return err;
-  // w as [E][N][row bytes] in boxes of 128 rows x a chunk; x as [M][K] bf16 in boxes of a pass's
-  // tokens x a chunk's k. Zeros past every edge (grouped_matmul_stream.cuh).
+  // w as [E][N][row bytes] in boxes of a unit's rows (128, or 128 / G) x a chunk; x as [M][K] bf16
+  // in boxes of a pass's tokens x a chunk's k. Zeros past every edge (grouped_matmul_stream.cuh).
   const bool fp8 = dims.weight_type == GroupedWeightType::kFp8E4m3;
   CUtensorMap w_map, x_map;
   const cuuint64_t w_dims[3] = {static_cast<cuuint64_t>(p.w_row_bytes), static_cast<cuuint64_t>(dims.n),
                                 static_cast<cuuint64_t>(dims.experts)};
   const cuuint64_t w_strides[2] = {static_cast<cuuint64_t>(p.w_row_bytes),
                                    static_cast<cuuint64_t>(p.w_row_bytes * dims.n)};
-  const cuuint32_t w_box[3] = {kChunkBytes, kStreamRows, 1};
+  const cuuint32_t w_box[3] = {kChunkBytes, static_cast<cuuint32_t>(unit_rows), 1};
   const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(dims.k), static_cast<cuuint64_t>(dims.rows)};
   const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(p.x_row_bytes)};
   const cuuint32_t x_box[2] = {static_cast<cuuint32_t>(fp8 ? StreamShape<true>::kXChunkElements
@@ -556,7 +578,7 @@ cudaError_t LaunchStream(const GroupedMatmulDims& dims, const GroupedMatmulBuffe
                                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
       err != cudaSuccess)
     return *maps_refused = true, err;
-  const int64_t units = dims.experts * ((dims.n + kStreamRows - 1) / kStreamRows);
+  const int64_t units = dims.experts * ((dims.n + unit_rows - 1) / unit_rows);
   p.zero_blocks = 0;  // the streaming kernel's blocks write the zero rows themselves
   // Persistent: each resident block takes every grid-th unit. Else a block a unit, and the
   // hardware hands the next unit to whichever SM frees first.
@@ -607,13 +629,20 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
     if (tuning.stream_blocks_per_sm < 0 || tuning.stream_blocks_per_sm > 2 || tuning.stream_persistent < -1 ||
         tuning.stream_persistent > 1)
       return cudaErrorInvalidValue;
-    // A split weight's units fit the SMs (the shared expert: 32 or 48): one block an SM, as many
-    // stages as a block alone may hold.
-    const bool split = p.k_slices > 1;
-    const int auto_blocks = split && StreamUnitsBound(dims) <= info.sms ? 1 : kStreamAutoBlocksPerSm;
+    const int asked_groups = tuning.stream_slice_groups;
+    if (asked_groups != 0 && asked_groups != 1 && asked_groups != 2 && asked_groups != kStreamMaxSliceGroups)
+      return cudaErrorInvalidValue;
+    // Slice groups group whole slices: at most S of them (none for a weight without a split).
+    if (asked_groups > p.k_slices) return cudaErrorNotSupported;
+    p.stream_slice_groups = asked_groups > 0 ? asked_groups : kStreamAutoSliceGroups;
+    const int groups = split ? p.stream_slice_groups : 0;
+    // A split weight's units that fit the SMs (the shared expert: 32 or 48 of 128 rows): one block
+    // an SM, as many stages as a block alone may hold.
+    const int auto_blocks =
+        split && StreamUnitsBound(dims, StreamUnitRows(groups)) <= info.sms ? 1 : kStreamAutoBlocksPerSm;
     p.stream_blocks_per_sm = tuning.stream_blocks_per_sm > 0 ? tuning.stream_blocks_per_sm : auto_blocks;
     p.stream_persistent = tuning.stream_persistent != 0 ? tuning.stream_persistent > 0 : kStreamAutoPersistent;
-    p.stream_stages = StreamStages(dims, p.token_tiles, p.stream_blocks_per_sm, info);
+    p.stream_stages = StreamStages(dims, p.token_tiles, groups, p.k_slices, p.stream_blocks_per_sm, info);
     if (tuning.stream == 1 && p.stream_stages == 0) return cudaErrorNotSupported;
     const bool streams_by_default =
         split ? kStreamAutoSplit : 2 * dims.rows >= kStreamAutoMinRowsTimes2PerExpert * dims.experts;

@@ -13,6 +13,12 @@
 // bytes); here a block's 128 rows share one copy of x, at the price of few units (the glm5 shared
 // expert: 32 or 48, fewer than the SMs), each streaming a whole 128-row slab. Which wins is for
 // the A/B (grouped_matmul_bench --slices --ab) to say: the split runs here only when asked.
+// Slice groups (G = 2 or 4, kSliceGroups) trade x for units: a unit is 128 / G rows, its 8
+// consumer warps 8 / G row tiles x G groups of S / G consecutive slices each, so E = 1 gives G
+// times the units. Group 0's warp sums its slices as above, p_0 + ... + p_{S/G-1}; the warps of
+// the later groups leave each finished slice's sum (+0 for an empty slice) in shared memory, and
+// after the pass group 0's warp adds them in slice order: the same sums in the same order again.
+// A stage then holds, per group, its 4 chunks of the unit's rows and its x.
 //
 // Why (ncu on an H100, gate_up fp8 at 328 pairs, BENCHMARKS.md): the warp-tile kernel keeps its
 // weight loads in registers, 146 a thread there, so 12 warps an SM fit and its loads stop while
@@ -42,6 +48,7 @@ constexpr int kStreamRows = kRowsPerWeightTile * kStreamConsumerWarps;  // 128 r
 constexpr int kStreamStageChunks = 4;  // a stage: 4 chunks, 256 bytes of each weight row
 constexpr int kStreamMaxStages = 6;
 constexpr int64_t kStreamWeightBox = int64_t{kStreamRows} * kChunkBytes;  // a chunk of the unit's rows: 8 KB
+constexpr int kStreamMaxSliceGroups = 4;
 
 template <bool kFp8>
 struct StreamShape {
@@ -50,10 +57,21 @@ struct StreamShape {
   __host__ __device__ static constexpr int64_t XBox(int token_tiles) {
     return int64_t{kTokensPerTile} * token_tiles * kXChunkBytes;
   }
-  __host__ __device__ static constexpr int64_t StageBytes(int token_tiles) {
-    return kStreamStageChunks * (kStreamWeightBox + XBox(token_tiles));
+  // A stage of `groups` slice groups (1 without them): each group's 4 chunks of its 128 / groups
+  // rows (together a chunk of 128 rows) and its x.
+  __host__ __device__ static constexpr int64_t StageBytes(int token_tiles, int groups = 1) {
+    return kStreamStageChunks * (kStreamWeightBox + groups * XBox(token_tiles));
   }
 };
+
+// The shared memory of a block's slice sums with slice groups (after the stages): for each of its
+// 8 / groups row tiles, each slice past group 0's (S - S / groups) x the pass's token tiles x the
+// C fragment's 4 floats x 32 lanes. None without slice groups.
+__host__ __device__ constexpr int64_t StreamPartialBytes(int token_tiles, int groups, int k_slices) {
+  return groups > 1 ? int64_t{kStreamConsumerWarps / groups} * (k_slices - k_slices / groups) * token_tiles * 4 *
+                          kWarp * 4
+                    : 0;
+}
 
 // The barriers first (full: the stage's bytes landed; empty: every consumer thread read it), then
 // the stages, each 128-byte aligned (the tensor copies' destinations must be).
@@ -130,22 +148,54 @@ struct SliceTotal<kTokenTiles, false> {
   __device__ __forceinline__ explicit SliceTotal(int) {}
 };
 
-// kSplit: K in p.k_slices slices of p.slice_chunks chunks (a template flag: the routed experts'
-// kernels compile without the slice bookkeeping).
-template <bool kFp8, int kTokenTiles, bool kSplit>
+// Slice groups: a finished slice's sum into its slot ([token tile][4][lane] floats: a lane's
+// floats 32 apart, no bank conflict), acc restarting from +0; and a slot added to acc.
+template <int kTokenTiles>
+__device__ __forceinline__ void StoreSliceSum(float* slot, float (&acc)[kTokenTiles][4], int lane) {
+#pragma unroll
+  for (int t = 0; t < kTokenTiles; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      slot[(t * 4 + i) * kWarp + lane] = acc[t][i];
+      acc[t][i] = 0.0f;
+    }
+}
+template <int kTokenTiles>
+__device__ __forceinline__ void AddSliceSum(float (&acc)[kTokenTiles][4], const float* slot, int lane) {
+#pragma unroll
+  for (int t = 0; t < kTokenTiles; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[t][i] += slot[(t * 4 + i) * kWarp + lane];
+}
+
+// kSliceGroups: 0, K is not split (S = 1: the routed experts' kernels compile without any slice
+// bookkeeping); 1, K in p.k_slices slices of p.slice_chunks chunks, each consumer warp summing all
+// of its rows' slices; 2 or 4, the slice groups above (S >= kSliceGroups).
+template <bool kFp8, int kTokenTiles, int kSliceGroups>
 __global__ void __launch_bounds__(kStreamThreads, 1)
     GroupedMatmulStreamKernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                               const GroupedArgs p, int stages) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Shape = StreamShape<kFp8>;
+  static_assert(kSliceGroups == 0 || kSliceGroups == 1 || kSliceGroups == 2 || kSliceGroups == kStreamMaxSliceGroups,
+                "slice groups: 0 (no split), 1, 2 or 4");
+  constexpr bool kSplit = kSliceGroups > 0;
+  constexpr bool kGrouped = kSliceGroups > 1;
+  constexpr int kGroups = kGrouped ? kSliceGroups : 1;
+  constexpr int kRowTiles = kStreamConsumerWarps / kGroups;        // 16-row tiles a unit: 8, 4 or 2
+  constexpr int kUnitRows = kRowsPerWeightTile * kRowTiles;         // 128, 64 or 32
+  constexpr int64_t kWeightBox = int64_t{kUnitRows} * kChunkBytes;  // a chunk of the unit's rows
   constexpr int kSteps = kFp8 ? 4 : 2;
   constexpr int kTokensPerPass = kTokensPerTile * kTokenTiles;
   constexpr int64_t kXBox = Shape::XBox(kTokenTiles);
-  constexpr int64_t kStageBytes = Shape::StageBytes(kTokenTiles);
+  constexpr int64_t kStageBytes = Shape::StageBytes(kTokenTiles, kGroups);
   extern __shared__ __align__(128) uint8_t smem[];
   unsigned long long* full = reinterpret_cast<unsigned long long*>(smem);
   unsigned long long* empty = full + kStreamMaxStages;
   uint8_t* stage_base = smem + kStreamBarrierBytes;
+  // The chunks of a slice group (group 0 has exactly this many, a later one as many or fewer, or
+  // none); without slice groups, every chunk of the row.
+  const int group_chunks = kGrouped ? (p.k_slices / kGroups) * p.slice_chunks : p.chunks;
 
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   if (threadIdx.x == 0) {
@@ -157,14 +207,14 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
   }
   __syncthreads();
 
-  const int64_t row_blocks = (p.n + kStreamRows - 1) / kStreamRows;
+  const int64_t row_blocks = (p.n + kUnitRows - 1) / kUnitRows;
   const int64_t units = p.experts * row_blocks;
   const int g = lane / 4, c = lane % 4;
   int64_t it = 0;  // stages handed over so far: slot it % stages, phase (it / stages) & 1
 
   for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
     const int expert = static_cast<int>(unit / row_blocks);
-    const int row0 = static_cast<int>((unit % row_blocks) * kStreamRows);
+    const int row0 = static_cast<int>((unit % row_blocks) * kUnitRows);
     if (p.sizes[expert] <= 0) continue;  // the same answer on every warp: no rows, nothing read
     const int64_t begin = WarpClampedSizeSum(p.sizes, expert, lane);
     if (begin >= p.rows) continue;
@@ -173,51 +223,96 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
     for (int64_t t0 = begin; t0 < end; t0 += kTokensPerPass) {
       if (warp == 0) {
         // ---- producer (lane 0): one stage after another, each into the slot its consumers released
-        for (int chunk0 = 0; chunk0 < p.chunks; chunk0 += kStreamStageChunks, ++it) {
+        for (int chunk0 = 0; chunk0 < group_chunks; chunk0 += kStreamStageChunks, ++it) {
           if (lane != 0) continue;
           const int slot = static_cast<int>(it % stages);
           if (it >= stages) MbarWait(&empty[slot], static_cast<uint32_t>((it / stages - 1) & 1));
           uint8_t* w_stage = stage_base + slot * kStageBytes;
-          uint8_t* x_stage = w_stage + kStreamStageChunks * kStreamWeightBox;
-          const int chunks = min(kStreamStageChunks, p.chunks - chunk0);
-          MbarArriveExpectTx(&full[slot], static_cast<uint32_t>(chunks * (kStreamWeightBox + kXBox)));
-          for (int q = 0; q < chunks; ++q) {
-            const int chunk = chunk0 + q;
-            TensorCopy3d(w_stage + q * kStreamWeightBox, &w_map, chunk * kChunkBytes, row0, expert, &full[slot]);
-            TensorCopy2d(x_stage + q * kXBox, &x_map, chunk * Shape::kXChunkElements, static_cast<int>(t0), &full[slot]);
+          uint8_t* x_stage = w_stage + kGroups * kStreamStageChunks * kWeightBox;
+          if constexpr (kGrouped) {
+            // Group j's chunks j * group_chunks + chunk0 + q, those it has (a last group may end
+            // early or have none), into its boxes j * 4 + q.
+            int count[kGroups];
+            uint32_t bytes = 0;
+#pragma unroll
+            for (int j = 0; j < kGroups; ++j) {
+              const int left = min(p.chunks, (j + 1) * group_chunks) - (j * group_chunks + chunk0);
+              count[j] = max(0, min(kStreamStageChunks, left));
+              bytes += static_cast<uint32_t>(count[j] * (kWeightBox + kXBox));
+            }
+            MbarArriveExpectTx(&full[slot], bytes);
+#pragma unroll
+            for (int j = 0; j < kGroups; ++j)
+              for (int q = 0; q < count[j]; ++q) {
+                const int chunk = j * group_chunks + chunk0 + q, box = j * kStreamStageChunks + q;
+                TensorCopy3d(w_stage + box * kWeightBox, &w_map, chunk * kChunkBytes, row0, expert, &full[slot]);
+                TensorCopy2d(x_stage + box * kXBox, &x_map, chunk * Shape::kXChunkElements, static_cast<int>(t0),
+                             &full[slot]);
+              }
+          } else {
+            const int chunks = min(kStreamStageChunks, p.chunks - chunk0);
+            MbarArriveExpectTx(&full[slot], static_cast<uint32_t>(chunks * (kWeightBox + kXBox)));
+            for (int q = 0; q < chunks; ++q) {
+              const int chunk = chunk0 + q;
+              TensorCopy3d(w_stage + q * kWeightBox, &w_map, chunk * kChunkBytes, row0, expert, &full[slot]);
+              TensorCopy2d(x_stage + q * kXBox, &x_map, chunk * Shape::kXChunkElements, static_cast<int>(t0), &full[slot]);
+            }
           }
         }
         continue;
       }
 
-      // ---- consumer warp: weight rows 16 w' .. 16 w' + 15 of the unit (w' = warp - 1)
-      const int tile_row = kRowsPerWeightTile * (warp - 1);
+      // ---- consumer warp w' = warp - 1: weight rows 16 r .. 16 r + 15 of the unit, r = w' (w' % 8 / G
+      // in slice group w' / (8 / G) with slice groups)
+      const int group = kGrouped ? (warp - 1) / kRowTiles : 0;
+      const int row_tile = kGrouped ? (warp - 1) % kRowTiles : warp - 1;
+      const int tile_row = kRowsPerWeightTile * row_tile;
+      const int group_first = group * group_chunks;  // its first chunk (0 without slice groups)
+      const int group_end = kGrouped ? min(p.chunks, group_first + group_chunks) : p.chunks;
       const int tiles = static_cast<int>(min(static_cast<int64_t>(kTokenTiles), (end - t0 + kTokensPerTile - 1) / kTokensPerTile));
       float acc[kTokenTiles][4];
 #pragma unroll
       for (int t = 0; t < kTokenTiles; ++t)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
-      SliceTotal<kTokenTiles, kSplit> slices(p.slice_chunks);
-      for (int chunk0 = 0; chunk0 < p.chunks; chunk0 += kStreamStageChunks, ++it) {
+      SliceTotal<kTokenTiles, kSplit> slices(group_first + p.slice_chunks);
+      // Slice groups: this row tile's slice sums of the later groups, slice S / G + i at slot i.
+      const int own_slices = kGrouped ? p.k_slices / kGroups : 0;
+      float* slots = reinterpret_cast<float*>(stage_base + stages * kStageBytes) +
+                     int64_t{row_tile} * (p.k_slices - own_slices) * kTokenTiles * 4 * kWarp;
+      int stored = 0;  // a later group's slices already in their slots
+      for (int chunk0 = 0; chunk0 < group_chunks; chunk0 += kStreamStageChunks, ++it) {
         const int slot = static_cast<int>(it % stages);
         MbarWait(&full[slot], static_cast<uint32_t>((it / stages) & 1));
         const uint8_t* w_stage = stage_base + slot * kStageBytes;
-        const uint8_t* x_stage = w_stage + kStreamStageChunks * kStreamWeightBox;
+        const uint8_t* x_stage = w_stage + kGroups * kStreamStageChunks * kWeightBox;
 #pragma unroll
         for (int q = 0; q < kStreamStageChunks; ++q) {
-          if (chunk0 + q >= p.chunks) break;  // warp-uniform: a short last stage
-          if constexpr (kSplit) {
-            if (chunk0 + q == slices.next) slices.Fold(acc, p.slice_chunks);  // warp-uniform
+          if (chunk0 + q >= group_chunks) break;  // warp-uniform: a short last stage
+          const int chunk = group_first + chunk0 + q;
+          if constexpr (kGrouped) {
+            if (chunk >= group_end) break;  // warp-uniform: a short (or empty) last group
           }
+          if constexpr (kSplit) {
+            if (chunk == slices.next) {  // warp-uniform: a slice ends
+              if (kGrouped && group > 0) {
+                StoreSliceSum<kTokenTiles>(slots + int64_t{(group - 1) * own_slices + stored} * kTokenTiles * 4 * kWarp, acc, lane);
+                ++stored;
+                slices.next += p.slice_chunks;
+              } else {
+                slices.Fold(acc, p.slice_chunks);
+              }
+            }
+          }
+          const int box = group * kStreamStageChunks + q;  // q without slice groups
           // Past the row (a partial last chunk) the copy filled zeros, as the warp-tile kernel's masks do.
-          const uint8_t* w_chunk = w_stage + q * kStreamWeightBox + 16 * c;
+          const uint8_t* w_chunk = w_stage + box * kWeightBox + 16 * c;
           const uint4 top = LoadShared16(w_chunk + (tile_row + g) * kChunkBytes);
           const uint4 bottom = LoadShared16(w_chunk + (tile_row + 8 + g) * kChunkBytes);
           uint32_t a[kSteps][4];
 #pragma unroll
           for (int s = 0; s < kSteps; ++s) WeightFragment<kFp8>(top, bottom, s, a[s]);
-          const uint8_t* x_chunk = x_stage + q * kXBox;
+          const uint8_t* x_chunk = x_stage + box * kXBox;
 #pragma unroll
           for (int t = 0; t < kTokenTiles; ++t) {
             if (t >= tiles) break;  // warp-uniform
@@ -239,13 +334,31 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
         }
         MbarArrive(&empty[slot]);  // every consumer thread: its reads of the slot are done
       }
-      if constexpr (kSplit) slices.Finish(acc, p.k_slices, p.slice_chunks);
+      if constexpr (kGrouped) {
+        if (group == 0) {
+          slices.Finish(acc, own_slices, p.slice_chunks);  // its own slices, none of them empty
+        } else {
+          // The slice in progress, then +0 for each empty one (as the warp-tile kernel's idle slice
+          // warps add theirs).
+          for (; stored < own_slices; ++stored)
+            StoreSliceSum<kTokenTiles>(slots + int64_t{(group - 1) * own_slices + stored} * kTokenTiles * 4 * kWarp, acc, lane);
+        }
+        NamedBarrier(1 + row_tile, kGroups * kWarp);  // the row tile's later groups' sums in their slots
+        if (group == 0) {
+          for (int i = 0; i < p.k_slices - own_slices; ++i) AddSliceSum<kTokenTiles>(acc, slots + int64_t{i} * kTokenTiles * 4 * kWarp, lane);
+        }
+        NamedBarrier(1 + row_tile, kGroups * kWarp);  // the slots are free for the next pass
+      } else if constexpr (kSplit) {
+        slices.Finish(acc, p.k_slices, p.slice_chunks);
+      }
 
-      // y = acc * scale: rows g (h = 0) and g + 8 (h = 1) of the warp's 16.
+      // y = acc * scale: rows g (h = 0) and g + 8 (h = 1) of the warp's 16 (group 0's warps).
+      if (group == 0) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t n = row0 + tile_row + 8 * h + g;
-        if (n < p.n) StoreChannel<kTokenTiles>(p, expert, n, h, acc, t0, end, tiles, c);
+        for (int h = 0; h < 2; ++h) {
+          const int64_t n = row0 + tile_row + 8 * h + g;
+          if (n < p.n) StoreChannel<kTokenTiles>(p, expert, n, h, acc, t0, end, tiles, c);
+        }
       }
     }
   }

@@ -142,8 +142,9 @@ std::string Describe(const GroupedMatmulPlan& p) {
                 p.chunks_in_flight, p.token_tiles, p.tiles_per_warp);
 #else
   if (p.stream_stages > 0)
-    std::snprintf(buffer, sizeof(buffer), "stream st%d tt%d b%d%s", p.stream_stages, p.token_tiles,
-                  p.stream_blocks_per_sm, p.stream_persistent ? " p" : "");
+    std::snprintf(buffer, sizeof(buffer), "stream st%d tt%d b%d%s%s", p.stream_stages, p.token_tiles,
+                  p.stream_blocks_per_sm, p.stream_persistent ? " p" : "",
+                  p.k_slices > 1 ? (" sg" + std::to_string(p.stream_slice_groups)).c_str() : "");
   else
     std::snprintf(buffer, sizeof(buffer), "w%d wt%d u%d tt%d q%d S%d", p.warps_per_block, p.weight_tiles,
                   p.chunks_in_flight, p.token_tiles, p.tiles_per_warp, p.k_slices);
@@ -155,9 +156,10 @@ std::string Json(const GroupedMatmulPlan& p) {
   char buffer[256];
   std::snprintf(buffer, sizeof(buffer),
                 "{\"warps_per_block\": %d, \"weight_tiles\": %d, \"chunks_in_flight\": %d, \"token_tiles\": %d, "
-                "\"tiles_per_warp\": %d, \"blocks_per_expert\": %d, \"stream_stages\": %d}",
+                "\"tiles_per_warp\": %d, \"blocks_per_expert\": %d, \"stream_stages\": %d, "
+                "\"stream_slice_groups\": %d}",
                 p.warps_per_block, p.weight_tiles, p.chunks_in_flight, p.token_tiles, p.tiles_per_warp,
-                p.blocks_per_expert, p.stream_stages);
+                p.blocks_per_expert, p.stream_stages, p.stream_slice_groups);
   return buffer;
 }
 
@@ -185,17 +187,19 @@ std::vector<GroupedMatmulTuning> SliceSweep() {
 }
 
 std::vector<GroupedMatmulTuning> Sweep(const Config& c, bool slices, bool ab) {
-  if (ab) {  // the warp-tile kernel, then the streaming kernel's launch shapes
+  if (ab) {  // the warp-tile kernel, then the streaming kernel's launch shapes (and a split weight's slice groups)
     std::vector<GroupedMatmulTuning> out = {WarpTileKernel()};
-    for (int persistent : {1, -1})
-      for (int blocks : {1, 2}) {
-        GroupedMatmulTuning t;
-        t.stream = 1;
-        t.stream_blocks_per_sm = blocks;
-        t.stream_persistent = persistent;
-        GroupedMatmulPlan plan;
-        if (hisparse::GroupedMatmulPlanFor(c.dims(), t, &plan) == cudaSuccess) out.push_back(t);
-      }
+    for (int groups : {1, 2, 4})
+      for (int persistent : {1, -1})
+        for (int blocks : {1, 2}) {
+          GroupedMatmulTuning t;
+          t.stream = 1;
+          t.stream_blocks_per_sm = blocks;
+          t.stream_persistent = persistent;
+          t.stream_slice_groups = groups;
+          GroupedMatmulPlan plan;
+          if (hisparse::GroupedMatmulPlanFor(c.dims(), t, &plan) == cudaSuccess) out.push_back(t);
+        }
     return out;
   }
   if (slices) return SliceSweep();

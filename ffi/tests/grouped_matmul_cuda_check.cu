@@ -253,22 +253,25 @@ std::vector<GroupedMatmulTuning> Variants() {
           t.stream = -1;
           out.push_back(t);
         }
-  for (int tt : {1, 2, 4, 8})
-    for (int shape : {0, 1}) {  // one persistent block an SM, or two an SM and a block a unit
-      GroupedMatmulTuning t;
-      t.token_tiles = tt;
-      t.stream = 1;
-      t.stream_blocks_per_sm = shape == 0 ? 1 : 2;
-      t.stream_persistent = shape == 0 ? 1 : -1;
-      out.push_back(t);
-    }
+  for (int groups : {1, 2, 4})  // slice groups: a split weight's only (RunCase skips the others)
+    for (int tt : {1, 2, 4, 8})
+      for (int shape : {0, 1}) {  // one persistent block an SM, or two an SM and a block a unit
+        GroupedMatmulTuning t;
+        t.token_tiles = tt;
+        t.stream = 1;
+        t.stream_blocks_per_sm = shape == 0 ? 1 : 2;
+        t.stream_persistent = shape == 0 ? 1 : -1;
+        t.stream_slice_groups = groups;
+        out.push_back(t);
+      }
   return out;
 }
 
 std::string Describe(const GroupedMatmulPlan& p) {
   if (p.stream_stages > 0)
-    return Format("streaming kernel, %d stages, token tiles %d, %d blocks an SM%s", p.stream_stages, p.token_tiles,
-                  p.stream_blocks_per_sm, p.stream_persistent ? ", persistent" : "");
+    return Format("streaming kernel, %d stages, token tiles %d, %d blocks an SM%s, K slices %d in %d groups",
+                  p.stream_stages, p.token_tiles, p.stream_blocks_per_sm, p.stream_persistent ? ", persistent" : "",
+                  p.k_slices, p.k_slices > 1 ? p.stream_slice_groups : 1);
   return Format("warps %d, weight tiles %d, in flight %d, token tiles %d, tiles/warp %d, blocks/expert %d, "
                 "K slices %d",
                 p.warps_per_block, p.weight_tiles, p.chunks_in_flight, p.token_tiles, p.tiles_per_warp,
@@ -397,9 +400,15 @@ bool RefusesBadArguments() {
   ok = ok && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorInvalidValue;
   t.token_tiles = 0, t.stream = 2;
   ok = ok && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorInvalidValue;
-  // The streaming kernel's launch shape outside its variants (1 or 2 blocks an SM).
+  // The streaming kernel's launch shape outside its variants (1 or 2 blocks an SM; 1, 2 or 4 slice
+  // groups), and slice groups where the weight has fewer slices (K = 8 bf16: one chunk, S = 1).
   t.stream = 1, t.stream_blocks_per_sm = 3;
   ok = ok && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorInvalidValue;
+  t.stream_blocks_per_sm = 0, t.stream_slice_groups = 3;
+  ok = ok && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorInvalidValue;
+  d.k = 8, t.stream_slice_groups = 2;
+  ok = ok && hisparse::GroupedMatmulKSlices(d) == 1 &&
+       hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorNotSupported;
   return ok;
 }
 
