@@ -20,6 +20,8 @@
 //              host-mapped pool is global memory), completion on an mbarrier,
 //              then cp.async.bulk shared -> global into the hot buffer. No
 //              registers hold the data; a block keeps `stages` rows in flight.
+//              2-16 blocks of 32 or 128 stages, then 32-128 blocks of 16 or 32
+//              (the copy spread over more SMs' engines).
 // Rows: R in {2048, 8192, 32768} (--rows) distinct random rows of a pinned
 // pool of --pool-gib GiB (default 6.75; the pool is filled by a kernel that
 // writes the host memory), scattered to a random permutation of hot slots.
@@ -329,6 +331,11 @@ std::vector<Variant> AllVariants() {
       {"tma 128 stages", Kind::kTma, 4, 0, 128},
       {"tma 128 stages", Kind::kTma, 8, 0, 128},
       {"tma 128 stages", Kind::kTma, 16, 0, 128},
+      // Spread over more SMs, fewer rows each: does the link's rate beside an HBM-bound neighbour
+      // come back with more copy engines driving it (16 blocks moved 11-14 GB/s there)?
+      {"tma 32 stages", Kind::kTma, 32, 0, 32},
+      {"tma 32 stages", Kind::kTma, 64, 0, 32},
+      {"tma 16 stages", Kind::kTma, 128, 0, 16},
   };
 }
 
