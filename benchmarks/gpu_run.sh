@@ -117,7 +117,7 @@ bench_decode() {  # bench_decode FAMILY CONTEXT...: one hisparse-bench run per c
 bench_slice() {  # bench_slice DEPLOYMENT CONTEXT...: one hisparse-bench run per context
   local name=$1; shift
   for context in "$@"; do
-    run "slice-$name-$context" env PYTHONPATH="$SITE" XLA_PYTHON_CLIENT_PREALLOCATE=true \
+    clocked "slice-$name-$context" env PYTHONPATH="$SITE" XLA_PYTHON_CLIENT_PREALLOCATE=true \
       XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE/bin/hisparse-bench" decode --deployment "$name" \
       --contexts "$context" --profile --out "$OUT_DIR/slice-$name-$context" $DECODE_ARGS
   done
@@ -129,6 +129,20 @@ run() {  # run STAGE_NAME CMD...: tee the output into OUT_DIR/STAGE_NAME.log
   local t0=$SECONDS
   "$@" 2>&1 | tee "$OUT_DIR/$name.log"
   echo "=== $name: ok in $((SECONDS - t0)) s"
+}
+
+# clocked STAGE_NAME CMD...: run, while nvidia-smi samples the SM and memory clocks, the power and
+# the temperature every 200 ms into OUT_DIR/STAGE_NAME.clocks.csv: whether a kernel slower in the
+# step than alone ran at a lower clock (power or heat) there. The sampler stops with the command
+# (and within 30 minutes whatever happens).
+clocked() {
+  local name=$1 sampler
+  timeout 1800 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv \
+    -lms 200 > "$OUT_DIR/$name.clocks.csv" 2>&1 &
+  sampler=$!
+  run "$@"
+  kill "$sampler" 2>/dev/null || true
+  wait "$sampler" 2>/dev/null || true
 }
 
 # ab_slices NAME VARIANT=DEFINES...: one site per variant ($SITE-NAME-VARIANT, built with its
@@ -146,7 +160,7 @@ ab_slices() {
   for context in 131072 32768; do
     for spec in "$@"; do
       variant=${spec%%=*}
-      run "slice-$name-$variant-$context" env PYTHONPATH="$SITE-$name-$variant" XLA_PYTHON_CLIENT_PREALLOCATE=true \
+      clocked "slice-$name-$variant-$context" env PYTHONPATH="$SITE-$name-$variant" XLA_PYTHON_CLIENT_PREALLOCATE=true \
         XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE-$name-$variant/bin/hisparse-bench" decode \
         --deployment glm5-h200 --contexts "$context" --trace glm-5.1 --no-equal-batch --one-at-a-time \
         --reps 10 --profile --no-plots --out "$OUT_DIR/slice-$name-$variant-$context" $DECODE_ARGS
