@@ -25,6 +25,11 @@
 #             streaming kernel's launch shapes against the warp-tile kernel at the slices' shapes, the
 #             shared expert's split K included), and tests/test_grouped_matmul.py's GPU tests (needs
 #             build)
+#   attention-plans
+#             the sparse attention's two merges at the slices' batches: the cluster plan (the 16
+#             chunk blocks of a request merge on chip, in waves of clusters past one) against the
+#             combine plan (partials through HBM, a second kernel) at batch 1, 2, 10, 17 and 41 (64
+#             heads, k = 2048; alternating, twice; the same output bits, hashed by the bench)
 #   attention-wgmma
 #             the experimental wgmma chunk kernel of sparse attention (ffi/sparse_attention_wgmma.cuh,
 #             sm_90a): the checker (--quick, then memcheck and racecheck), the kernel alone against
@@ -215,6 +220,15 @@ for stage in "$@"; do
       run grouped_matmul_ab build/grouped_matmul_bench "$OUT_DIR/grouped_matmul_ab.json" --slices --quick --ab
       run grouped_matmul_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_grouped_matmul.py -q \
         -p no:cacheprovider -m gpu ;;
+    attention-plans)
+      run attn_plans_build make -C ffi/bench sparse-attention
+      for rep in 1 2; do
+        for b in 1 2 10 17 41; do
+          for plan in combine cluster; do
+            run "attn_${plan}_b$b-$rep" build/sparse_attention_bench "$OUT_DIR/attn_${plan}_b$b-$rep.json" "$b" 64 "$plan"
+          done
+        done
+      done ;;
     attention-wgmma)
       # The wgmma chunk kernel (warpgroup w scores stage w of each two-stage step), checked (and
       # sanitized) before it is timed against today's mma.sync kernel.
