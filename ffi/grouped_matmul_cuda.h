@@ -132,8 +132,9 @@ struct GroupedMatmulTuning {
   // SM's shared memory)
   int stream_blocks_per_sm = 0;
   int stream_persistent = 0;     // 0 automatic, 1 a block loops over units, -1 one unit a block
-  // 0 automatic (1), 1, 2 or 4 slice groups for a split weight on the streaming kernel;
-  // cudaErrorNotSupported above the weight's S (none for a weight without a split).
+  // 0 automatic (1; a HISPARSE_GROUPED_MATMUL_STREAM_SPLIT=G build: G, capped at the weight's S),
+  // 1, 2 or 4 slice groups for a split weight on the streaming kernel; cudaErrorNotSupported above
+  // the weight's S (none for a weight without a split).
   int stream_slice_groups = 0;
 };
 

@@ -621,20 +621,21 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
   if (p.warps_per_block > kGroupedMatmulMaxWarps || tuning.tiles_per_warp < 0) return cudaErrorInvalidValue;
   // A split of K, from the weight's shape alone (it fixes y's bits: grouped_matmul.h).
   p.k_slices = GroupedMatmulKSlices(dims);
-  if (tuning.stream < -1 || tuning.stream > 1) return cudaErrorInvalidValue;
+  // The streaming kernel's fields are checked whichever kernel runs: a value outside the variants
+  // is an error, never ignored.
+  const int asked_groups = tuning.stream_slice_groups;
+  if (tuning.stream < -1 || tuning.stream > 1 || tuning.stream_blocks_per_sm < 0 || tuning.stream_blocks_per_sm > 2 ||
+      tuning.stream_persistent < -1 || tuning.stream_persistent > 1 ||
+      (asked_groups != 0 && asked_groups != 1 && asked_groups != 2 && asked_groups != kStreamMaxSliceGroups))
+    return cudaErrorInvalidValue;
   if (tuning.stream >= 0) {
     int device = 0;
     StreamDevice info;
     if (cudaError_t err = StreamDeviceInfo(&device, &info); err != cudaSuccess) return err;
-    if (tuning.stream_blocks_per_sm < 0 || tuning.stream_blocks_per_sm > 2 || tuning.stream_persistent < -1 ||
-        tuning.stream_persistent > 1)
-      return cudaErrorInvalidValue;
-    const int asked_groups = tuning.stream_slice_groups;
-    if (asked_groups != 0 && asked_groups != 1 && asked_groups != 2 && asked_groups != kStreamMaxSliceGroups)
-      return cudaErrorInvalidValue;
-    // Slice groups group whole slices: at most S of them (none for a weight without a split).
+    // Slice groups group whole slices: at most S of them (none for a weight without a split). The
+    // automatic count (the split build's G) is capped at S; S and G are powers of two.
     if (asked_groups > p.k_slices) return cudaErrorNotSupported;
-    p.stream_slice_groups = asked_groups > 0 ? asked_groups : kStreamAutoSliceGroups;
+    p.stream_slice_groups = asked_groups > 0 ? asked_groups : std::min(kStreamAutoSliceGroups, p.k_slices);
     const int groups = split ? p.stream_slice_groups : 0;
     // A split weight's units that fit the SMs (the shared expert: 32 or 48 of 128 rows): one block
     // an SM, as many stages as a block alone may hold.

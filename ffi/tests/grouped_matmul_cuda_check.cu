@@ -404,7 +404,9 @@ bool RefusesBadArguments() {
   // groups), and slice groups where the weight has fewer slices (K = 8 bf16: one chunk, S = 1).
   t.stream = 1, t.stream_blocks_per_sm = 3;
   ok = ok && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorInvalidValue;
-  t.stream_blocks_per_sm = 0, t.stream_slice_groups = 3;
+  t.stream = -1;  // refused on the warp-tile kernel too, not ignored
+  ok = ok && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorInvalidValue;
+  t.stream = 1, t.stream_blocks_per_sm = 0, t.stream_slice_groups = 3;
   ok = ok && hisparse::LaunchGroupedMatmul(d, io, nullptr, t) == cudaErrorInvalidValue;
   d.k = 8, t.stream_slice_groups = 2;
   ok = ok && hisparse::GroupedMatmulKSlices(d) == 1 &&
