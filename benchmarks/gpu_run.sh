@@ -74,7 +74,7 @@
 #             light, occupancy, warp states, scheduler, memory and instruction statistics, one
 #             launch each, in OUT_DIR/ncu_*.log
 #   slices    the deployment slices (docs/deployments.md): hisparse-bench decode --deployment
-#             glm5-h200 at 32K, 128K and 256K, dsv32-h200 and qwen3-quest-h200 at 128K; each
+#             glm5-h200 and dsv32-h200 at 32K, 128K and 256K, qwen3-quest-h200 at 128K; each
 #             under both trace calibrations, with the profile; one process per context.
 #   prefetch-tests
 #             exact layer-wise prefetch: tests/test_prefetch.py and tests/models/test_prefetch_decode.py
@@ -346,7 +346,7 @@ for stage in "$@"; do
         build/topk_bench "$OUT_DIR/ncu_topk.json" --shape 17x131072 --reps 10 ;;
     slices)
       bench_slice glm5-h200 32768 131072 262144
-      bench_slice dsv32-h200 131072
+      bench_slice dsv32-h200 32768 131072 262144
       bench_slice qwen3-quest-h200 131072 ;;
     decode-dsa)
       bench_decode dsa 32768 131072 ;;
