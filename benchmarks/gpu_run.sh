@@ -60,8 +60,8 @@
 #             checker against the CPU (+ memcheck and racecheck), ffi/bench/moe_route_bench.cu (the
 #             kernel alone at the slices' decode batches, JSON in OUT_DIR), tests/test_moe_route.py
 #             and the routing tests with the CUDA handler (needs build), then the glm5-h200 slice at
-#             128K with routing_implementation count and fused (one at a time, profiled) and
-#             benchmarks/launch_gaps.py over both
+#             128K, 32K and 256K (ROUTING_CONTEXTS) with routing_implementation count and fused (one
+#             at a time, profiled) and benchmarks/launch_gaps.py over all of them
 #   gather-layout
 #             ffi/bench/gather_layout_bench.cu: random 1152-byte records gathered into shared memory
 #             by 16-byte cp.async (the wgmma attention's core-matrix layout), by one TMA tensor
@@ -324,11 +324,16 @@ for stage in "$@"; do
       run moe_route timeout 120 build/moe_route_bench --json "$OUT_DIR/moe_route_bench.json"
       run moe_route_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_moe_route.py \
         tests/models/test_routing.py -q -p no:cacheprovider
-      for routing in count fused; do
-        run "slice-routing-$routing" env PYTHONPATH="$SITE" XLA_PYTHON_CLIENT_PREALLOCATE=true \
-          XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE/bin/hisparse-bench" decode --deployment glm5-h200 \
-          --set routing_implementation=$routing --contexts 131072 --trace glm-5.1 --no-equal-batch \
-          --one-at-a-time --reps 10 --profile --no-plots --out "$OUT_DIR/slice-routing-$routing" $DECODE_ARGS
+      # Every context of the roofline issue's glm5 slices (the default waits on all three), the two
+      # routings in turn at each.
+      for context in ${ROUTING_CONTEXTS:-131072 32768 262144}; do
+        for routing in count fused; do
+          clocked "slice-routing-$routing-$context" env PYTHONPATH="$SITE" XLA_PYTHON_CLIENT_PREALLOCATE=true \
+            XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE/bin/hisparse-bench" decode --deployment glm5-h200 \
+            --set routing_implementation=$routing --contexts "$context" --trace glm-5.1 --no-equal-batch \
+            --one-at-a-time --reps 10 --profile --no-plots --out "$OUT_DIR/slice-routing-$routing-$context" \
+            $DECODE_ARGS
+        done
       done
       run launch_gaps_routing "$PY" benchmarks/launch_gaps.py "$OUT_DIR"/slice-routing-*/decode.json ;;
     ncu-profiles)
