@@ -93,3 +93,19 @@ def test_a_documented_command_runs_on_a_cpu_at_a_small_size(where, command, tmp_
     elif argv[0] == "policies":
         argv += ["--out", str(tmp_path / "out")]
     assert cli.main(argv) == 0, capsys.readouterr().err
+
+
+def test_every_gpu_run_stage_is_documented():
+    """benchmarks/gpu_run.sh's stages (its `case` labels) are each named in its own header and in
+    docs/benchmarks.md's row for it, and neither names a stage the script does not have."""
+    script = (ROOT / "benchmarks" / "gpu_run.sh").read_text()
+    stages = set(re.findall(r"^    ([a-z0-9-]+)\)$", script, flags=re.M))
+    assert {"build", "slices", "grouped-matmul", "attention-plans"} <= stages, stages
+    header = set(re.findall(r"^#   ([a-z0-9-]+)(?:\s|$)", script, flags=re.M))
+    header |= {s for line in re.findall(r"^#   (decode-[a-z-]+(?:, decode-[a-z-]+)*)$", script, flags=re.M)
+               for s in line.split(", ")}
+    assert stages <= header, f"stages without a line in gpu_run.sh's header: {sorted(stages - header)}"
+    row = next(line for line in (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
+               if line.startswith("| `benchmarks/gpu_run.sh OUT STAGE...`"))
+    named = set(re.findall(r"`([a-z0-9-]+)`", row))
+    assert stages <= named, f"stages missing from docs/benchmarks.md: {sorted(stages - named)}"
