@@ -458,15 +458,10 @@ constexpr int kStreamMaxDevices = 64;
 // uneven passes better than a fixed round-robin).
 constexpr int kStreamAutoBlocksPerSm = 2;
 constexpr bool kStreamAutoPersistent = false;
-// The streaming kernel by default where experts average at least 2.5 rows (2 M >= 5 E), and below
-// that where its units fill between one and two blocks an SM (at most min(E, M) x ceil(N / 128)
-// of them have rows). Below 2.5 rows with more units the warp-tile kernel's smaller, more
-// numerous blocks measured up to 16% faster (down at 8 and 16 pairs over 32 experts: 384 and 768
-// units at most; gate_up at 16 pairs: 512), within one wave the streaming kernel 19% faster
-// (gate_up at 8 pairs, 256 units at most, 224 with rows: 70.2 against 86.4 us on an H100,
-// BENCHMARKS.md's fourteenth pass); above 2.5 rows the streaming kernel 0-28% faster. Fewer units
-// than SMs were not measured and stay on the warp-tile kernel. A split weight stays on the
-// warp-tile kernel by default: the streaming kernel runs it (the slices' sums kept in each
+// The streaming kernel by default only where experts average at least 2.5 rows (2 M >= 5 E): below
+// it the warp-tile kernel's smaller, more numerous blocks measured up to 16% faster (down at 8
+// and 16 pairs over 32 experts), above it the streaming kernel 0-28% faster. A split weight stays
+// on the warp-tile kernel by default: the streaming kernel runs it (the slices' sums kept in each
 // consumer warp) when asked (GroupedMatmulTuning::stream = 1), and has not been timed yet.
 constexpr int64_t kStreamAutoMinRowsTimes2PerExpert = 5;
 // HISPARSE_GROUPED_MATMUL_STREAM_SPLIT=G, G = 1, 2 or 4 (CMake: -DHISPARSE_GROUPED_MATMUL_STREAM_SPLIT=ON
@@ -650,10 +645,8 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
     p.stream_persistent = tuning.stream_persistent != 0 ? tuning.stream_persistent > 0 : kStreamAutoPersistent;
     p.stream_stages = StreamStages(dims, p.token_tiles, groups, p.k_slices, p.stream_blocks_per_sm, info);
     if (tuning.stream == 1 && p.stream_stages == 0) return cudaErrorNotSupported;
-    const int64_t units = StreamUnitsBound(dims, kStreamRows);
-    const bool one_wave = units >= info.sms && units <= int64_t{info.sms} * kStreamAutoBlocksPerSm;
     const bool streams_by_default =
-        split ? kStreamAutoSplit : 2 * dims.rows >= kStreamAutoMinRowsTimes2PerExpert * dims.experts || one_wave;
+        split ? kStreamAutoSplit : 2 * dims.rows >= kStreamAutoMinRowsTimes2PerExpert * dims.experts;
     if (tuning.stream == 0 && !streams_by_default) p.stream_stages = 0;
   }
   const KernelFn kernel = KernelFor(dims, p);
