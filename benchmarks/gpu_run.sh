@@ -51,6 +51,15 @@
 #             variant against it) and its --slices --quick --ab bench, then the glm5-h200 slice at
 #             128K and 32K (GLM-5.1-like trace, both modes one at a time, profiled) with the default
 #             build and with the split one; sites in $SITE-gmm-default and -split
+#   one-wave-slices
+#             the grouped matmul's one-wave candidate (HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE: routed
+#             experts below 2.5 rows streamed where their units fill one to two blocks an SM): full-KV
+#             of the glm5-h200 slice at 256K (GLM-5.1-like trace, profiled) with the default build and
+#             with that one; sites in $SITE-onewave-default and -onewave
+#   attention-cluster-waves-slices
+#             the sparse attention's cluster plan in waves as the automatic plan
+#             (HISPARSE_SPARSE_ATTENTION_CLUSTER_WAVES): the glm5-h200 slice at 128K and 32K with the
+#             default build and with that one; sites in $SITE-attnplan-default and -clusterwaves
 #   grouped-matmul-tiled
 #             the grouped matmul's tiled-weight experiment (ffi/grouped_matmul_tiled.h): checkers of
 #             tiles of 16 and 32 rows (--quick, memcheck), then --slices --quick row-major / 16 / 32
@@ -151,8 +160,9 @@ clocked() {
 }
 
 # ab_slices NAME VARIANT=DEFINES...: one site per variant ($SITE-NAME-VARIANT, built with its
-# space-separated -Ccmake.define.X=Y), then the glm5-h200 slice at 128K and 32K (GLM-5.1-like
-# trace, both modes one at a time, profiled) with each, the variants in turn at each context.
+# space-separated -Ccmake.define.X=Y), then the glm5-h200 slice at 128K and 32K (AB_CONTEXTS;
+# GLM-5.1-like trace, both modes one at a time, profiled; AB_ARGS: more decode arguments, e.g.
+# --modes full-kv) with each, the variants in turn at each context.
 ab_slices() {
   local name=$1 spec variant context
   shift
@@ -162,13 +172,14 @@ ab_slices() {
     run "build-$name-$variant" env HISPARSE_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps --upgrade \
       --target "$SITE-$name-$variant" ${spec#*=} .
   done
-  for context in 131072 32768; do
+  for context in ${AB_CONTEXTS:-131072 32768}; do
     for spec in "$@"; do
       variant=${spec%%=*}
+      # shellcheck disable=SC2086  # AB_ARGS are words of their own
       clocked "slice-$name-$variant-$context" env PYTHONPATH="$SITE-$name-$variant" XLA_PYTHON_CLIENT_PREALLOCATE=true \
         XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE-$name-$variant/bin/hisparse-bench" decode \
         --deployment glm5-h200 --contexts "$context" --trace glm-5.1 --no-equal-batch --one-at-a-time \
-        --reps 10 --profile --no-plots --out "$OUT_DIR/slice-$name-$variant-$context" $DECODE_ARGS
+        --reps 10 --profile --no-plots --out "$OUT_DIR/slice-$name-$variant-$context" ${AB_ARGS:-} $DECODE_ARGS
     done
   done
 }
@@ -286,6 +297,13 @@ for stage in "$@"; do
         OUT="$PWD/build/gmm-split"
       run gmm_split_ab build/gmm-split/grouped_matmul_bench "$OUT_DIR/gmm_split_ab.json" --slices --quick --ab
       ab_slices gmm "default=" "split=-Ccmake.define.HISPARSE_GROUPED_MATMUL_STREAM_SPLIT=ON" ;;
+    one-wave-slices)
+      # Full-KV at 256K is the one run the one-wave rule changes (its routed gate_up at batch 1).
+      AB_CONTEXTS=262144 AB_ARGS="--modes full-kv" ab_slices onewave "default=" \
+        "onewave=-Ccmake.define.CMAKE_CUDA_FLAGS=-DHISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE=1" ;;
+    attention-cluster-waves-slices)
+      ab_slices attnplan "default=" \
+        "clusterwaves=-Ccmake.define.CMAKE_CUDA_FLAGS=-DHISPARSE_SPARSE_ATTENTION_CLUSTER_WAVES=1" ;;
     graphs-slices)
       one_graph="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,CONDITIONAL,WHILE"
       one_graph="$one_graph --xla_gpu_command_buffer_unroll_loops=true"
