@@ -52,14 +52,10 @@
 #             128K and 32K (GLM-5.1-like trace, both modes one at a time, profiled) with the default
 #             build and with the split one; sites in $SITE-gmm-default and -split
 #   one-wave-slices
-#             the grouped matmul's one-wave candidate (HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE: routed
-#             experts below 2.5 rows streamed where their units fill one to two blocks an SM): full-KV
-#             of the glm5-h200 slice at 256K (GLM-5.1-like trace, profiled) with the default build and
-#             with that one; sites in $SITE-onewave-default and -onewave
-#   attention-cluster-waves-slices
-#             the sparse attention's cluster plan in waves as the automatic plan
-#             (HISPARSE_SPARSE_ATTENTION_CLUSTER_WAVES): the glm5-h200 slice at 128K and 32K with the
-#             default build and with that one; sites in $SITE-attnplan-default and -clusterwaves
+#             the grouped matmul's one-wave rule (routed experts below 2.5 rows streamed where their
+#             units fill one to two blocks an SM; HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE=0 drops it):
+#             full-KV of the glm5-h200 slice at 256K (GLM-5.1-like trace, profiled) with the default
+#             build and without the rule; sites in $SITE-onewave-default and -off
 #   grouped-matmul-tiled
 #             the grouped matmul's tiled-weight experiment (ffi/grouped_matmul_tiled.h): checkers of
 #             tiles of 16 and 32 rows (--quick, memcheck), then --slices --quick row-major / 16 / 32
@@ -300,10 +296,7 @@ for stage in "$@"; do
     one-wave-slices)
       # Full-KV at 256K is the one run the one-wave rule changes (its routed gate_up at batch 1).
       AB_CONTEXTS=262144 AB_ARGS="--modes full-kv" ab_slices onewave "default=" \
-        "onewave=-Ccmake.define.CMAKE_CUDA_FLAGS=-DHISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE=1" ;;
-    attention-cluster-waves-slices)
-      ab_slices attnplan "default=" \
-        "clusterwaves=-Ccmake.define.CMAKE_CUDA_FLAGS=-DHISPARSE_SPARSE_ATTENTION_CLUSTER_WAVES=1" ;;
+        "off=-Ccmake.define.CMAKE_CUDA_FLAGS=-DHISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE=0" ;;
     graphs-slices)
       one_graph="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,CONDITIONAL,WHILE"
       one_graph="$one_graph --xla_gpu_command_buffer_unroll_loops=true"

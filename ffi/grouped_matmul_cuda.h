@@ -51,8 +51,8 @@
 //     itself, or in 2 or 4 slice groups of warps (units of 64 or 32 rows:
 //     more units; the later groups' slice sums meet group 0's in shared
 //     memory, in slice order). The default where it runs, K is not split and experts average
-//     2.5 rows or more; the warp-tile kernel stays for fewer rows, split
-//     weights (until the streaming split is timed) and older devices.
+//     2.5 rows or more, or its units fit one wave of two blocks an SM; the warp-tile kernel
+//     stays for the rest, split weights (slower streamed) and older devices.
 //   - Blocks of experts without rows exit before reading anything; a few
 //     extra blocks write the zeros of rows past the last group. Each block
 //     sums the group sizes it needs itself (E <= 1024), so there is no
@@ -124,7 +124,8 @@ struct GroupedMatmulTuning {
   int token_tiles = 0;
   int tiles_per_warp = 0;
   // 0: the streaming kernel where it runs (a device of compute capability 9.0 or up), K is not
-  // split (S = 1) and experts average 2.5 rows or more (2 M >= 5 E), else the warp-tile kernel;
+  // split (S = 1) and experts average 2.5 rows or more (2 M >= 5 E) or its units fill between one
+  // and two blocks an SM (min(E, M) x ceil(N / 128) in [SMs, 2 SMs]), else the warp-tile kernel;
   // 1: the streaming kernel, split K included, or cudaErrorNotSupported; -1: the warp-tile kernel
   // (the A/B of ffi/bench/grouped_matmul_bench.cu).
   int stream = 0;

@@ -458,19 +458,23 @@ constexpr int kStreamMaxDevices = 64;
 // uneven passes better than a fixed round-robin).
 constexpr int kStreamAutoBlocksPerSm = 2;
 constexpr bool kStreamAutoPersistent = false;
-// The streaming kernel by default only where experts average at least 2.5 rows (2 M >= 5 E): below
-// it the warp-tile kernel's smaller, more numerous blocks measured up to 16% faster (down at 8
-// and 16 pairs over 32 experts), above it the streaming kernel 0-28% faster. A split weight stays
-// on the warp-tile kernel by default: the streaming kernel runs it (the slices' sums kept in each
-// consumer warp) when asked (GroupedMatmulTuning::stream = 1), and has not been timed yet.
+// The streaming kernel by default where experts average at least 2.5 rows (2 M >= 5 E), and below
+// that where its units fill between one and two blocks an SM (at most min(E, M) x ceil(N / 128)
+// of them have rows). Below 2.5 rows with more units the warp-tile kernel's smaller, more
+// numerous blocks measured up to 24% faster (down at 8 and 16 pairs over 32 experts: 384 and 768
+// units at most; gate_up at 16 pairs: 512), within one wave the streaming kernel 19-34% faster
+// (gate_up at 8 pairs, 256 units at most: 70.2 against 86.4 us on an H100, 56.9 against 86.0 on
+// an H200; full-KV's step at batch 1 3.5% shorter, BENCHMARKS.md's sixteenth pass); above 2.5 rows
+// the streaming kernel 0-28% faster. Fewer units than SMs were not measured and stay on the
+// warp-tile kernel. A split weight stays on the warp-tile kernel by default: the streaming kernel
+// runs it (the slices' sums kept in each consumer warp, or in slice groups) when asked
+// (GroupedMatmulTuning::stream = 1): on an H200 6-130% slower than the warp-tile kernel at the
+// shared expert's shapes but two (even at gate_up's 17 rows, 14% faster at down's).
 constexpr int64_t kStreamAutoMinRowsTimes2PerExpert = 5;
-// HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE=1: the automatic plan streams also below 2.5 rows where
-// the units that can have rows (min(E, M) x ceil(N / 128)) fill between one and two blocks an SM:
-// the one shape of that kind timed (gate_up at 8 pairs over 32 experts, 256 units) streamed 19%
-// faster alone (70.2 against 86.4 us, H100). The A/B build of the deployment slices (it changes
-// full-KV's batch-1 launches only); the same bits either way.
+// HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE=0 drops the one-wave rule (the A/B build of the
+// deployment slices, benchmarks/gpu_run.sh one-wave-slices); the same bits either way.
 #ifndef HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE
-#define HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE 0
+#define HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE 1
 #endif
 constexpr bool kStreamAutoOneWave = HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE != 0;
 // HISPARSE_GROUPED_MATMUL_STREAM_SPLIT=G, G = 1, 2 or 4 (CMake: -DHISPARSE_GROUPED_MATMUL_STREAM_SPLIT=ON

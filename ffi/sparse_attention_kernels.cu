@@ -865,20 +865,13 @@ int GroupsFor(const SparseAttentionShape& shape, int sms) {
 // The cluster plan's head groups: the combine plan's (GroupsFor) when its clusters all run at once
 // (one wave), else 0 (the combine plan). Fewer blocks of more heads to make the clusters fit
 // lost to the combine plan's one wave of smaller blocks (H200, 7 clusters of 16 at once: batch 2
-// at 32 heads a block, 23.8 us; the combine plan at 16, 21.3 us).
-// HISPARSE_SPARSE_ATTENTION_CLUSTER_WAVES=1: the automatic plan takes the cluster plan also where its
-// clusters of 64 heads run in waves (no partials through HBM, no combine kernel): the A/B build of
-// the deployment slices (benchmarks/gpu_run.sh attention-plans times both plans alone). The same
-// bits either way.
-#ifndef HISPARSE_SPARSE_ATTENTION_CLUSTER_WAVES
-#define HISPARSE_SPARSE_ATTENTION_CLUSTER_WAVES 0
-#endif
+// at 32 heads a block, 23.8 us; the combine plan at 16, 21.3 us), and clusters of 64 heads run in
+// waves past one lost by 14-37% at batch 2-41 (H100, BENCHMARKS.md's sixteenth pass): merging on
+// chip saves the partials' round trip but keeps a cluster's 16 blocks waiting on its slowest.
 [[maybe_unused]] int ClusterGroupsFor(const SparseAttentionShape& shape, int dev, int sms) {
   const int groups = GroupsFor(shape, sms);
   const int64_t clusters = shape.batch * (shape.heads / (16 * groups));
-  if (clusters <= g_clusters[dev & 63][groups == 1 ? 0 : groups == 2 ? 1 : 2].load()) return groups;
-  const bool waves = HISPARSE_SPARSE_ATTENTION_CLUSTER_WAVES && shape.heads % 64 == 0;
-  return waves && g_clusters[dev & 63][2].load() >= 1 ? 4 : 0;
+  return clusters <= g_clusters[dev & 63][groups == 1 ? 0 : groups == 2 ? 1 : 2].load() ? groups : 0;
 }
 
 // The combine plan's last round of units, when it would leave most blocks idle: each of its units
