@@ -350,10 +350,15 @@ void LaunchFetch(const Variant& v, int grid, const uint8_t* pool, uint8_t* hot, 
   } else if (v.kind == Kind::kCpAsync) {
     if (v.stages == 4) CpAsyncKernel<8, 4><<<grid, kCpAsyncThreads, v.smem(), stream>>>(pool, hot, rows, slots, count, stamps);
     else CpAsyncKernel<8, 8><<<grid, kCpAsyncThreads, v.smem(), stream>>>(pool, hot, rows, slots, count, stamps);
+  } else if (v.stages == 16) {  // each TmaKernel<S> rings over S stages: its smem() must match
+    TmaKernel<16><<<grid, 32, v.smem(), stream>>>(pool, hot, rows, slots, count, stamps);
   } else if (v.stages == 32) {
     TmaKernel<32><<<grid, 32, v.smem(), stream>>>(pool, hot, rows, slots, count, stamps);
-  } else {
+  } else if (v.stages == 128) {
     TmaKernel<128><<<grid, 32, v.smem(), stream>>>(pool, hot, rows, slots, count, stamps);
+  } else {
+    std::fprintf(stderr, "%s: no TMA kernel of %d stages\n", v.name.c_str(), v.stages);
+    std::exit(2);
   }
   CUDA_OK(cudaGetLastError());
 }
@@ -695,6 +700,7 @@ int main(int argc, char** argv) {
   // the neighbour to end. Shared memory first keeps room for them beside it.
   CUDA_OK(cudaFuncSetAttribute(NeighbourRead, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared));
+  CUDA_OK(cudaFuncSetAttribute(TmaKernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, 16 * kRecordBytes));
   CUDA_OK(cudaFuncSetAttribute(TmaKernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, 32 * kRecordBytes));
   CUDA_OK(cudaFuncSetAttribute(TmaKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 * kRecordBytes));
   CUDA_OK(cudaFuncSetAttribute(CpAsyncKernel<8, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
                        "%s{\"plan\": \"%s\", \"source\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"top_k\": %lld, \"cold_min_us\": %.3f, "
                        "\"cold_median_us\": %.3f, \"cold_max_us\": %.3f, \"warm_median_us\": %.3f, \"roofline_us\": %.3f, "
                        "\"roofline_fraction\": %.4f, \"nominal_roofline_fraction\": %.4f}",
-                       first_row ? "" : ",\n", plan_name.c_str(), mode, (long long)b, (long long)H, c.min_us, c.median_us, c.max_us,
+                       first_row ? "" : ",\n", plan_name.c_str(), mode, (long long)b, (long long)H, (long long)k, c.min_us, c.median_us, c.max_us,
                        w.median_us, roof_us, roof_us / c.median_us, nominal_roof_us / c.median_us);
           first_row = false;
         }
