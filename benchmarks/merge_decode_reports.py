@@ -3,7 +3,7 @@
   python benchmarks/merge_decode_reports.py OUT_DIR REPORT.json...
 
 Runs per context in separate processes keep a failure at one context from losing the others
-and return all pinned host memory between contexts; this joins their rows, ratios and profiles
+and return all pinned host memory between contexts; this joins their rows, ratios, profiles and bandwidths
 (sorted by context) into OUT_DIR/decode.json, prints the table, and draws throughput and TPOT vs context.
 Each run (context, mode, run, trace) must come from one report: a report passed twice, or two
 reports of the same run, are refused in one line rather than doubling its rows.
@@ -37,7 +37,7 @@ def _entries(path: str, report: dict, key: str) -> list[dict]:
 # What names one entry of a report: a timing row or a profile by its run, a ratio by its context and
 # trace (a report holds one of each).
 _KEYS = {"rows": ("context", "mode", "run", "trace"), "ratios": ("context", "trace"),
-         "profiles": ("context", "mode", "run", "trace")}
+         "profiles": ("context", "mode", "run", "trace"), "bandwidths": ("context",)}
 
 
 def _refuse_repeats(paths: list[str], reports: list[dict]) -> None:
@@ -59,11 +59,12 @@ def _refuse_repeats(paths: list[str], reports: list[dict]) -> None:
 
 def merge(reports: list[dict], paths: list[str] | None = None) -> dict:
     """One report of `reports` (read from `paths`): the first one's fields, every report's rows,
-    ratios and profiles sorted by context (a stable sort: each context's entries in their order)."""
+    ratios, profiles and bandwidths sorted by context (a stable sort: each context's entries in their
+    order)."""
     paths = paths or [f"report {i + 1}" for i in range(len(reports))]
     _refuse_repeats(paths, reports)
     entries = {key: [e for p, r in zip(paths, reports) for e in _entries(p, r, key)]
-               for key in ("rows", "ratios", "profiles")}
+               for key in _KEYS}
     first = reports[0]
     for r in reports[1:]:
         for key in ("family", "preset", "device", "jax", "device_budget_bytes", "host_budget_bytes",

@@ -57,6 +57,12 @@ def _kernel(**fields) -> dict:
             "args": {"hlo_op": "loop_fusion.3", "hlo_module": "m"}, **fields}
 
 
+def _gz(data: bytes, level: int = 9) -> bytes:
+    """gzip with a fixed header time: a test id built from the bytes is the same on every pytest
+    worker (pytest-xdist refuses a collection that differs between workers)."""
+    return gzip.compress(data, level, mtime=0)
+
+
 def _profile(folder: Path, *, events=None, raw: bytes | None = None, hlo: str | None = HLO) -> str:
     """A profiled run's folder: program.hlo.txt and one trace (gzipped {"traceEvents": events}, or
     `raw` bytes as the trace file)."""
@@ -64,7 +70,7 @@ def _profile(folder: Path, *, events=None, raw: bytes | None = None, hlo: str | 
     run.mkdir(parents=True)
     if hlo is not None:
         (folder / "program.hlo.txt").write_text(hlo)
-    data = raw if raw is not None else gzip.compress(json.dumps({"traceEvents": events}).encode())
+    data = raw if raw is not None else _gz(json.dumps({"traceEvents": events}).encode())
     (run / "host.trace.json.gz").write_bytes(data)
     return str(folder)
 
@@ -131,13 +137,13 @@ def test_kernel_table_refuses_a_folder_that_is_not_a_profiled_run(tmp_path, caps
 
 @pytest.mark.parametrize("name, trace, says", [
     ("notgz", b"not gzip", "not a readable gzip file (BadGzipFile"),
-    ("trunc", gzip.compress(json.dumps({"traceEvents": [GPU, _kernel()]}).encode())[:30],
+    ("trunc", _gz(json.dumps({"traceEvents": [GPU, _kernel()]}).encode())[:30],
      "not a readable gzip file (EOFError"),
-    ("notjson", gzip.compress(b"{not json"), "not JSON (JSONDecodeError"),
-    ("deep", gzip.compress(b"[" * 200_000 + b"]" * 200_000), "not JSON (RecursionError"),
-    ("noevents", gzip.compress(b'{"events": []}'), "its traceEvents is not a list of objects"),
-    ("events_str", gzip.compress(b'{"traceEvents": "x"}'), "its traceEvents is not a list of objects"),
-    ("events_int", gzip.compress(b'{"traceEvents": [1, 2]}'), "its traceEvents is not a list of objects"),
+    ("notjson", _gz(b"{not json"), "not JSON (JSONDecodeError"),
+    ("deep", _gz(b"[" * 200_000 + b"]" * 200_000), "not JSON (RecursionError"),
+    ("noevents", _gz(b'{"events": []}'), "its traceEvents is not a list of objects"),
+    ("events_str", _gz(b'{"traceEvents": "x"}'), "its traceEvents is not a list of objects"),
+    ("events_int", _gz(b'{"traceEvents": [1, 2]}'), "its traceEvents is not a list of objects"),
     ("args_list", [GPU, _kernel(args=[1])], "event 1's args is not an object"),
     ("dur_str", [GPU, _kernel(dur="x")], "event 1's dur is 'x', not a finite number of microseconds >= 0"),
     ("dur_nan", [GPU, _kernel(dur=float("nan"))], "event 1's dur is nan, not a finite number of microseconds"),
@@ -158,7 +164,7 @@ def test_kernel_table_refuses_a_trace_that_is_not_one(name, trace, says, tmp_pat
 def test_the_trace_is_decompressed_within_a_bound(tmp_path, capsys, monkeypatch):
     # A megabyte of spaces in a 1 KB gzip: refused once the decompressed bytes pass the bound,
     # before the JSON is parsed; at the bound itself it is read.
-    bomb = gzip.compress(b"[" + b" " * (1 << 20) + b"]", 9)
+    bomb = _gz(b"[" + b" " * (1 << 20) + b"]", 9)
     folder = _profile(tmp_path / "bomb", raw=bomb)
     monkeypatch.setattr(device_trace, "TRACE_MAX_BYTES", 4096)
     with pytest.raises(BenchError, match=r"host.trace.json.gz: more than 4096 bytes decompressed \(TRACE_MAX_BYTES"):

@@ -119,7 +119,13 @@ def test_merged_reports_keep_every_contexts_profiles(tmp_path, capsys):
     base = dict(family="dsa", ratios=[])
     for context in (32768, 131072):
         (tmp_path / f"{context}.json").write_text(json.dumps(dict(
-            base, rows=[dict(mode="device", context=context)], profiles=[dict(mode="device", context=context)])))
+            base, rows=[dict(mode="device", context=context)], profiles=[dict(mode="device", context=context)],
+            bandwidths=[dict(context=context, hbm_bytes_per_second=3e12, host_link_bytes_per_second=4e10)])))
     merged = merge.merge([merge.load_report(str(tmp_path / f"{c}.json")) for c in (131072, 32768)])
     assert [p["context"] for p in merged["profiles"]] == [32768, 131072]
     assert [r["context"] for r in merged["rows"]] == [32768, 131072]
+    assert [b["context"] for b in merged["bandwidths"]] == [32768, 131072]
+    # A report of a run without them (before they were recorded, or on a CPU) merges as before.
+    (tmp_path / "old.json").write_text(json.dumps(dict(base, rows=[dict(mode="device", context=262144)])))
+    merged = merge.merge([merge.load_report(str(tmp_path / f)) for f in ("32768.json", "old.json")])
+    assert [b["context"] for b in merged["bandwidths"]] == [32768]

@@ -78,9 +78,9 @@ def run(args) -> int:
     return 0
 
 
-def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> tuple[dict, list]:
+def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> tuple[dict, list, dict | None]:
     """(RunPlan.key -> DecodeTiming of every run at one context (and ("no-IO", "hisparse", trace)),
-    the profiles of the capacity runs with --profile)."""
+    the profiles of the capacity runs with --profile, the bandwidths measured before them)."""
     trace_steps = tokens_needed(c.context, args.steps, args.reps, args.no_io, args.profile) - c.context
     timings, profiles = {}, []
 
@@ -122,7 +122,12 @@ def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> 
             progress.advance(f"compiled {name(r)} without the record copy (no-IO)")
             (timings[("no-IO",) + r.key[1:]],) = time_in_turns([quiet], args.reps, rounds("no-IO"))
 
-    bandwidths = roofline.measure_bandwidths(c.config.record_bytes) if args.profile else None
+    # Measured on every GPU run, profiled or not: HiSparse's TPOT carries its miss IO over the host
+    # link, which differs from machine to machine (30-46 GB/s on H100s of one model), so a TPOT
+    # compared across runs needs the link it met. On a CPU only for --profile (the figure is the
+    # host's there, and takes seconds).
+    measure = args.profile or jax.default_backend() != "cpu"
+    bandwidths = roofline.measure_bandwidths(c.config.record_bytes) if measure else None
     if plan_.in_turns:
         runs = {r: start(r) for r in c.runs}
         measured = time_in_turns(list(runs.values()), args.reps, rounds(f"context {c.context}, in turns"))
@@ -135,7 +140,7 @@ def _measure(args, plan_: Plan, c: ContextPlan, weights, progress: Progress) -> 
             (timings[r.key],) = time_in_turns([run], args.reps, rounds(name(r)))
             after_timing(r, run)
             del run  # its state goes before the next one is built
-    return timings, profiles
+    return timings, profiles, bandwidths
 
 
 def _progress_total(args, plan_: Plan) -> int:
@@ -152,7 +157,7 @@ def _progress_total(args, plan_: Plan) -> int:
 
 def run_decode(args, plan_: Plan) -> dict:
     """Times every planned run; the decode.json report."""
-    rows, ratios, notes, profiles = [], [], [], []
+    rows, ratios, notes, profiles, bandwidths = [], [], [], [], []
     notes += [t.describe() if isinstance(t, RecordedSelection) else traces.describe(t) for t in plan_.traces]
     calibrated = [t for t in plan_.traces if isinstance(t, traces.TraceConfig)]
     if calibrated and plan_.contexts[0].config.page_size > 1:
@@ -162,8 +167,11 @@ def run_decode(args, plan_: Plan) -> dict:
         for c in plan_.contexts:
             # the decode layout (the kit: merged input projections), made once here, never per step
             weights = decode_weights(plan_.family, c.config, plan_.family.init_weights(c.config, 0))
-            timings, measured = _measure(args, plan_, c, weights, progress)
+            timings, measured, links = _measure(args, plan_, c, weights, progress)
             profiles += measured
+            if links is not None:
+                bandwidths.append({"context": c.context, "hbm_bytes_per_second": links["hbm"],
+                                   "host_link_bytes_per_second": links["host link"]})
             del weights
             for (kind, mode, trace), timing in timings.items():
                 limited_by = {"equal batch": "baseline's batch", "prefetch": "HiSparse's capacity"}.get(
@@ -191,7 +199,7 @@ def run_decode(args, plan_: Plan) -> dict:
         traces=[t.name for t in plan_.traces], notes=notes, overrides=plan_.overrides, num_layers=config.num_layers,
         recorded_trace=next((t.as_dict() for t in plan_.traces if isinstance(t, RecordedSelection)), None),
         ratio_range=report_lib.range_note(plan_.in_turns), rows=rows, ratios=ratios, profiles=profiles,
-        overlap_groups=args.overlap_groups,
+        overlap_groups=args.overlap_groups, bandwidths=bandwidths,
     )
 
 
@@ -213,6 +221,10 @@ def header(report: dict) -> str:
     if report.get("overlap_groups", 1) > 1:
         lines.append(f"prefetch run: {report['overlap_groups']} overlap groups (each layer's RESOLVE and attention per "
                      "group of streams); HiSparse's batches rounded down to a multiple of it")
+    if report.get("bandwidths"):
+        lines.append("measured before each context's runs: " + "; ".join(
+            f"{b['context']}: HBM {b['hbm_bytes_per_second'] / 1e9:.0f} GB/s, host link "
+            f"{b['host_link_bytes_per_second'] / 1e9:.1f} GB/s (RESOLVE's miss fetch)" for b in report["bandwidths"]))
     if report["ratios"]:
         lines.append(report["ratio_range"])
     return "\n".join(lines)

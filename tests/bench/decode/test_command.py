@@ -272,6 +272,20 @@ def test_a_report_names_the_implementation_and_the_spread_of_every_timing(tmp_pa
     for key, heading in report.RATIO_COLUMNS.items():
         assert (heading in stdout) == ("prefetch" not in key), heading  # the prefetch columns need --prefetch
     assert data["ratio_range"] in stdout
+    # The bandwidths a GPU run met, profiled or not (a CPU's are measured only for --profile).
+    if CPU:
+        assert data["bandwidths"] == [] and "measured before each context's runs" not in stdout
+    else:
+        _assert_bandwidths(data, stdout, [64])
+
+
+def _assert_bandwidths(data: dict, stdout: str, contexts: list[int]) -> None:
+    """decode.json's bandwidths: one entry a context, positive, and the header line printing them."""
+    assert [b["context"] for b in data["bandwidths"]] == contexts
+    for b in data["bandwidths"]:
+        assert b["hbm_bytes_per_second"] > 0 and b["host_link_bytes_per_second"] > 0
+        assert (f"{b['context']}: HBM {b['hbm_bytes_per_second'] / 1e9:.0f} GB/s, host link "
+                f"{b['host_link_bytes_per_second'] / 1e9:.1f} GB/s") in stdout
 
 
 @pytest.mark.parametrize("share, groups", [(2, 1), (1, 2)])
@@ -294,8 +308,10 @@ def test_prefetch_run_at_the_capacity_batch(tmp_path, capsys, share, groups):
     assert ratio["tokens_equal_with_prefetch"] is True
     assert ratio["tpot_prefetch_over_hisparse"] > 0
     assert sorted(p["run"] for p in data["profiles"]) == ["capacity", "capacity", "prefetch"]
+    captured = capsys.readouterr()
+    _assert_bandwidths(data, captured.out, [64])  # --profile measures them on a CPU too
     if CPU:  # the profile's plumbing runs, and the command says what a CPU cannot measure
-        assert "kernel categories stay at zero" in capsys.readouterr().err
+        assert "kernel categories stay at zero" in captured.err
 
 
 def test_synthetic_fill_trace_selection_and_no_io_run(tmp_path):
