@@ -866,7 +866,7 @@ int GroupsFor(const SparseAttentionShape& shape, int sms) {
 // (one wave), else 0 (the combine plan). Fewer blocks of more heads to make the clusters fit
 // lost to the combine plan's one wave of smaller blocks (H200, 7 clusters of 16 at once: batch 2
 // at 32 heads a block, 23.8 us; the combine plan at 16, 21.3 us), and clusters of 64 heads run in
-// waves past one lost by 14-37% at batch 2-41 (H100, BENCHMARKS.md's sixteenth pass): merging on
+// waves past one lost by 13-38% at batch 2-41 (H100, BENCHMARKS.md's sixteenth pass): merging on
 // chip saves the partials' round trip but keeps a cluster's 16 blocks waiting on its slowest.
 [[maybe_unused]] int ClusterGroupsFor(const SparseAttentionShape& shape, int dev, int sms) {
   const int groups = GroupsFor(shape, sms);
