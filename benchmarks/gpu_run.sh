@@ -56,6 +56,13 @@
 #             units fill one to two blocks an SM; HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE=0 drops it):
 #             full-KV of the glm5-h200 slice at 256K (GLM-5.1-like trace, profiled) with the default
 #             build and without the rule; sites in $SITE-onewave-default and -off
+#   token-tiles-slices
+#             the grouped matmul's 32-token passes on the streaming kernel where 64-token ones do not
+#             fit two blocks an SM (HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=1; the default
+#             build runs them on the warp-tile kernel): that build's checker and its
+#             grouped_matmul_bench --slices --dsv32 --quick --ab, then HiSparse of the dsv32-h200 slice
+#             at 32K (DeepSeek-V3.2-like trace, profiled) with the default build and with it; sites in
+#             $SITE-tokentiles-default and -on
 #   grouped-matmul-tiled
 #             the grouped matmul's tiled-weight experiment (ffi/grouped_matmul_tiled.h): checkers of
 #             tiles of 16 and 32 rows (--quick, memcheck), then --slices --quick row-major / 16 / 32
@@ -156,9 +163,9 @@ clocked() {
 }
 
 # ab_slices NAME VARIANT=DEFINES...: one site per variant ($SITE-NAME-VARIANT, built with its
-# space-separated -Ccmake.define.X=Y), then the glm5-h200 slice at 128K and 32K (AB_CONTEXTS;
-# GLM-5.1-like trace, both modes one at a time, profiled; AB_ARGS: more decode arguments, e.g.
-# --modes full-kv) with each, the variants in turn at each context.
+# space-separated -Ccmake.define.X=Y), then the glm5-h200 slice (AB_DEPLOYMENT) at 128K and 32K
+# (AB_CONTEXTS; GLM-5.1-like trace, AB_TRACE; both modes one at a time, profiled; AB_ARGS: more
+# decode arguments, e.g. --modes full-kv) with each, the variants in turn at each context.
 ab_slices() {
   local name=$1 spec variant context
   shift
@@ -174,8 +181,8 @@ ab_slices() {
       # shellcheck disable=SC2086  # AB_ARGS are words of their own
       clocked "slice-$name-$variant-$context" env PYTHONPATH="$SITE-$name-$variant" XLA_PYTHON_CLIENT_PREALLOCATE=true \
         XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE-$name-$variant/bin/hisparse-bench" decode \
-        --deployment glm5-h200 --contexts "$context" --trace glm-5.1 --no-equal-batch --one-at-a-time \
-        --reps 10 --profile --no-plots --out "$OUT_DIR/slice-$name-$variant-$context" ${AB_ARGS:-} $DECODE_ARGS
+        --deployment "${AB_DEPLOYMENT:-glm5-h200}" --contexts "$context" --trace "${AB_TRACE:-glm-5.1}" --no-equal-batch \
+        --one-at-a-time --reps 10 --profile --no-plots --out "$OUT_DIR/slice-$name-$variant-$context" ${AB_ARGS:-} $DECODE_ARGS
     done
   done
 }
@@ -297,6 +304,18 @@ for stage in "$@"; do
       # Full-KV at 256K is the one run the one-wave rule changes (its routed gate_up at batch 1).
       AB_CONTEXTS=262144 AB_ARGS="--modes full-kv" ab_slices onewave "default=" \
         "off=-Ccmake.define.CMAKE_CUDA_FLAGS=-DHISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE=0" ;;
+    token-tiles-slices)
+      # HiSparse of dsv32-h200 at 32K (70 tokens x 8 of 32 experts) is the run whose routed experts
+      # take 64-token passes, which two streaming blocks an SM cannot hold.
+      mkdir -p build/tests
+      run gmm_tokentiles_check_build make -C ffi/tests grouped-matmul EXTRA=-DHISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=1 \
+        GMM_BIN="$PWD/build/tests/grouped_matmul_cuda_check_tokentiles"
+      run gmm_tokentiles_check timeout 600 build/tests/grouped_matmul_cuda_check_tokentiles --quiet
+      run gmm_dsv32_ab_build make -C ffi/bench grouped-matmul EXTRA=-DHISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=1 \
+        OUT="$PWD/build/gmm-tokentiles"
+      run gmm_dsv32_ab build/gmm-tokentiles/grouped_matmul_bench "$OUT_DIR/gmm_dsv32_ab.json" --slices --dsv32 --quick --ab --iters 20
+      AB_DEPLOYMENT=dsv32-h200 AB_TRACE=deepseek-v3.2 AB_CONTEXTS=32768 AB_ARGS="--modes hisparse" ab_slices tokentiles \
+        "default=" "on=-Ccmake.define.CMAKE_CUDA_FLAGS=-DHISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=1" ;;
     graphs-slices)
       one_graph="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,CONDITIONAL,WHILE"
       one_graph="$one_graph --xla_gpu_command_buffer_unroll_loops=true"

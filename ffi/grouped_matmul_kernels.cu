@@ -477,6 +477,13 @@ constexpr int64_t kStreamAutoMinRowsTimes2PerExpert = 5;
 #define HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE 1
 #endif
 constexpr bool kStreamAutoOneWave = HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE != 0;
+// HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=1 streams 64-token passes in 32-token ones where
+// two streaming blocks an SM cannot hold them (see GroupedMatmulPlanFor); off until its A/B has run
+// (benchmarks/gpu_run.sh token-tiles-slices). The same bits either way.
+#ifndef HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES
+#define HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES 0
+#endif
+constexpr bool kStreamAutoFewerTokenTiles = HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES != 0;
 // HISPARSE_GROUPED_MATMUL_STREAM_SPLIT=G, G = 1, 2 or 4 (CMake: -DHISPARSE_GROUPED_MATMUL_STREAM_SPLIT=ON
 // builds G = 1): the automatic plan streams split weights too, whatever their rows, in G slice
 // groups: the A/B build of the deployment slices (benchmarks/gpu_run.sh
@@ -657,12 +664,26 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
     p.stream_blocks_per_sm = tuning.stream_blocks_per_sm > 0 ? tuning.stream_blocks_per_sm : auto_blocks;
     p.stream_persistent = tuning.stream_persistent != 0 ? tuning.stream_persistent > 0 : kStreamAutoPersistent;
     p.stream_stages = StreamStages(dims, p.token_tiles, groups, p.k_slices, p.stream_blocks_per_sm, info);
+    // Passes of 64 tokens (8 tiles: experts averaging ~14 rows or more, e.g. dsv32's 70 tokens x 8
+    // of 32 experts) leave two fp8 blocks an SM no room for two stages, so those shapes run on the
+    // warp-tile kernel, at about half of HBM (BENCHMARKS.md, seventeenth pass). With
+    // kStreamAutoFewerTokenTiles they stream in passes of 32 tokens instead (an expert above 32
+    // rows reads its weights once more; the same bits: a pass's size changes no sum).
+    const int warp_tile_token_tiles = p.token_tiles;
+    if (p.stream_stages == 0 && tuning.token_tiles <= 0 && p.token_tiles == 8 && kStreamAutoFewerTokenTiles) {
+      const int stages = StreamStages(dims, 4, groups, p.k_slices, p.stream_blocks_per_sm, info);
+      if (stages > 0) {
+        p.token_tiles = 4;
+        p.stream_stages = stages;
+      }
+    }
     if (tuning.stream == 1 && p.stream_stages == 0) return cudaErrorNotSupported;
     const int64_t units = StreamUnitsBound(dims, kStreamRows);
     const bool one_wave = kStreamAutoOneWave && units >= info.sms && units <= int64_t{info.sms} * kStreamAutoBlocksPerSm;
     const bool streams_by_default =
         split ? kStreamAutoSplit : 2 * dims.rows >= kStreamAutoMinRowsTimes2PerExpert * dims.experts || one_wave;
     if (tuning.stream == 0 && !streams_by_default) p.stream_stages = 0;
+    if (p.stream_stages == 0) p.token_tiles = warp_tile_token_tiles;  // the warp-tile kernel keeps its passes
   }
   const KernelFn kernel = KernelFor(dims, p);
   if (kernel == nullptr) return cudaErrorInvalidValue;  // a tuning value outside the variants

@@ -96,6 +96,14 @@ cudaError_t LaunchTopk(const TopkDims& dims, const TopkBuffers& io, uint32_t* wo
                        cudaStream_t stream, const TopkLaunchOptions& options = {},
                        const char** failed_kernel = nullptr);
 
+#ifdef HISPARSE_TOPK_TRACE
+// The trace build (diagnosis only): the resident kernel's phase stamps of its last launch,
+// [blocks][kTopkTraceSlots] ns of %globaltimer, 0 where a block did not reach a phase.
+inline constexpr int kTopkTraceSlots = 16;
+cudaError_t TopkReadTrace(unsigned long long* ns, int blocks);
+cudaError_t TopkClearTrace();
+#endif
+
 }  // namespace hisparse
 
 #endif  // HISPARSE_FFI_TOPK_CUDA_H_

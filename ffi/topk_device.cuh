@@ -72,6 +72,22 @@ __device__ __forceinline__ unsigned long long WarpInclusiveSum(unsigned long lon
   return inclusive;
 }
 
+// Diagnosis only, never in a shipped build: -DHISPARSE_TOPK_TRACE makes thread 0 of each block of
+// the resident kernel stamp %globaltimer (ns, comparable across blocks) at its phases;
+// topk_bench prints where a launch's time goes (TopkReadTrace).
+#ifdef HISPARSE_TOPK_TRACE
+constexpr int kTopkTraceBlocks = 1024;
+__device__ unsigned long long g_topk_trace_ns[kTopkTraceBlocks][kTopkTraceSlots];
+__device__ __forceinline__ void TopkStamp(int slot) {
+  if (threadIdx.x != 0 || blockIdx.x >= kTopkTraceBlocks) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  g_topk_trace_ns[blockIdx.x][slot] = t;
+}
+#else
+__device__ __forceinline__ void TopkStamp(int) {}
+#endif
+
 __device__ __forceinline__ uint32_t KeyOf(float score) {
   return TopkOrderedKey(__float_as_uint(score));
 }

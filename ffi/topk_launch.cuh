@@ -285,6 +285,17 @@ cudaError_t LaunchTopk(const TopkDims& d, const TopkBuffers& io, uint32_t* works
               kStreamingName, failed_kernel);
 }
 
+#ifdef HISPARSE_TOPK_TRACE
+cudaError_t TopkReadTrace(unsigned long long* ns, int blocks) {
+  const size_t n = static_cast<size_t>(std::min(blocks, kTopkTraceBlocks));
+  return cudaMemcpyFromSymbol(ns, g_topk_trace_ns, n * kTopkTraceSlots * sizeof(unsigned long long));
+}
+cudaError_t TopkClearTrace() {
+  static unsigned long long zeros[kTopkTraceBlocks * kTopkTraceSlots] = {};
+  return cudaMemcpyToSymbol(g_topk_trace_ns, zeros, sizeof(zeros));
+}
+#endif
+
 }  // namespace hisparse
 
 #endif  // HISPARSE_FFI_TOPK_LAUNCH_CUH_

@@ -458,6 +458,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid / kWarp, lane = tid % kWarp;
   const unsigned rank = Cluster<kCluster>::Rank();
+  TopkStamp(0);  // entry
   const int64_t row = blockIdx.x / kCluster;
   const int R = a.records, k = a.top_k;
   // This block's ids [lo, hi); blocks past R (tiny rows) own nothing.
@@ -515,12 +516,15 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     sh.probe_count = 0;
   }
   __syncthreads();
+  TopkStamp(1);  // the sample loaded (its keys), histograms cleared
 #pragma unroll
   for (int j = 0; j < 4; ++j)
     HistogramAdd(hist2, TopkDigit(sample_key[j], 0), sample_first + j < n, lane);
   __syncthreads();
+  TopkStamp(2);  // the sample's histogram
   EstimateBuckets(hist2, n, unsealed, k, sh, tid, warp, lane);
   __syncthreads();
+  TopkStamp(3);  // the sample's estimate
   const int estimate = sh.estimate[0];
   int bound[kBoundaries];
 #pragma unroll
@@ -541,6 +545,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   __syncthreads();
   const uint32_t probe = sh.probe;
   CopiesWait();  // this lane's ids of the slice (no other lane reads them)
+  TopkStamp(4);  // thread 0's copies landed
 
   // 2. Exact counts at the boundaries; the cluster's sums bracket T's bucket.
   // The slice's keys replace its score bits as this pass goes (each lane its
@@ -571,9 +576,11 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     probe_count = WarpSum(probe_count);
     if (lane == 0 && probe_count > 0) atomicAdd(&sh.probe_count, probe_count);
   }
+  TopkStamp(5);  // thread 0's share of the slice landed and counted
   Cluster<kCluster>::Sync();
   if (warp == 0) DecideBracket<kCluster>(sh, bound, unsealed, k, a.capacity, probe, rank, lane);
   __syncthreads();
+  TopkStamp(6);  // the cluster's counts exchanged, the bracket decided
   const int range_lo = sh.range_lo, range_hi = sh.range_hi, gather = sh.gather;
   const bool exchange = sh.exchange;
   // T's bucket holds one key: no candidates, no digits, and the output's
@@ -614,6 +621,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
           : slice;
   if (use_candidates && !exchange) __syncthreads();  // passes read other warps' candidates
 
+  TopkStamp(7);  // candidates gathered
   // 4. The digits.
   uint32_t threshold, ties;
   unsigned long long before = 0;  // ids above T (high) and equal (low) in lower-ranked blocks
@@ -626,9 +634,11 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     // Typical rows: the row's candidates fit in one block. Every block merges
     // them and finishes alone.
     Cluster<kCluster>::Sync();  // every block's candidates are in place
+    TopkStamp(8);  // the cluster's candidates in place
     MergeCandidates<kCluster>(merged, cand_key, sh, warp, lane);
     Cluster<kCluster>::Arrive();  // no peer's shared memory is read after this
     __syncthreads();
+    TopkStamp(9);  // candidates merged
     const int size = static_cast<int>(sh.merged_size);
     // Digit 0 needs a histogram only when the bracket spans several buckets.
     for (int level = range_hi - range_lo > 1 ? 0 : 1; level < kTopkDigits; ++level) {
@@ -651,6 +661,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     }
     threshold = prefix;
     ties = remaining;
+    TopkStamp(10);  // the digits resolved
     // The lower-ranked blocks' candidates lead the merged list.
     uint32_t g = 0, e = 0;
     for (int i = tid; i < static_cast<int>(sh.rank_offset[rank]); i += kTopkResidentThreads) {
@@ -688,6 +699,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     ties = remaining;
   }
 
+  TopkStamp(11);  // T known
   // 5. Output: every id above T, and the first `ties` equal to T, at its
   // place in ascending id order.
   uint32_t g_warp = 0, e_warp = 0;
@@ -727,6 +739,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     __syncthreads();
     before = sh.before;
   }
+  TopkStamp(12);  // the lower blocks' output counts known
   const uint32_t g_before = static_cast<uint32_t>(before >> 32), e_before = static_cast<uint32_t>(before);
   int32_t* const out = a.selected + row * k;
   // Selected ids before an id: every id above T, the first `ties` equal to T.
@@ -768,6 +781,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     const uint32_t total = g_all + min(ties, e_all);
     for (uint32_t i = total + tid; i < static_cast<uint32_t>(k); i += kTopkResidentThreads) out[i] = -1;
   }
+  TopkStamp(13);  // output written
   Cluster<kCluster>::Wait();
 }
 

@@ -34,6 +34,8 @@
 //   build/grouped_matmul_bench /tmp/gmm.json --slices --quick --ab   # the streaming kernel (the
 //       # automatic plan on sm_90 for the routed experts; asked for, the shared expert's split K) in
 //       # four launch shapes against the warp-tile kernel, same bits checked, all timed
+//   build/grouped_matmul_bench /tmp/gmm.json --slices --dsv32 --quick --ab   # the same at the
+//       # dsv32-h200 slice's shapes (D = 7168; 8 x 70 pairs at HiSparse's 32K batch)
 //   build/grouped_matmul_bench /tmp/gmm.json --slices --quick --only gate_up:32:328 --iters 3
 //       # one configuration (projection:experts:rows; fp8 and bf16 both unless --quick), e.g. under
 //       # ncu --kernel-name regex:GroupedMatmulKernel --launch-skip 3 --launch-count 1
@@ -338,9 +340,10 @@ Result RunConfig(const Config& c, cudaStream_t stream, int iters, bool sweep, bo
 }
 
 const char* kUsage =
-    "usage: %s OUT.json [--quick] [--sweep] [--slices] [--ab] [--iters N] [--seed N] [--only PROJ:E:P]\n"
+    "usage: %s OUT.json [--quick] [--sweep] [--slices [--dsv32]] [--ab] [--iters N] [--seed N] [--only PROJ:E:P]\n"
     "  --ab                    each configuration against the warp-tile kernel's own plan alone (same bits\n"
     "                          checked; both times printed), instead of the sweep\n"
+    "  --dsv32                 with --slices: the dsv32-h200 slice's shapes (D = 7168) instead of glm5-h200's\n"
     "  --only gate_up:32:328   that configuration alone (e.g. under ncu); a wrong one lists them\n";
 
 }  // namespace
@@ -351,7 +354,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* out_path = argv[1];
-  bool quick = false, print_sweep = false, slices = false, ab = false;
+  bool quick = false, print_sweep = false, slices = false, ab = false, dsv32 = false;
   std::string only;  // PROJ:E:P, or empty: every configuration
   int iters = 30;
   uint32_t seed = 1;
@@ -360,6 +363,7 @@ int main(int argc, char** argv) {
     if (a == "--quick") quick = true;
     else if (a == "--sweep") print_sweep = true;
     else if (a == "--slices") slices = true;
+    else if (a == "--dsv32") dsv32 = true;
     else if (a == "--ab") ab = print_sweep = true;
     else if (a == "--iters" && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
     else if (a == "--seed" && i + 1 < argc) seed = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
@@ -370,11 +374,25 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (dsv32 && !slices) {
+    std::fprintf(stderr, "--dsv32 picks the slices' shapes: give --slices too\n");
+    return 2;
+  }
+
   // --- configurations (before the device: a wrong --only fails fast) --------
   std::vector<Config> configs;
   // --slices: the deployment slices' shapes (GLM-5.1 per GPU, EP8, fp8): routed E = 32 at P = 8 x
   // batch pairs (batches 1, 2, 9, 10, 17, 41, 64), then the shared expert (E = 1, every token) at M = batch.
-  if (slices) {
+  // --slices --dsv32: the dsv32-h200 slice's shapes instead (DeepSeek-V3.2 per GPU, EP8, fp8: D =
+  // 7168, expert width 2048): routed E = 32 at P = 8 x batch (batches 2, 4, 16, 17, 30, 70: both
+  // modes at 32K, 128K and 256K), then the shared expert at M = batch.
+  if (slices && dsv32) {
+    for (const auto& [name, k, n] : {std::tuple<const char*, int64_t, int64_t>{"gate_up", 7168, 4096},
+                                     std::tuple<const char*, int64_t, int64_t>{"down", 2048, 7168}}) {
+      for (int64_t rows : {16, 32, 128, 136, 240, 560}) configs.push_back({name, k, n, true, rows});
+      for (int64_t rows : {2, 4, 16, 17, 30, 70}) configs.push_back({name, k, n, true, rows, 1});
+    }
+  } else if (slices) {
     for (const auto& [name, k, n] : {std::tuple<const char*, int64_t, int64_t>{"gate_up", 6144, 4096},
                                      std::tuple<const char*, int64_t, int64_t>{"down", 2048, 6144}}) {
       for (int64_t rows : {8, 16, 72, 80, 136, 328, 512}) configs.push_back({name, k, n, true, rows});

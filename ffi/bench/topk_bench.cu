@@ -32,7 +32,10 @@
 //   build/topk_bench results/topk_streaming.json --kernel streaming   # force a kernel (its own plan)
 //   build/topk_bench results/topk_r8.json --kernel resident --cluster 8  # and blocks per row
 // (resident: 1, 2, 4, 8, 16; streaming: 1, 2, 4, 8; a forced resident plan that does not fit a shape
-// skips it.)
+// skips it.) Where a resident launch's time goes, from its blocks' phase stamps (a diagnosis build,
+// never shipped; it prints two traced launches after each timed shape):
+//   make -C ffi/bench topk EXTRA=-DHISPARSE_TOPK_TRACE OUT=$PWD/build/topk-trace
+//   build/topk-trace/topk_bench results/topk_trace.json --shape 17x131072 --reps 50
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -133,6 +136,58 @@ double Percentile(std::vector<double> v, double q) {
   return v[lo] + (at - lo) * (v[hi] - v[lo]);
 }
 
+#ifdef HISPARSE_TOPK_TRACE
+// The trace build (-DHISPARSE_TOPK_TRACE, diagnosis only): where one launch's time goes, from
+// thread 0 of every block of the resident kernel (topk_resident_kernels.cuh, TopkStamp): per
+// phase, us after the first block's entry (min / median / max over blocks), the launch warm as the
+// timed ones (scores in L2 from the calls before).
+void PrintTrace(const Config& c, const Result& r, const hisparse::TopkDims& dims, const hisparse::TopkBuffers& io,
+                uint32_t* workspace, cudaStream_t stream) {
+  constexpr int kSlots = hisparse::kTopkTraceSlots;
+  const int blocks = static_cast<int>(std::min<int64_t>(c.rows * r.plan.cluster, 1024));
+  static const char* names[kSlots] = {"entry",
+                                      "sample loaded, cleared",
+                                      "sample histogram",
+                                      "sample estimated",
+                                      "own copies landed",
+                                      "slice counted",
+                                      "counts exchanged",
+                                      "candidates gathered",
+                                      "exchange: cluster synced",
+                                      "exchange: merged",
+                                      "exchange: digits done",
+                                      "T known",
+                                      "lower blocks' counts",
+                                      "output written",
+                                      "",
+                                      ""};
+  for (int rep = 0; rep < 2; ++rep) {
+    CUDA_OK(cudaStreamSynchronize(stream));
+    CUDA_OK(hisparse::TopkClearTrace());
+    auto t = harness::EventTimes(stream, 1, 0, 0, 0, [&](int) {
+      CUDA_OK(hisparse::LaunchTopk(dims, io, workspace, stream, c.options));
+    });
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<unsigned long long> ns(static_cast<size_t>(blocks) * kSlots);
+    CUDA_OK(hisparse::TopkReadTrace(ns.data(), blocks));
+    unsigned long long t0 = ~0ull;
+    for (int b = 0; b < blocks; ++b)
+      if (ns[b * kSlots]) t0 = std::min(t0, ns[b * kSlots]);
+    std::printf("trace %s %lldx%lld, %d blocks a row, event %.2f us; us after the first block's entry: min / median / max\n",
+                kKindNames[c.kind], (long long)c.rows, (long long)c.records, r.plan.cluster, t[0]);
+    for (int slot = 0; slot < kSlots; ++slot) {
+      std::vector<double> us;
+      for (int b = 0; b < blocks; ++b)
+        if (ns[b * kSlots] && ns[b * kSlots + slot]) us.push_back((ns[b * kSlots + slot] - t0) * 1e-3);
+      if (us.empty()) continue;
+      std::sort(us.begin(), us.end());
+      std::printf("  %-24s %8.2f %8.2f %8.2f  (%zu blocks)\n", names[slot], us.front(), us[us.size() / 2], us.back(),
+                  us.size());
+    }
+  }
+}
+#endif
+
 Result Time(const Config& c, int reps, float* scores, int32_t* sealed, int32_t* selected,
             uint32_t* workspace, cudaStream_t stream) {
   const hisparse::TopkDims dims{c.rows, c.records, kTopK};
@@ -166,6 +221,9 @@ Result Time(const Config& c, int reps, float* scores, int32_t* sealed, int32_t* 
   r.us_min = Percentile(us, 0.0);
   r.us_median = Percentile(us, 0.5);
   r.us_max = Percentile(us, 1.0);
+#ifdef HISPARSE_TOPK_TRACE
+  if (r.plan.kernel == hisparse::TopkKernelKind::kResident) PrintTrace(c, r, dims, io, workspace, stream);
+#endif
   return r;
 }
 

@@ -184,6 +184,9 @@ def run_decode(args, plan_: Plan) -> dict:
                     entry = report_lib.ratios(c.context, timings[pair[1]], timings[pair[0]],
                                               timings.get(("equal batch", "hisparse", trace)), c.caps,
                                               timings.get(("prefetch", "hisparse", trace)))
+                    at_roofline = report_lib.roofline_ratio(measured, c.context, trace)
+                    if at_roofline is not None:  # --profile: the measured ratio's yardstick
+                        entry["roofline_throughput_hisparse_over_full_kv"] = at_roofline
                     ratios.append(dict(entry, trace=trace))
     config = plan_.contexts[-1].config
     platform = _ffi.platform_of(jax.default_backend())

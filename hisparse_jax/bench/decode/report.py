@@ -57,6 +57,7 @@ def range_note(in_turns: bool) -> str:
 # JSON key -> table heading, in table order. Keys of timed ratios have a "<key>_range" twin.
 RATIO_COLUMNS = {
     "throughput_hisparse_over_full_kv": "throughput hisparse/full-KV",
+    "roofline_throughput_hisparse_over_full_kv": "throughput at both rooflines",
     "batch_hisparse_over_full_kv": "batch hisparse/full-KV",
     "tpot_hisparse_over_full_kv_at_equal_batch": "TPOT hisparse/full-KV at equal batch",
     "kv_hbm_per_request_full_kv_over_hisparse": "KV HBM per request full-KV/hisparse",
@@ -159,6 +160,21 @@ def ratios(context: int, hisparse: DecodeTiming, device: DecodeTiming, equal: De
             tokens_equal_with_prefetch=bool(np.array_equal(prefetch.tokens, hisparse.tokens)),
         )
     return out
+
+
+def roofline_ratio(profiles: list[dict], context: int, trace: str | None) -> float | None:
+    """HiSparse / full-KV throughput with both modes at their rooflines (batch / roofline step of
+    each mode's profiled capacity run at `context` under `trace`): the best any implementation of
+    the two modes can reach on the machine measured, to read the measured ratio against. None
+    unless both runs were profiled with a roofline."""
+    found = {p["mode"]: p for p in profiles
+             if p.get("run", "capacity") == "capacity" and p["context"] == context and p.get("trace") == trace}
+    if not {"device", "hisparse"} <= found.keys():
+        return None
+    device, hisparse = found["device"], found["hisparse"]
+    if not (device.get("roofline_seconds", 0) > 0 and hisparse.get("roofline_seconds", 0) > 0):
+        return None
+    return (hisparse["batch"] / hisparse["roofline_seconds"]) / (device["batch"] / device["roofline_seconds"])
 
 
 def fmt_bytes(n: float) -> str:

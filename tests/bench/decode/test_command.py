@@ -211,7 +211,8 @@ def test_ratios_are_per_round_with_their_direction_in_the_name():
     assert q["kv_hbm_per_request_full_kv_over_hisparse"] == kv("device") / kv("hisparse")
     assert q["tokens_equal_at_equal_batch"] is True
     prefetch_keys = {"tpot_prefetch_over_hisparse", "throughput_prefetch_over_full_kv", "tokens_equal_with_prefetch"}
-    assert set(q) - {"context"} == {k for k in report.RATIO_COLUMNS} - prefetch_keys | {
+    profile_keys = {"roofline_throughput_hisparse_over_full_kv"}  # the command adds it from --profile's runs
+    assert set(q) - {"context"} == {k for k in report.RATIO_COLUMNS} - prefetch_keys - profile_keys | {
         "throughput_hisparse_over_full_kv_range", "tpot_hisparse_over_full_kv_at_equal_batch_range"}
     # With a prefetch run (the capacity batch, its own timed calls): its TPOT over HiSparse's per
     # round, its throughput over full-KV's, and whether its tokens are HiSparse's.
@@ -228,12 +229,29 @@ def test_ratios_are_per_round_with_their_direction_in_the_name():
     without_equal = report.ratios(64, hisparse, device, None, caps)
     assert "tpot_hisparse_over_full_kv_at_equal_batch" not in without_equal
     table = report.format_table(dict(rows=[], ratios=[q, without_equal]))
-    prefetch_headings = {report.RATIO_COLUMNS[k] for k in prefetch_keys}
+    absent = {report.RATIO_COLUMNS[k] for k in prefetch_keys | profile_keys}
     for heading in report.RATIO_COLUMNS.values():
-        assert (heading in table) == (heading not in prefetch_headings), heading  # no prefetch run: no column
+        assert (heading in table) == (heading not in absent), heading  # no prefetch run, no profile: no column
     assert "1.00 [0.50, 1.50]" in table and "| - |" in table
-    with_prefetch = report.format_table(dict(rows=[], ratios=[p, q]))
+    with_prefetch = report.format_table(
+        dict(rows=[], ratios=[dict(p, roofline_throughput_hisparse_over_full_kv=2.5), q]))
     assert all(heading in with_prefetch for heading in report.RATIO_COLUMNS.values())
+    assert "| 2.50 |" in with_prefetch  # next to the measured ratio, no range: one profiled call a mode
+
+
+def test_the_roofline_ratio_is_each_modes_batch_over_its_roofline_step():
+    """HiSparse / full-KV with both modes at their rooflines, from the profiled capacity runs of one
+    context and trace; None without both (no --profile, another trace, a prefetch run only)."""
+    def prof(mode, batch, roofline, run="capacity", trace="glm-5.1", context=64):
+        return dict(mode=mode, batch=batch, roofline_seconds=roofline, run=run, trace=trace, context=context)
+
+    profiles = [prof("device", 2, 2e-3), prof("hisparse", 17, 6e-3), prof("hisparse", 17, 5e-3, run="prefetch"),
+                prof("device", 9, 4e-3, context=32), prof("hisparse", 41, 8e-3, trace="deepseek-v3.2")]
+    assert report.roofline_ratio(profiles, 64, "glm-5.1") == pytest.approx((17 / 6e-3) / (2 / 2e-3))
+    assert report.roofline_ratio(profiles, 64, "deepseek-v3.2") is None  # no full-KV run of that trace
+    assert report.roofline_ratio(profiles, 32, "glm-5.1") is None
+    assert report.roofline_ratio([], 64, None) is None
+    assert report.roofline_ratio([prof("device", 2, 0.0), prof("hisparse", 17, 6e-3)], 64, "glm-5.1") is None
 
 
 def test_a_report_names_the_implementation_and_the_spread_of_every_timing(tmp_path, capsys):
@@ -270,7 +288,8 @@ def test_a_report_names_the_implementation_and_the_spread_of_every_timing(tmp_pa
     assert q["tokens_equal_at_equal_batch"] is True
     assert q["kv_hbm_per_request_full_kv_over_hisparse"] > 1
     for key, heading in report.RATIO_COLUMNS.items():
-        assert (heading in stdout) == ("prefetch" not in key), heading  # the prefetch columns need --prefetch
+        # the prefetch columns need --prefetch, the roofline's --profile
+        assert (heading in stdout) == ("prefetch" not in key and "roofline" not in key), heading
     assert data["ratio_range"] in stdout
     # The bandwidths a GPU run met, profiled or not (a CPU's are measured only for --profile).
     if CPU:
@@ -307,8 +326,12 @@ def test_prefetch_run_at_the_capacity_batch(tmp_path, capsys, share, groups):
     (ratio,) = data["ratios"]
     assert ratio["tokens_equal_with_prefetch"] is True
     assert ratio["tpot_prefetch_over_hisparse"] > 0
+    # --profile: the measured throughput ratio next to the one both modes would reach at their rooflines
+    at_roofline = report.roofline_ratio(data["profiles"], 64, ratio["trace"])
+    assert at_roofline > 0 and ratio["roofline_throughput_hisparse_over_full_kv"] == pytest.approx(at_roofline)
     assert sorted(p["run"] for p in data["profiles"]) == ["capacity", "capacity", "prefetch"]
     captured = capsys.readouterr()
+    assert "throughput at both rooflines" in captured.out
     _assert_bandwidths(data, captured.out, [64])  # --profile measures them on a CPU too
     if CPU:  # the profile's plumbing runs, and the command says what a CPU cannot measure
         assert "kernel categories stay at zero" in captured.err
