@@ -102,6 +102,9 @@ cudaError_t LaunchTopk(const TopkDims& dims, const TopkBuffers& io, uint32_t* wo
 inline constexpr int kTopkTraceSlots = 16;
 cudaError_t TopkReadTrace(unsigned long long* ns, int blocks);
 cudaError_t TopkClearTrace();
+// The launch floor: an empty kernel in the resident plan's launch shape for `dims` (grid,
+// clusters, threads, shared memory); an error where the plan is not the resident kernel.
+cudaError_t LaunchTopkEmptyResident(const TopkDims& dims, cudaStream_t stream, const TopkLaunchOptions& options = {});
 #endif
 
 }  // namespace hisparse

@@ -286,6 +286,30 @@ cudaError_t LaunchTopk(const TopkDims& d, const TopkBuffers& io, uint32_t* works
 }
 
 #ifdef HISPARSE_TOPK_TRACE
+cudaError_t LaunchTopkEmptyResident(const TopkDims& d, cudaStream_t stream, const TopkLaunchOptions& options) {
+  constexpr ResidentKernelFn kEmpty[] = {
+      TopkResidentEmptyKernel<1>, TopkResidentEmptyKernel<2>, TopkResidentEmptyKernel<3>,
+      TopkResidentEmptyKernel<4>, TopkResidentEmptyKernel<5>, TopkResidentEmptyKernel<6>,
+      TopkResidentEmptyKernel<7>, TopkResidentEmptyKernel<8>, TopkResidentEmptyKernel<16>};
+  static_assert(sizeof(kEmpty) / sizeof(ResidentKernelFn) == kResidentSizes, "one empty kernel per cluster size");
+  if (!ValidDims(d) || !ValidOptions(options) || d.rows == 0 || d.top_k == 0) return cudaErrorInvalidValue;
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  const DeviceSetup* setup = SetUp(device);
+  if (setup == nullptr || setup->error != cudaSuccess) return cudaErrorInvalidDevice;
+  const TopkLaunchPlan plan = PlanFor(d, options, *setup);
+  const int index = IndexOf(kResidentClusters, plan.cluster);
+  if (plan.kernel != TopkKernelKind::kResident || index < 0) return cudaErrorInvalidConfiguration;
+  const ResidentKernelFn fn = kEmpty[index];
+  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kResidentSharedBytes));
+  if (err == cudaSuccess && plan.cluster > 8)
+    err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (err != cudaSuccess) return err;
+  return LaunchClusters(fn, ResidentArgs{}, d.rows, plan.cluster, kTopkResidentThreads,
+                        static_cast<size_t>(kResidentSharedBytes), stream);
+}
+
 cudaError_t TopkReadTrace(unsigned long long* ns, int blocks) {
   const size_t n = static_cast<size_t>(std::min(blocks, kTopkTraceBlocks));
   return cudaMemcpyFromSymbol(ns, g_topk_trace_ns, n * kTopkTraceSlots * sizeof(unsigned long long));

@@ -785,6 +785,18 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   Cluster<kCluster>::Wait();
 }
 
+#ifdef HISPARSE_TOPK_TRACE
+// The trace build's launch floor: the resident kernel's launch shape (its grid, clusters, 1024
+// threads and shared memory) doing nothing but the stamps and one cluster barrier, so that the
+// bench can set a launch's time against what the launch alone costs.
+template <int kCluster>
+__global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentEmptyKernel(const ResidentArgs) {
+  TopkStamp(0);
+  Cluster<kCluster>::Sync();
+  TopkStamp(13);
+}
+#endif
+
 }  // namespace
 }  // namespace hisparse
 

@@ -33,7 +33,8 @@
 //   build/topk_bench results/topk_r8.json --kernel resident --cluster 8  # and blocks per row
 // (resident: 1, 2, 4, 8, 16; streaming: 1, 2, 4, 8; a forced resident plan that does not fit a shape
 // skips it.) Where a resident launch's time goes, from its blocks' phase stamps (a diagnosis build,
-// never shipped; it prints two traced launches after each timed shape):
+// never shipped; after each timed shape it prints the launch floor, an empty kernel of the same
+// launch shape timed as the calls are, then two traced launches):
 //   make -C ffi/bench topk EXTRA=-DHISPARSE_TOPK_TRACE OUT=$PWD/build/topk-trace
 //   build/topk-trace/topk_bench results/topk_trace.json --shape 17x131072 --reps 50
 #include <cuda_fp8.h>
@@ -161,6 +162,14 @@ void PrintTrace(const Config& c, const Result& r, const hisparse::TopkDims& dims
                                       "output written",
                                       "",
                                       ""};
+  // The launch floor first: the same launch shape doing nothing, timed as the calls were.
+  const std::vector<double> floor_us =
+      harness::EventTimes(stream, 50, kWarmup, /*spin_first_ns=*/0, /*spin_each_ns=*/50000, [&](int) {
+        CUDA_OK(hisparse::LaunchTopkEmptyResident(dims, stream, c.options));
+      });
+  std::printf("launch floor %s %lldx%lld (an empty kernel of the same launch shape): %.2f / %.2f / %.2f us\n",
+              kKindNames[c.kind], (long long)c.rows, (long long)c.records, Percentile(floor_us, 0.0),
+              Percentile(floor_us, 0.5), Percentile(floor_us, 1.0));
   for (int rep = 0; rep < 2; ++rep) {
     CUDA_OK(cudaStreamSynchronize(stream));
     CUDA_OK(hisparse::TopkClearTrace());
