@@ -56,6 +56,10 @@
 #             units fill one to two blocks an SM; HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE=0 drops it):
 #             full-KV of the glm5-h200 slice at 256K (GLM-5.1-like trace, profiled) with the default
 #             build and without the rule; sites in $SITE-onewave-default and -off
+#   topk-trace
+#             where TOP-K's resident launches spend their time: the trace build of ffi/bench/topk_bench.cu
+#             (-DHISPARSE_TOPK_TRACE: each block's phase stamps, and the launch floor of an empty kernel
+#             in the same launch shape) at 17 and 2 rows of 131072 and 41 of 32768
 #   token-tiles-slices
 #             the grouped matmul's 32-token passes on the streaming kernel where 64-token ones do not
 #             fit two blocks an SM (HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=1; the default
@@ -304,6 +308,10 @@ for stage in "$@"; do
       # Full-KV at 256K is the one run the one-wave rule changes (its routed gate_up at batch 1).
       AB_CONTEXTS=262144 AB_ARGS="--modes full-kv" ab_slices onewave "default=" \
         "off=-Ccmake.define.CMAKE_CUDA_FLAGS=-DHISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE=0" ;;
+    topk-trace)
+      run topk_trace_build make -C ffi/bench topk EXTRA=-DHISPARSE_TOPK_TRACE OUT="$PWD/build/topk-trace"
+      run topk_trace build/topk-trace/topk_bench "$OUT_DIR/topk_trace.json" --shape 17x131072 --shape 17x131072:3 \
+        --shape 2x131072 --shape 41x32768 --reps 50 ;;
     token-tiles-slices)
       # HiSparse of dsv32-h200 at 32K (70 tokens x 8 of 32 experts) is the run whose routed experts
       # take 64-token passes, which two streaming blocks an SM cannot hold.
