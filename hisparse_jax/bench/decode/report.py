@@ -164,9 +164,10 @@ def ratios(context: int, hisparse: DecodeTiming, device: DecodeTiming, equal: De
 
 def roofline_ratio(profiles: list[dict], context: int, trace: str | None) -> float | None:
     """HiSparse / full-KV throughput with both modes at their rooflines (batch / roofline step of
-    each mode's profiled capacity run at `context` under `trace`): the best any implementation of
-    the two modes can reach on the machine measured, to read the measured ratio against. None
-    unless both runs were profiled with a roofline."""
+    each mode's profiled capacity run at `context` under `trace`), on the machine measured: the
+    ratio the measured one tends to as both modes approach their rooflines. A measured ratio above
+    it means full-KV is further below its roofline than HiSparse. None unless both runs were
+    profiled with a roofline."""
     found = {p["mode"]: p for p in profiles
              if p.get("run", "capacity") == "capacity" and p["context"] == context and p.get("trace") == trace}
     if not {"device", "hisparse"} <= found.keys():
