@@ -2,23 +2,26 @@
 the runs that reproduce them: the kit's DSA must give these tokens, logits and selected ids bit
 for bit (tests/models/test_dsa_golden.py).
 
-The file tests/data/dsa_golden.npz was written by main's DSA (commit 186b06d, before the
-refactor) with
-    python tests/models/dsa_golden.py tests/data/dsa_golden.npz
-under the model tests' XLA settings (most optimizations off, float32 matmuls at full
-precision: tests/models/conftest.py), on XLA:CPU. Bits depend on the jax version and the
-backend, so the test skips under another jax version (it names both).
+tests/data/dsa_golden/ holds one set a host and jax, FINGERPRINT-jaxVERSION.npz, written by
+main's DSA at the pre-kit commit (tests/golden_hosts.py's PRE_KIT_COMMIT) on a host whose XLA:CPU
+rounds as `golden_hosts.fingerprint()` says, under the model tests' XLA settings (most optimizations off,
+float32 matmuls at full precision: tests/models/conftest.py). tests/record_goldens.sh builds that
+commit and runs this file with it:
+    python tests/models/dsa_golden.py tests/data/dsa_golden
+unrecorded-host.npz was written on 2026-12-04, before sets named their host; CI's machines matched
+it until 2026-12-06, when one of another CPU (Intel Xeon, AVX-512 FP16 and AMX) did not.
+Bits depend on the jax version too, so a set also names the jax that wrote it.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-COMMAND = "python tests/models/dsa_golden.py tests/data/dsa_golden.npz"
 STEPS = 4
 LENGTHS = (29, 11)
 T = 32
@@ -68,14 +71,35 @@ def run(name: str, mode: str) -> dict[str, np.ndarray]:
     return got
 
 
-def main(path: str) -> None:
+def load_sets(folder: Path) -> list[dict]:
+    """Every recorded set in `folder`: its arrays, plus "fingerprint" (None where unrecorded) and
+    "jax_version"."""
+    sets = []
+    for path in sorted(folder.glob("*.npz")):
+        with np.load(path) as data:
+            recorded = {key: data[key] for key in data.files}
+        recorded["jax_version"] = str(recorded["jax_version"])
+        recorded["fingerprint"] = str(recorded["fingerprint"]) if "fingerprint" in recorded else None
+        recorded["path"] = path
+        sets.append(recorded)
+    return sets
+
+
+def main(folder: str) -> None:
+    """Writes FOLDER/FINGERPRINT-jaxVERSION.npz: this host's outputs of the installed hisparse_jax."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # golden_hosts, whichever package is installed
+    import golden_hosts
+
     settings()
-    arrays = {"jax_version": np.asarray(jax.__version__), "command": np.asarray(COMMAND)}
+    arrays = {"jax_version": np.asarray(jax.__version__), "fingerprint": np.asarray(golden_hosts.fingerprint()),
+              "host": np.asarray(golden_hosts.describe_host()), "command": np.asarray(golden_hosts.RECORD_COMMAND)}
     for name, (_, modes) in CASES.items():
         for mode in modes:
             for key, value in run(name, mode).items():
                 arrays[f"{name}/{mode}/{key}"] = value
+    path = Path(folder) / f"{golden_hosts.fingerprint()}-jax{jax.__version__}.npz"
     np.savez_compressed(path, **arrays)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
