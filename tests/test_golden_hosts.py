@@ -83,12 +83,11 @@ def test_no_set_for_this_host_or_this_jax_skips_with_the_command(monkeypatch):
 
 def test_a_set_without_figures_under_this_setting_skips(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS / "train"))
-    import test_dsa_training_golden as training
+    import dsa_training_golden
 
-    choice = golden_hosts.Choice({"fingerprint": "aaaaaaaaaaaa"}, True)
     with pytest.raises(pytest.skip.Exception, match="set aaaaaaaaaaaa has no figures under optimizations_.*"
                                                     "tests/record_goldens.sh"):
-        training.recorded_figures(choice)
+        dsa_training_golden.recorded_figures({"fingerprint": "aaaaaaaaaaaa"})
 
 
 def test_the_recorded_sets_name_their_hosts(monkeypatch):

@@ -76,6 +76,16 @@ def load_sets(path: Path) -> list[dict]:
     return json.loads(Path(path).read_text())["sets"]
 
 
+def recorded_figures(recorded: dict) -> dict:
+    """The figures of a chosen set under this process's XLA setting; skips when it has none."""
+    figures = recorded.get(setting())
+    if figures is None:
+        import pytest
+        pytest.skip(f"the DSA training set {recorded['fingerprint']} has no figures under {setting()}: "
+                    "record them with `tests/record_goldens.sh`")
+    return figures
+
+
 def dumps(value, indent: int = 0) -> str:
     """JSON with one line a figure list (json's float repr round-trips every float32 exactly)."""
     pad = " " * indent

@@ -32,14 +32,6 @@ def golden() -> golden_hosts.Choice:
     return golden_hosts.choose(golden_lib.load_sets(GOLDEN), "DSA training")
 
 
-def recorded_figures(golden: golden_hosts.Choice) -> dict:
-    figures = golden.recorded.get(golden_lib.setting())
-    if figures is None:
-        pytest.skip(f"the DSA training set {golden.recorded['fingerprint']} has no figures under "
-                    f"{golden_lib.setting()}: record them with `{golden_hosts.RECORD_COMMAND}`")
-    return figures
-
-
 def _compare(golden: golden_hosts.Choice, what: str, got, want) -> None:
     if got != want:
         golden.differs(f"{what}: {got} here, {want} recorded")
@@ -47,12 +39,12 @@ def _compare(golden: golden_hosts.Choice, what: str, got, want) -> None:
 
 @pytest.mark.parametrize("attention", ["dense", "sparse"])
 def test_the_forward_gives_mains_losses(golden, attention):
-    want = recorded_figures(golden)["forward"][attention]
+    want = golden_lib.recorded_figures(golden.recorded)["forward"][attention]
     _compare(golden, f"{attention} forward [loss, lm, KLs]", golden_lib.forward_figures(attention), want)
 
 
 def test_fit_gives_mains_training_history(golden, tmp_path):
-    want = recorded_figures(golden)
+    want = golden_lib.recorded_figures(golden.recorded)
     got = golden_lib.fit_figures(tmp_path)
     _compare(golden, "history [lm, KL] per step", got["history"], want["history"])
     _compare(golden, "held-out [dense lm, sparse lm] per phase", got["held_out"], want["held_out"])
