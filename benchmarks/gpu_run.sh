@@ -62,11 +62,11 @@
 #             in the same launch shape) at 17 and 2 rows of 131072 and 41 of 32768
 #   token-tiles-slices
 #             the grouped matmul's 32-token passes on the streaming kernel where 64-token ones do not
-#             fit two blocks an SM (HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=1; the default
-#             build runs them on the warp-tile kernel): that build's checker and its
+#             fit two blocks an SM (the default; HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=0
+#             runs them on the warp-tile kernel): the default build's checker and its
 #             grouped_matmul_bench --slices --dsv32 --quick --ab, then HiSparse of the dsv32-h200 slice
-#             at 32K (DeepSeek-V3.2-like trace, profiled) with the default build and with it; sites in
-#             $SITE-tokentiles-default and -on
+#             at 32K (DeepSeek-V3.2-like trace, profiled) with the default build and without them;
+#             sites in $SITE-tokentiles-default and -off
 #   grouped-matmul-tiled
 #             the grouped matmul's tiled-weight experiment (ffi/grouped_matmul_tiled.h): checkers of
 #             tiles of 16 and 32 rows (--quick, memcheck), then --slices --quick row-major / 16 / 32
@@ -316,14 +316,12 @@ for stage in "$@"; do
       # HiSparse of dsv32-h200 at 32K (70 tokens x 8 of 32 experts) is the run whose routed experts
       # take 64-token passes, which two streaming blocks an SM cannot hold.
       mkdir -p build/tests
-      run gmm_tokentiles_check_build make -C ffi/tests grouped-matmul EXTRA=-DHISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=1 \
-        GMM_BIN="$PWD/build/tests/grouped_matmul_cuda_check_tokentiles"
-      run gmm_tokentiles_check timeout 600 build/tests/grouped_matmul_cuda_check_tokentiles --quiet
-      run gmm_dsv32_ab_build make -C ffi/bench grouped-matmul EXTRA=-DHISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=1 \
-        OUT="$PWD/build/gmm-tokentiles"
-      run gmm_dsv32_ab build/gmm-tokentiles/grouped_matmul_bench "$OUT_DIR/gmm_dsv32_ab.json" --slices --dsv32 --quick --ab --iters 20
+      run gmm_tokentiles_check_build make -C ffi/tests grouped-matmul
+      run gmm_tokentiles_check timeout 600 build/tests/grouped_matmul_cuda_check --quiet
+      run gmm_dsv32_ab_build make -C ffi/bench grouped-matmul
+      run gmm_dsv32_ab build/grouped_matmul_bench "$OUT_DIR/gmm_dsv32_ab.json" --slices --dsv32 --quick --ab --iters 20
       AB_DEPLOYMENT=dsv32-h200 AB_TRACE=deepseek-v3.2 AB_CONTEXTS=32768 AB_ARGS="--modes hisparse" ab_slices tokentiles \
-        "default=" "on=-Ccmake.define.CMAKE_CUDA_FLAGS=-DHISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=1" ;;
+        "default=" "off=-Ccmake.define.CMAKE_CUDA_FLAGS=-DHISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=0" ;;
     graphs-slices)
       one_graph="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,CONDITIONAL,WHILE"
       one_graph="$one_graph --xla_gpu_command_buffer_unroll_loops=true"

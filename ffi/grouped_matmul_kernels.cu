@@ -477,11 +477,14 @@ constexpr int64_t kStreamAutoMinRowsTimes2PerExpert = 5;
 #define HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE 1
 #endif
 constexpr bool kStreamAutoOneWave = HISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE != 0;
-// HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=1 streams 64-token passes in 32-token ones where
-// two streaming blocks an SM cannot hold them (see GroupedMatmulPlanFor); off until its A/B has run
-// (benchmarks/gpu_run.sh token-tiles-slices). The same bits either way.
+// 64-token passes stream in 32-token ones where two streaming blocks an SM cannot hold them (see
+// GroupedMatmulPlanFor): on an H100, dsv32-h200's 560 pairs over 32 experts 337 against 600 us
+// (gate_up) and 181 against 257 us (down) alone, and HiSparse's step at 32K 30.09 -> 27.41 ms
+// (BENCHMARKS.md, nineteenth pass). HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=0 puts those
+// shapes back on the warp-tile kernel (the A/B build, benchmarks/gpu_run.sh token-tiles-slices).
+// The same bits either way.
 #ifndef HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES
-#define HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES 0
+#define HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES 1
 #endif
 constexpr bool kStreamAutoFewerTokenTiles = HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES != 0;
 // HISPARSE_GROUPED_MATMUL_STREAM_SPLIT=G, G = 1, 2 or 4 (CMake: -DHISPARSE_GROUPED_MATMUL_STREAM_SPLIT=ON
@@ -665,10 +668,11 @@ cudaError_t GroupedMatmulPlanFor(const GroupedMatmulDims& dims, const GroupedMat
     p.stream_persistent = tuning.stream_persistent != 0 ? tuning.stream_persistent > 0 : kStreamAutoPersistent;
     p.stream_stages = StreamStages(dims, p.token_tiles, groups, p.k_slices, p.stream_blocks_per_sm, info);
     // Passes of 64 tokens (8 tiles: experts averaging ~14 rows or more, e.g. dsv32's 70 tokens x 8
-    // of 32 experts) leave two fp8 blocks an SM no room for two stages, so those shapes run on the
-    // warp-tile kernel, at about half of HBM (BENCHMARKS.md, seventeenth pass). With
-    // kStreamAutoFewerTokenTiles they stream in passes of 32 tokens instead (an expert above 32
-    // rows reads its weights once more; the same bits: a pass's size changes no sum).
+    // of 32 experts) leave two fp8 blocks an SM no room for two stages; on the warp-tile kernel
+    // they ran at about half of HBM (BENCHMARKS.md, seventeenth pass). With
+    // kStreamAutoFewerTokenTiles (the default) they stream in passes of 32 tokens instead (an
+    // expert above 32 rows reads its weights once more; the same bits: a pass's size changes no
+    // sum).
     const int warp_tile_token_tiles = p.token_tiles;
     if (p.stream_stages == 0 && tuning.token_tiles <= 0 && p.token_tiles == 8 && kStreamAutoFewerTokenTiles) {
       const int stages = StreamStages(dims, 4, groups, p.k_slices, p.stream_blocks_per_sm, info);
