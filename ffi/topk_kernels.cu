@@ -26,9 +26,12 @@
 //      fix it without any histogram. When that bucket is e and all its ids
 //      equal the probe (ties: quantized scores, a run of zeros), T is the
 //      probe and the counts already taken place every output: straight to 5.
-//   3. Each block gathers its ids at or above that boundary (every id the
-//      selection can take: the candidates) into a list in id order, when
-//      they fit; otherwise its later passes visit the whole slice, filtered.
+//      The same pass notes, per warp, the positions of its ids at or above e.
+//   3. Each block lists its ids at or above that boundary (every id the
+//      selection can take: the candidates) in id order, when they fit: from
+//      the notes when the boundary is e or e + 1 (the usual case), else by a
+//      second pass over the slice; otherwise its later passes visit the whole
+//      slice, filtered.
 //   4. Usually the row's candidates (a few thousand) fit in one block: after
 //      one more barrier every block copies all the candidates' keys (a few KB
 //      through distributed shared memory) and resolves the remaining digits

@@ -31,6 +31,14 @@ constexpr int64_t kSafetyFactor = 4;
 // Candidate keys of a whole row one block holds after the exchange.
 constexpr int kMergedCapacity = 8192;
 static_assert(kMergedCapacity >= kTopkBins, "the merged list's space also holds a share of a histogram");
+// The counting pass notes, per warp, the positions of its ids at or above e (the sample's estimate
+// of T's bucket) in the merged list's space, which nothing else uses before the candidates are in
+// place: whenever the bracket comes out at e or e + 1 (the usual case) those are the candidates or
+// a superset of them, and no second pass over the slice gathers them. A warp with more such ids
+// than its share (ties, a bucket holding much of the row) leaves it to that pass.
+constexpr int kNotedPerWarp = kMergedCapacity / kResidentWarps;
+// A lane visits at most this many ids of the slice (ForEachStep): its class counts fit 6 bits.
+static_assert(kTopkResidentMaxSlice / kTopkResidentThreads <= 63, "a lane's count of a class fits 6 bits");
 // Dynamic shared memory (one block per SM): histograms of digits 0 (over a
 // bracket of buckets), 1 and 2 (the sample's goes in the third first), the
 // slice's score bits [slice], the candidates' keys and positions
@@ -78,6 +86,7 @@ struct ResidentShared {
   uint32_t counts[kBoundaries];                       // their sums over the block
   uint32_t probe;     // the sample's largest key in T's estimated bucket (0: none sampled)
   uint32_t probe_count;                               // ids of the block whose key is `probe`
+  uint32_t noted_overflow;                            // a warp had more ids at or above e than kNotedPerWarp
   uint32_t share_total[kTopkDigits];                  // per digit: this block's share of the merged histogram
   unsigned long long totals;                          // ids above T (high), equal (low), no exchange
   int32_t estimate[2];  // top-digit buckets where the sample's estimate reaches k, kSafetyFactor x k
@@ -514,6 +523,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     sh.estimate[1] = 0;
     sh.probe = 0;
     sh.probe_count = 0;
+    sh.noted_overflow = 0;
   }
   __syncthreads();
   TopkStamp(1);  // the sample loaded (its keys), histograms cleared
@@ -551,20 +561,61 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   // The slice's keys replace its score bits as this pass goes (each lane its
   // own ids, a whole step in bounds): later passes read keys.
   const Source slice{bits, cand_key, cand_pos, hi - lo, sealed_in_slice, false, true};
+  uint32_t* const noted_positions = merged + warp * kNotedPerWarp;  // this warp's ids at or above e
   {
-    uint32_t count[kBoundaries] = {};
+    // An id's class c is the number of boundaries it reaches, 0 to 5 (bound[0..3] = e + 1 .. e - 2
+    // descend by one and bound[4] <= e - 3), so the ids at or above bound[b] are those of class
+    // >= 5 - b. A lane adds 1 << 6 (c - 1) for each of its ids of class c >= 1 into one word of
+    // 6-bit fields: fewer instructions than five compares and adds an id, in a pass bound by its
+    // issue rate (Nsight Compute: ~0.56 instructions a cycle per scheduler). With the notes the
+    // pass takes ~1.4 us more than before and the gather's second pass (~2.8 us) goes: 22.8 ->
+    // 21.9 us a call at 17 x 131072 on an H100 (BENCHMARKS.md, nineteenth pass).
+    uint32_t classes = 0;
     uint32_t probe_count = 0;
+    uint32_t noted = 0;  // this warp's ids at or above e so far (past kNotedPerWarp: not all noted)
+    const int below_near = estimate - kNearBoundaries + 1;  // the highest bucket no near boundary reaches
+    const int far = bound[kBoundaries - 1];
     const Source slice_bits{bits, cand_key, cand_pos, hi - lo, sealed_in_slice, false, false};
+    const unsigned lower_lanes = (1u << lane) - 1u;
     ForEachStep(slice_bits, warp, lane, [&](const Entries& e) {
+      unsigned take = 0;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int bin = TopBin(e.key[j]);
-#pragma unroll
-        for (int b = 0; b < kBoundaries; ++b) count[b] += (Valid(e, j) && bin >= bound[b]) ? 1u : 0u;
-        probe_count += (Valid(e, j) && e.key[j] == probe) ? 1u : 0u;
+        const int c = min(max(bin - below_near, 0), kNearBoundaries) + (bin >= far ? 1 : 0);
+        const bool valid = Valid(e, j);
+        classes += valid ? (1u << (6 * c)) >> 6 : 0u;
+        probe_count += (valid && e.key[j] == probe) ? 1u : 0u;
+        take |= (valid && c >= kBoundaries - 1) ? 1u << j : 0u;  // class >= 4: at or above bound[1] = e
       }
       *reinterpret_cast<uint4*>(bits + e.pos[0]) = make_uint4(e.key[0], e.key[1], e.key[2], e.key[3]);
+      // This lane's place among the step's noted ids (lower lanes' first, then its own in order)
+      // from four ballots: independent instructions, not a chain of shuffles in the pass.
+      uint32_t slot = noted, step_total = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const unsigned m = __ballot_sync(kFullMask, (take >> j) & 1u);
+        slot += static_cast<uint32_t>(__popc(m & lower_lanes));
+        step_total += static_cast<uint32_t>(__popc(m));
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if ((take >> j) & 1u) {
+          if (slot < static_cast<uint32_t>(kNotedPerWarp)) noted_positions[slot] = static_cast<uint32_t>(e.pos[j]);
+          ++slot;
+        }
+      }
+      noted += step_total;
     });
+    if (lane == 0 && noted > static_cast<uint32_t>(kNotedPerWarp)) atomicOr(&sh.noted_overflow, 1u);
+    uint32_t count[kBoundaries];
+    uint32_t at_or_above = 0;
+#pragma unroll
+    for (int b = 0; b < kBoundaries; ++b) {
+      const int c = kBoundaries - b;  // the ids at or above bound[b]: classes c .. 5
+      at_or_above += (classes >> (6 * (c - 1))) & 63u;
+      count[b] = at_or_above;
+    }
 #pragma unroll
     for (int b = 0; b < kBoundaries; ++b) {
       count[b] = WarpSum(count[b]);
@@ -593,10 +644,28 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   // can take), in id order, when this block's fit.
   const uint32_t gathered = gather >= 0 ? sh.rank_count[rank] : 0u;
   const bool use_candidates = !single && gather >= 0 && gathered <= static_cast<uint32_t>(a.capacity);
+  // The counting pass noted every id at or above e = bound[1]: the candidates when gather is 1,
+  // a superset of them (filtered here) when it is 0.
+  const bool all_noted = sh.noted_overflow == 0 && (gather == 0 || gather == 1);
   if (use_candidates) {
     const uint32_t per_warp = sh.warp_counts[lane][gather];  // lane w: warp w's count
     uint32_t at = WarpSum(lane < warp ? per_warp : 0u);
-    if (__shfl_sync(kFullMask, per_warp, warp) > 0) {
+    if (all_noted) {
+      const int noted = static_cast<int>(sh.warp_counts[warp][1]);
+      for (int base = 0; base < noted; base += kWarp) {
+        const int i = base + lane;
+        const uint32_t pos = i < noted ? noted_positions[i] : 0u;
+        const uint32_t key = i < noted ? bits[pos] : 0u;
+        const bool keep = i < noted && TopBin(key) >= range_lo;
+        const unsigned kept = __ballot_sync(kFullMask, keep);
+        if (keep) {
+          const uint32_t slot = at + static_cast<uint32_t>(__popc(kept & ((1u << lane) - 1u)));
+          cand_key[slot] = key;
+          cand_pos[slot] = pos;
+        }
+        at += static_cast<uint32_t>(__popc(kept));
+      }
+    } else if (__shfl_sync(kFullMask, per_warp, warp) > 0) {
       ForEachStep(slice, warp, lane, [&](const Entries& e) {
         unsigned take = 0;
 #pragma unroll
