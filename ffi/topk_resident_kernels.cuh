@@ -37,8 +37,10 @@ static_assert(kMergedCapacity >= kTopkBins, "the merged list's space also holds 
 // a superset of them, and no second pass over the slice gathers them. A warp with more such ids
 // than its share (ties, a bucket holding much of the row) leaves it to that pass.
 constexpr int kNotedPerWarp = kMergedCapacity / kResidentWarps;
-// A lane visits at most this many ids of the slice (ForEachStep): its class counts fit 6 bits.
-static_assert(kTopkResidentMaxSlice / kTopkResidentThreads <= 63, "a lane's count of a class fits 6 bits");
+// A lane visits 4 ids a step of its warp's range (WarpRange: whole steps, rounded up), at most 32
+// at the largest slice: its class counts fit 6 bits.
+static_assert((kTopkResidentMaxSlice + kResidentWarps * kStepIds - 1) / (kResidentWarps * kStepIds) * 4 <= 63,
+              "a lane's count of a class fits 6 bits");
 // Dynamic shared memory (one block per SM): histograms of digits 0 (over a
 // bracket of buckets), 1 and 2 (the sample's goes in the third first), the
 // slice's score bits [slice], the candidates' keys and positions
