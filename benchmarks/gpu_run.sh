@@ -45,6 +45,12 @@
 #             default command buffers and with the whole loop nest in one graph (WHILE and
 #             CONDITIONAL command buffers, loops unrolled: benchmarks/check_command_buffer.py's
 #             one-launch configuration), then benchmarks/launch_gaps.py over both
+#   pdl-slices
+#             XLA's programmatic dependent launch (--xla_gpu_enable_pdl: XLA's own kernels start while
+#             the kernel before them drains, and wait for its results in a griddepcontrol.wait) off
+#             and on: the glm5-h200 slice at PDL_CONTEXTS (default 131072 262144; GLM-5.1-like trace,
+#             both modes one at a time, profiled), off and on in turn at each context, then
+#             benchmarks/launch_gaps.py over the runs
 #   grouped-matmul-split-slices
 #             the shared expert's split K on the streaming kernel (HISPARSE_GROUPED_MATMUL_STREAM_SPLIT):
 #             the checker of that build (its automatic plan streams the split weights, every warp-tile
@@ -59,7 +65,8 @@
 #   topk-trace
 #             where TOP-K's resident launches spend their time: the trace build of ffi/bench/topk_bench.cu
 #             (-DHISPARSE_TOPK_TRACE: each block's phase stamps, and the launch floor of an empty kernel
-#             in the same launch shape) at 17 and 2 rows of 131072 and 41 of 32768
+#             in the same launch shape, then the same grid without clusters, without the dynamic
+#             shared memory and without both) at 17 and 2 rows of 131072 and 41 of 32768
 #   token-tiles-slices
 #             the grouped matmul's 32-token passes on the streaming kernel where 64-token ones do not
 #             fit two blocks an SM (the default; HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=0
@@ -89,6 +96,10 @@
 #             from ~92% of HBM at 136 to ~60% at 328) and TOP-K at 17 rows of 131072; speed of
 #             light, occupancy, warp states, scheduler, memory and instruction statistics, one
 #             launch each, in OUT_DIR/ncu_*.log
+#   headline  the headline table of BENCHMARKS.md: glm5-h200 under the GLM-5.1-like trace and dsv32-h200
+#             under the DeepSeek-V3.2-like one at HEADLINE_CONTEXTS (default 32768 131072 262144),
+#             both modes one at a time, profiled; each run's kernel table (benchmarks/kernel_table.py,
+#             OUT_DIR/kernels-*.log; the traces themselves are deleted), then benchmarks/launch_gaps.py
 #   slices    the deployment slices (docs/deployments.md): hisparse-bench decode --deployment
 #             glm5-h200 and dsv32-h200 at 32K, 128K and 256K, qwen3-quest-h200 at 128K; each
 #             under both trace calibrations, with the profile; one process per context.
@@ -333,7 +344,18 @@ for stage in "$@"; do
           decode --deployment glm5-h200 --contexts 131072 --trace glm-5.1 --no-equal-batch --one-at-a-time \
           --reps 10 --profile --no-plots --out "$OUT_DIR/slice-graphs-$graphs" $DECODE_ARGS
       done
-      run launch_gaps "$PY" benchmarks/launch_gaps.py "$OUT_DIR"/slice-graphs-*/decode.json ;;
+      run launch_gaps env PYTHONPATH="$SITE" "$PY" benchmarks/launch_gaps.py "$OUT_DIR"/slice-graphs-*/decode.json ;;
+    pdl-slices)
+      for context in ${PDL_CONTEXTS:-131072 262144}; do
+        for pdl in false true; do
+          clocked "slice-pdl-$pdl-$context" env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_pdl=$pdl" \
+            PYTHONPATH="$SITE" XLA_PYTHON_CLIENT_PREALLOCATE=true XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 \
+            "$PY" "$SITE/bin/hisparse-bench" decode --deployment glm5-h200 --contexts "$context" --trace glm-5.1 \
+            --no-equal-batch --one-at-a-time --reps 10 --profile --no-plots --out "$OUT_DIR/slice-pdl-$pdl-$context" \
+            $DECODE_ARGS
+        done
+      done
+      run launch_gaps env PYTHONPATH="$SITE" "$PY" benchmarks/launch_gaps.py "$OUT_DIR"/slice-pdl-*/decode.json ;;
     prefetch-tests)
       run prefetch_pytest env PYTHONPATH="$SITE" "$PY" -m pytest tests/test_prefetch.py \
         tests/models/test_prefetch_decode.py -q -p no:cacheprovider ;;
@@ -371,7 +393,7 @@ for stage in "$@"; do
             $DECODE_ARGS
         done
       done
-      run launch_gaps_routing "$PY" benchmarks/launch_gaps.py "$OUT_DIR"/slice-routing-*/decode.json ;;
+      run launch_gaps_routing env PYTHONPATH="$SITE" "$PY" benchmarks/launch_gaps.py "$OUT_DIR"/slice-routing-*/decode.json ;;
     ncu-profiles)
       mkdir -p build
       run ncu_gmm_build make -C ffi/bench grouped-matmul
@@ -385,6 +407,24 @@ for stage in "$@"; do
       done
       run ncu_topk ncu "${sections[@]}" -k regex:TopkResidentKernel --launch-skip 5 --launch-count 1 \
         build/topk_bench "$OUT_DIR/ncu_topk.json" --shape 17x131072 --reps 10 ;;
+    headline)
+      for spec in glm5-h200:glm-5.1 dsv32-h200:deepseek-v3.2; do
+        name=${spec%%:*} trace=${spec#*:}
+        for context in ${HEADLINE_CONTEXTS:-32768 131072 262144}; do
+          profiles="$OUT_DIR/profiles-$name-$context"
+          # shellcheck disable=SC2086  # DECODE_ARGS are words of their own
+          clocked "headline-$name-$context" env PYTHONPATH="$SITE" XLA_PYTHON_CLIENT_PREALLOCATE=true \
+            XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$PY" "$SITE/bin/hisparse-bench" decode --deployment "$name" \
+            --contexts "$context" --trace "$trace" --no-equal-batch --one-at-a-time --reps 10 --profile \
+            --profile-dir "$profiles" --no-plots --out "$OUT_DIR/headline-$name-$context" $DECODE_ARGS
+          for run_dir in "$profiles"/*/; do
+            run "kernels-$name-$context-$(basename "$run_dir")" env PYTHONPATH="$SITE" "$PY" \
+              benchmarks/kernel_table.py "$run_dir" 16 --category all
+          done
+          rm -rf "$profiles"  # hundreds of MB of traces; the kernel tables keep what they say
+        done
+      done
+      run launch_gaps_headline env PYTHONPATH="$SITE" "$PY" benchmarks/launch_gaps.py "$OUT_DIR"/headline-*/decode.json ;;
     slices)
       bench_slice glm5-h200 32768 131072 262144
       bench_slice dsv32-h200 32768 131072 262144

@@ -103,8 +103,12 @@ inline constexpr int kTopkTraceSlots = 16;
 cudaError_t TopkReadTrace(unsigned long long* ns, int blocks);
 cudaError_t TopkClearTrace();
 // The launch floor: an empty kernel in the resident plan's launch shape for `dims` (grid,
-// clusters, threads, shared memory); an error where the plan is not the resident kernel.
-cudaError_t LaunchTopkEmptyResident(const TopkDims& dims, cudaStream_t stream, const TopkLaunchOptions& options = {});
+// clusters, threads, shared memory), or the same grid and threads without the clusters, without
+// the dynamic shared memory or without both (which part of the launch costs the time); an error
+// where the plan is not the resident kernel.
+enum class TopkFloorShape { kPlanned, kNoClusters, kNoSharedMemory, kNeither };
+cudaError_t LaunchTopkEmptyResident(const TopkDims& dims, cudaStream_t stream, const TopkLaunchOptions& options = {},
+                                    TopkFloorShape shape = TopkFloorShape::kPlanned);
 #endif
 
 }  // namespace hisparse

@@ -286,7 +286,8 @@ cudaError_t LaunchTopk(const TopkDims& d, const TopkBuffers& io, uint32_t* works
 }
 
 #ifdef HISPARSE_TOPK_TRACE
-cudaError_t LaunchTopkEmptyResident(const TopkDims& d, cudaStream_t stream, const TopkLaunchOptions& options) {
+cudaError_t LaunchTopkEmptyResident(const TopkDims& d, cudaStream_t stream, const TopkLaunchOptions& options,
+                                    TopkFloorShape shape) {
   constexpr ResidentKernelFn kEmpty[] = {
       TopkResidentEmptyKernel<1>, TopkResidentEmptyKernel<2>, TopkResidentEmptyKernel<3>,
       TopkResidentEmptyKernel<4>, TopkResidentEmptyKernel<5>, TopkResidentEmptyKernel<6>,
@@ -300,14 +301,18 @@ cudaError_t LaunchTopkEmptyResident(const TopkDims& d, cudaStream_t stream, cons
   const TopkLaunchPlan plan = PlanFor(d, options, *setup);
   const int index = IndexOf(kResidentClusters, plan.cluster);
   if (plan.kernel != TopkKernelKind::kResident || index < 0) return cudaErrorInvalidConfiguration;
-  const ResidentKernelFn fn = kEmpty[index];
+  const bool clusters = shape == TopkFloorShape::kPlanned || shape == TopkFloorShape::kNoSharedMemory;
+  const bool shared = shape == TopkFloorShape::kPlanned || shape == TopkFloorShape::kNoClusters;
+  // Without clusters: the one-block kernel over as many blocks, launched plainly.
+  const ResidentKernelFn fn = clusters ? kEmpty[index] : kEmpty[0];
+  const int cluster = clusters ? plan.cluster : 1;
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kResidentSharedBytes));
-  if (err == cudaSuccess && plan.cluster > 8)
+  if (err == cudaSuccess && cluster > 8)
     err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   if (err != cudaSuccess) return err;
-  return LaunchClusters(fn, ResidentArgs{}, d.rows, plan.cluster, kTopkResidentThreads,
-                        static_cast<size_t>(kResidentSharedBytes), stream);
+  return LaunchClusters(fn, ResidentArgs{}, d.rows * plan.cluster / cluster, cluster, kTopkResidentThreads,
+                        shared ? static_cast<size_t>(kResidentSharedBytes) : size_t{0}, stream);
 }
 
 cudaError_t TopkReadTrace(unsigned long long* ns, int blocks) {

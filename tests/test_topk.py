@@ -234,6 +234,27 @@ def test_bulk(case, kind):
               reference=reference_follows_total_order(R, k, len(streams)))
 
 
+@pytest.mark.parametrize("kind", ["normal", "quantized"])
+@pytest.mark.parametrize("rows,R", [(17, 131072), (41, 32768)], ids=["17x131072", "41x32768"])
+def test_a_row_alone_gets_the_ids_it_gets_in_a_batch(rows, R, kind):
+    """Batch invariance at the slices' decode batches (17 requests at 128K, 41 at 32K): a request's
+    ids do not depend on which requests share its step. On a GPU the launch plan does (clusters
+    of 6 or 4 blocks a row in these batches, 16 or 8 for a row alone); ties (quantized scores)
+    must still go to the lowest ids in both."""
+    rng = np.random.default_rng(zlib.crc32(f"alone/{rows}/{R}/{kind}".encode()))
+    scores = random_scores(rng, (rows, R), kind)
+    sealed = np.full((rows,), R, np.int32)
+    sealed[1], sealed[2] = R // 2, 1000  # shorter requests in the same step
+    k = 2048
+    for implementation in IMPLEMENTATIONS:
+        batch = np.asarray(hs.select_topk(scores, sealed, k=k, implementation=implementation))
+        for row in (0, 1, 2, rows - 1):
+            alone = np.asarray(hs.select_topk(scores[row:row + 1], sealed[row:row + 1], k=k,
+                                              implementation=implementation))
+            assert_identical(alone[0], batch[row], f"{implementation}: row {row} alone vs in a batch of {rows}")
+        assert_identical(batch[:3], oracle_topk(scores[:3], sealed[:3], k), f"{implementation} vs oracle")
+
+
 @needs_ffi
 @pytest.mark.parametrize("kind", ["special", "raw_bits"])
 def test_ffi_total_order_at_small_k_over_long_rows(kind):

@@ -162,14 +162,24 @@ void PrintTrace(const Config& c, const Result& r, const hisparse::TopkDims& dims
                                       "output written",
                                       "",
                                       ""};
-  // The launch floor first: the same launch shape doing nothing, timed as the calls were.
-  const std::vector<double> floor_us =
-      harness::EventTimes(stream, 50, kWarmup, /*spin_first_ns=*/0, /*spin_each_ns=*/50000, [&](int) {
-        CUDA_OK(hisparse::LaunchTopkEmptyResident(dims, stream, c.options));
-      });
-  std::printf("launch floor %s %lldx%lld (an empty kernel of the same launch shape): %.2f / %.2f / %.2f us\n",
-              kKindNames[c.kind], (long long)c.rows, (long long)c.records, Percentile(floor_us, 0.0),
-              Percentile(floor_us, 0.5), Percentile(floor_us, 1.0));
+  // The launch floor first: the same launch shape doing nothing, timed as the calls were; then
+  // the same grid without the clusters, without the dynamic shared memory, and without both.
+  const struct {
+    hisparse::TopkFloorShape shape;
+    const char* what;
+  } floors[] = {{hisparse::TopkFloorShape::kPlanned, "an empty kernel of the same launch shape"},
+                {hisparse::TopkFloorShape::kNoClusters, "the same, no clusters"},
+                {hisparse::TopkFloorShape::kNoSharedMemory, "the same, no dynamic shared memory"},
+                {hisparse::TopkFloorShape::kNeither, "the same, neither"}};
+  for (const auto& f : floors) {
+    const std::vector<double> floor_us =
+        harness::EventTimes(stream, 50, kWarmup, /*spin_first_ns=*/0, /*spin_each_ns=*/50000, [&](int) {
+          CUDA_OK(hisparse::LaunchTopkEmptyResident(dims, stream, c.options, f.shape));
+        });
+    std::printf("launch floor %s %lldx%lld (%s): %.2f / %.2f / %.2f us\n", kKindNames[c.kind], (long long)c.rows,
+                (long long)c.records, f.what, Percentile(floor_us, 0.0), Percentile(floor_us, 0.5),
+                Percentile(floor_us, 1.0));
+  }
   for (int rep = 0; rep < 2; ++rep) {
     CUDA_OK(cudaStreamSynchronize(stream));
     CUDA_OK(hisparse::TopkClearTrace());

@@ -14,7 +14,7 @@
 //   Mix, Uniform        splitmix64 and a value in [-1, 1) from an index and a seed (random fills)
 //   ReadAll, HbmCeilings  the HBM ceilings: a device-to-device memcpy and a read kernel
 //   MeasureHbmCeilingsOver  the same over fresh memory a benchmark's fill kernel fills
-//   CheckOptions        the checkers' flags (--quick --quiet --seed N --only SUBSTRING)
+//   CheckOptions        the checkers' flags (--quick --race --quiet --seed N --only SUBSTRING --shard I/N)
 //   StartCheck          parse those flags and print the device line
 //   Rng, Uniform, Unit  the checkers' seeded host random numbers
 //   Format              printf into a std::string (failure messages)
@@ -191,33 +191,69 @@ HbmCeilings MeasureHbmCeilingsOver(cudaStream_t stream, int64_t bytes, int sms, 
   return hbm;
 }
 
-// The checkers' command line: --quick (fewer cases), --quiet (failures only),
-// --seed N, --only SUBSTRING (cases whose name holds it). Anything else prints
-// the usage line and exits 2.
+// The checkers' command line: --quick (fewer cases), --race (the fewest cases
+// and launch variants that still reach every code path, for compute-sanitizer's
+// racecheck; --quick where a checker has no such set), --quiet (failures only),
+// --seed N, --only SUBSTRING (cases whose name holds it), --shard I/N (the runs
+// whose index is I modulo N, so that N processes can share a slow run such as
+// racecheck's; only checkers that start with StartCheck(..., Shards::kSplit)
+// take it, the others refuse it). Anything else prints the usage line and exits 2.
 struct CheckOptions {
-  bool quick = false, verbose = true;
+  bool quick = false, race = false, verbose = true;
   uint64_t seed = 0;
   std::string only;
+  int64_t shard = 0, shards = 1;
 
   // Whether --only leaves the case `name` out.
   bool Skips(const std::string& name) const { return !only.empty() && name.find(only) == std::string::npos; }
+  // Whether --shard leaves out the run at `index` (a case, or a case's launch variant: the checker's order).
+  bool SkipsIndex(int64_t index) const { return index % shards != shard; }
 };
 
-inline CheckOptions ParseCheckOptions(int argc, char** argv, uint64_t default_seed) {
+// Parses --shard's "I/N" (0 <= I < N <= 4096) into `o`; false when malformed.
+inline bool ParseShard(const std::string& text, CheckOptions& o) {
+  const size_t slash = text.find('/');
+  if (slash == std::string::npos || slash == 0 || slash + 1 == text.size() || text.size() > 12) return false;
+  for (size_t i = 0; i < text.size(); ++i)
+    if (i != slash && (text[i] < '0' || text[i] > '9')) return false;
+  const int64_t index = std::strtoll(text.substr(0, slash).c_str(), nullptr, 10);
+  const int64_t count = std::strtoll(text.substr(slash + 1).c_str(), nullptr, 10);
+  if (count < 1 || count > 4096 || index >= count) return false;
+  o.shard = index;
+  o.shards = count;
+  return true;
+}
+
+// Whether a checker splits its runs by --shard.
+enum class Shards { kWhole, kSplit };
+
+inline CheckOptions ParseCheckOptions(int argc, char** argv, uint64_t default_seed, Shards shards = Shards::kWhole) {
   CheckOptions o;
   o.seed = default_seed;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
       o.quick = true;
+    } else if (arg == "--race") {
+      o.quick = o.race = true;
     } else if (arg == "--quiet") {
       o.verbose = false;
     } else if (arg == "--seed" && i + 1 < argc) {
       o.seed = std::strtoull(argv[++i], nullptr, 10);
     } else if (arg == "--only" && i + 1 < argc) {
       o.only = argv[++i];
+    } else if (arg == "--shard" && i + 1 < argc) {
+      if (shards == Shards::kWhole) {
+        std::fprintf(stderr, "%s: --shard: this checker runs its cases whole; drop --shard\n", argv[0]);
+        std::exit(2);
+      }
+      if (!ParseShard(argv[++i], o)) {
+        std::fprintf(stderr, "%s: --shard takes I/N with 0 <= I < N <= 4096, e.g. --shard 0/4\n", argv[0]);
+        std::exit(2);
+      }
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--quiet] [--seed N] [--only SUBSTRING]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--race] [--quiet] [--seed N] [--only SUBSTRING] [--shard I/N]\n",
+                   argv[0]);
       std::exit(2);
     }
   }
@@ -264,13 +300,14 @@ inline void PrintCheckDevice(const CheckOptions& o) {
   CUDA_OK(cudaGetDevice(&device));
   cudaDeviceProp prop;
   CUDA_OK(cudaGetDeviceProperties(&prop, device));
+  const char* set = o.race ? "; race" : (o.quick ? "; quick" : "");
   std::printf("device %d: %s (sm_%d%d, %d SMs); seed %llu%s\n", device, prop.name, prop.major,
-              prop.minor, prop.multiProcessorCount, (unsigned long long)o.seed, o.quick ? "; quick" : "");
+              prop.minor, prop.multiProcessorCount, (unsigned long long)o.seed, set);
 }
 
 // A checker's start: its command line, then its device line.
-inline CheckOptions StartCheck(int argc, char** argv, uint64_t default_seed) {
-  const CheckOptions options = ParseCheckOptions(argc, argv, default_seed);
+inline CheckOptions StartCheck(int argc, char** argv, uint64_t default_seed, Shards shards = Shards::kWhole) {
+  const CheckOptions options = ParseCheckOptions(argc, argv, default_seed, shards);
   PrintCheckDevice(options);
   return options;
 }

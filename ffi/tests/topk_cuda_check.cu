@@ -20,12 +20,14 @@
 //   nvcc -O2 -arch=sm_90 -std=c++17 -lineinfo -I ffi ffi/tests/topk_cuda_check.cu ffi/topk_kernels.cu ffi/topk_cpu.cc -o build/tests/topk_cuda_check
 // Run:
 //   build/tests/topk_cuda_check              # every case
-//   build/tests/topk_cuda_check --quick      # small case set, for compute-sanitizer (racecheck < ~60 s)
+//   build/tests/topk_cuda_check --quick      # small case set, for compute-sanitizer
 //   build/tests/topk_cuda_check --only 131072  # cases whose name contains "131072"
 //   build/tests/topk_cuda_check --seed 7     # other random inputs
 //   build/tests/topk_cuda_check --quiet      # print failures and the summary only
+//   build/tests/topk_cuda_check --race       # 5 cases x 14 launch variants that reach every path (racecheck)
+//   build/tests/topk_cuda_check --shard 2/8  # every 8th (case, variant) run from the third (seeds as in a whole run)
 //   compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/topk_cuda_check --quick --quiet
-//   compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 build/tests/topk_cuda_check --quick --quiet
+//   compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 build/tests/topk_cuda_check --race --quiet
 // Last line: "N passed, M failed, K skipped"; the exit status is non-zero on failure.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -183,7 +185,7 @@ struct Case {
   size_t misalign = 0;  // bytes added to the scores' base address (4: scalar loads)
 };
 
-std::vector<Case> TopkCases(bool quick) {
+std::vector<Case> TopkCases(bool quick, bool race) {
   std::vector<Case> cases;
   auto add = [&](int64_t rows, int64_t R, int64_t k, Kind kind, Sealed sealed, size_t misalign = 0) {
     cases.push_back({Format("rows%lld_R%lld_k%lld_%s%s%s", (long long)rows, (long long)R,
@@ -194,8 +196,24 @@ std::vector<Case> TopkCases(bool quick) {
   const Kind all_kinds[] = {Kind::kNormal,  Kind::kUniform12, Kind::kQuantized,      Kind::kEqual,
                             Kind::kSpecial, Kind::kRawBits,   Kind::kAscending,      Kind::kMostlyMinusInf,
                             Kind::kPeriodicLow, Kind::kIndexer, Kind::kZeros};
+  if (race) {
+    // racecheck shadows every shared-memory word of every block (221 KB each
+    // for the resident kernel): a launch takes seconds under it, and the quick
+    // set's 600 launches ran past 270 s. These five are chosen to reach every path: the
+    // candidates noted while counting and merged in one block (normal, k =
+    // 600), one key in T's bucket (zeros, equal: the single path), more ids at
+    // or above T's bucket than a warp notes, so the second pass gathers them,
+    // and more candidates than one block merges (k = 10000), scalar copies of
+    // misaligned rows (quantized).
+    add(2, 6000, 600, Kind::kNormal, Sealed::kRagged);
+    add(2, 6000, 600, Kind::kZeros, Sealed::kAll);
+    add(3, 1001, 40, Kind::kEqual, Sealed::kRagged);
+    add(1, 20000, 10000, Kind::kNormal, Sealed::kAll);
+    add(2, 6000, 600, Kind::kQuantized, Sealed::kAll, 4);
+    return cases;
+  }
   if (quick) {
-    // Small enough for racecheck (every variant of every case within ~60 s):
+    // For memcheck (racecheck takes --race: minutes for this set):
     // R = 6000 still gives every block of a 16-block row a slice, and k = 600
     // overflows the capacity-64 variants' candidate lists.
     for (Kind kind : all_kinds) add(3, 1001, 40, kind, Sealed::kRagged);
@@ -250,16 +268,21 @@ struct Variant {
   TopkLaunchOptions options;
 };
 
-std::vector<Variant> Variants() {
+// Every launch variant, or with `race` one of each kind at 1 and 8 (streaming)
+// or 1, 6 and 16 (resident) blocks a row: racecheck's set.
+std::vector<Variant> Variants(bool race) {
   std::vector<Variant> variants = {{"auto", {}}};
-  for (int cluster : {1, 2, 4, 8}) {
+  const std::vector<int> streaming = race ? std::vector<int>{1, 8} : std::vector<int>{1, 2, 4, 8};
+  const std::vector<int> resident =
+      race ? std::vector<int>{1, 6, 16} : std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 16};
+  for (int cluster : streaming) {
     variants.push_back({Format("streaming%d", cluster), {TopkKernelKind::kStreaming, cluster, -1}});
     variants.push_back(
         {Format("streaming%d_no_early_exit", cluster), {TopkKernelKind::kStreaming, cluster, 0}});
     variants.push_back(
         {Format("streaming%d_capacity64", cluster), {TopkKernelKind::kStreaming, cluster, 64}});
   }
-  for (int cluster : {1, 2, 3, 4, 5, 6, 7, 8, 16}) {
+  for (int cluster : resident) {
     variants.push_back({Format("resident%d", cluster), {TopkKernelKind::kResident, cluster, -1}});
     variants.push_back(
         {Format("resident%d_no_candidates", cluster), {TopkKernelKind::kResident, cluster, 0}});
@@ -311,8 +334,10 @@ struct Tally {
   int passed = 0, failed = 0, skipped = 0;
 };
 
-// Runs `variants` on one case.
-Tally RunCase(const Case& c, const std::vector<Variant>& variants, uint64_t seed, bool verbose) {
+// Runs `variants` on one case, those --shard keeps: run index run_base + v for variant v.
+Tally RunCase(const Case& c, const std::vector<Variant>& variants, uint64_t seed, int64_t run_base,
+              const harness::CheckOptions& options) {
+  const bool verbose = options.verbose;
   const int64_t S = c.rows, R = c.records, k = c.top_k;
   Rng rng(seed);
   std::vector<float> scores(S * R);
@@ -336,7 +361,9 @@ Tally RunCase(const Case& c, const std::vector<Variant>& variants, uint64_t seed
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   Tally tally;
   std::vector<int32_t> got(S * k), first_run(S * k);
-  for (const Variant& v : variants) {
+  for (size_t vi = 0; vi < variants.size(); ++vi) {
+    const Variant& v = variants[vi];
+    if (options.SkipsIndex(run_base + static_cast<int64_t>(vi))) continue;
     Report report;
     report.label = "[" + c.name + " " + v.name + "]";
     const TopkLaunchPlan plan = hisparse::TopkPlan(dims, v.options);
@@ -383,7 +410,8 @@ Tally RunCase(const Case& c, const std::vector<Variant>& variants, uint64_t seed
 }  // namespace
 
 int main(int argc, char** argv) {
-  const harness::CheckOptions options = harness::StartCheck(argc, argv, /*default_seed=*/1234);
+  const harness::CheckOptions options =
+      harness::StartCheck(argc, argv, /*default_seed=*/1234, harness::Shards::kSplit);
 
   // The automatic plans of the benchmark's shapes (k = 2048), for the record.
   for (int64_t R : {32768, 131072, 262144}) {
@@ -395,17 +423,20 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
 
-  const std::vector<Variant> variants = Variants();
+  const std::vector<Variant> variants = Variants(options.race);
   Tally all;
   uint64_t case_seed = options.seed;
-  for (const Case& c : TopkCases(options.quick)) {
+  int64_t case_index = -1;
+  for (const Case& c : TopkCases(options.quick, options.race)) {
     ++case_seed;
+    ++case_index;
     if (options.Skips(c.name)) continue;
-    const Tally t = RunCase(c, variants, case_seed, options.verbose);
+    const Tally t = RunCase(c, variants, case_seed, case_index * static_cast<int64_t>(variants.size()), options);
     all.passed += t.passed;
     all.failed += t.failed;
     all.skipped += t.skipped;
   }
+  if (options.shards > 1) std::printf("shard %lld/%lld: ", (long long)options.shard, (long long)options.shards);
   std::printf("%d passed, %d failed, %d skipped\n", all.passed, all.failed, all.skipped);
   return all.failed == 0 ? 0 : 1;
 }
