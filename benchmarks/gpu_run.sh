@@ -66,7 +66,18 @@
 #             where TOP-K's resident launches spend their time: the trace build of ffi/bench/topk_bench.cu
 #             (-DHISPARSE_TOPK_TRACE: each block's phase stamps, and the launch floor of an empty kernel
 #             in the same launch shape, then the same grid without clusters, without the dynamic
-#             shared memory and without both) at 17 and 2 rows of 131072 and 41 of 32768
+#             shared memory and without both) at 17 and 2 rows of 131072 and 41 of 32768, and at
+#             17 rows of 131265 (the slice's odd R at 128K: 4-byte copies); then the default build's
+#             timing at 17 and 2 rows of 131072 and of 131265
+#   topk-aligned
+#             TOP-K's aligned slices (HISPARSE_TOPK_ALIGNED_SLICES=1: each block's slice starts on the
+#             16-byte grid, so rows whose length is not a multiple of 4 copy 16 bytes at a time): that
+#             build's checker (every case, memcheck of --quick, racecheck of --race), then its
+#             topk_bench against the default build's at 17 and 2 rows of 131265 (the slices' R at
+#             128K) and of 131072 and 41 of 32768, alternating, twice; JSON in OUT_DIR
+#   topk-aligned-slices
+#             HiSparse of the glm5-h200 slice at 128K (GLM-5.1-like trace, profiled) with the default
+#             build and with aligned slices; sites in $SITE-topkaligned-default and -aligned
 #   token-tiles-slices
 #             the grouped matmul's 32-token passes on the streaming kernel where 64-token ones do not
 #             fit two blocks an SM (the default; HISPARSE_GROUPED_MATMUL_STREAM_FEWER_TOKEN_TILES=0
@@ -321,8 +332,32 @@ for stage in "$@"; do
         "off=-Ccmake.define.CMAKE_CUDA_FLAGS=-DHISPARSE_GROUPED_MATMUL_STREAM_ONE_WAVE=0" ;;
     topk-trace)
       run topk_trace_build make -C ffi/bench topk EXTRA=-DHISPARSE_TOPK_TRACE OUT="$PWD/build/topk-trace"
+      # 17 x 131265 is the glm5-h200 slice's row at 128K (context plus every decoded token plus one):
+      # R % 4 != 0, so its rows are not 16-byte aligned and TOP-K copies them 4 bytes at a time.
       run topk_trace build/topk-trace/topk_bench "$OUT_DIR/topk_trace.json" --shape 17x131072 --shape 17x131072:3 \
-        --shape 2x131072 --shape 41x32768 --reps 50 ;;
+        --shape 17x131265 --shape 2x131072 --shape 41x32768 --reps 50
+      run topk_bench_build make -C ffi/bench topk
+      run topk_bench_in_step_rows build/topk_bench "$OUT_DIR/topk_in_step_rows.json" \
+        --shape 17x131072 --shape 17x131265 --shape 2x131072 --shape 2x131265 ;;
+    topk-aligned)
+      aligned=-DHISPARSE_TOPK_ALIGNED_SLICES=1
+      run topk_aligned_check_build make -C ffi/tests topk EXTRA="$aligned" TOPK_BIN="$PWD/build/tests/topk_cuda_check_aligned"
+      run topk_aligned_check timeout 600 build/tests/topk_cuda_check_aligned --quiet
+      run topk_aligned_sanitize timeout 900 make -C ffi/tests sanitize-topk EXTRA="$aligned" \
+        TOPK_BIN="$PWD/build/tests/topk_cuda_check_aligned"
+      run topk_aligned_bench_build make -C ffi/bench topk EXTRA="$aligned" OUT="$PWD/build/topk-aligned"
+      run topk_default_bench_build make -C ffi/bench topk
+      for rep in 1 2; do
+        for variant in default aligned; do
+          bench=build/topk_bench
+          if [ "$variant" = aligned ]; then bench=build/topk-aligned/topk_bench; fi
+          run "topk_aligned_ab-$variant-$rep" "$bench" "$OUT_DIR/topk_aligned_ab-$variant-$rep.json" \
+            --shape 17x131265 --shape 2x131265 --shape 17x131072 --shape 2x131072 --shape 41x32768
+        done
+      done ;;
+    topk-aligned-slices)
+      AB_CONTEXTS=131072 AB_ARGS="--modes hisparse" ab_slices topkaligned "default=" \
+        "aligned=-Ccmake.define.CMAKE_CUDA_FLAGS=-DHISPARSE_TOPK_ALIGNED_SLICES=1" ;;
     token-tiles-slices)
       # HiSparse of dsv32-h200 at 32K (70 tokens x 8 of 32 experts) is the run whose routed experts
       # take 64-token passes, which two streaming blocks an SM cannot hold.

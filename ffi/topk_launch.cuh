@@ -160,7 +160,9 @@ int StreamingCluster(const TopkDims& d, int sms) {
 }
 
 int64_t ResidentSlice(int64_t records, int cluster) {
-  const int64_t per_block = (records + cluster - 1) / cluster;
+  // Aligned slices: room for block 0's lead of up to 3 positions before the row's first id.
+  const int64_t positions = records + (kAlignedSlices ? 3 : 0);
+  const int64_t per_block = (positions + cluster - 1) / cluster;
   return std::max<int64_t>(kStepIds, (per_block + kStepIds - 1) / kStepIds * kStepIds);
 }
 

@@ -9,6 +9,15 @@ namespace {
 // ===========================================================================
 // The resident kernel (the plan is in the comment at the top of this file).
 
+// Aligned slices (A/B, off until measured: BENCHMARKS.md's twentieth pass): every block's slice
+// starts on the 16-byte grid of global memory, block 0's first one to three positions before the
+// row's first id left empty, so that rows of any length (the slices' R = context + decoded
+// tokens + 1 is odd) copy 16 bytes at a time. Off, a row whose length is not a multiple of 4
+// copies 4 bytes at a time. The launch leaves room for the lead (ResidentSlice).
+#ifndef HISPARSE_TOPK_ALIGNED_SLICES
+#define HISPARSE_TOPK_ALIGNED_SLICES 0
+#endif
+constexpr bool kAlignedSlices = HISPARSE_TOPK_ALIGNED_SLICES != 0;
 constexpr int kResidentWarps = kTopkResidentThreads / kWarp;
 static_assert(kResidentWarps == kWarp, "a warp reads every warp's count in one load");
 static_assert(kTopkResidentMaxCluster <= kWarp && kTopkResidentMaxCluster <= kResidentWarps,
@@ -170,6 +179,7 @@ struct Source {
   int limit;                 // entries at or past it are not visited (the slice: its sealed ids)
   bool candidates;
   bool keys;                 // `bits` holds keys already
+  int skip = 0;              // entries before it hold no id (aligned slices: block 0's lead)
 };
 
 // A lane's 4 consecutive entries of a step.
@@ -222,6 +232,10 @@ __device__ __forceinline__ void ForEachStep(const Source& src, int warp, int lan
     e.valid = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) e.valid |= first + j < end ? 1u << j : 0u;
+    if (kAlignedSlices && base < src.skip) {  // the first step of block 0's first warp
+#pragma unroll
+      for (int j = 0; j < 4; ++j) e.valid &= first + j < src.skip ? ~(1u << j) : ~0u;
+    }
     visit(e);
   }
 }
@@ -472,9 +486,15 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   TopkStamp(0);  // entry
   const int64_t row = blockIdx.x / kCluster;
   const int R = a.records, k = a.top_k;
-  // This block's ids [lo, hi); blocks past R (tiny rows) own nothing.
-  const int lo = min(static_cast<int>(rank) * a.slice, R);
+  // Position p of this block's slice holds id lo + p; its ids are [max(lo, 0), hi), and blocks
+  // past R (tiny rows) own nothing. With aligned slices lo steps back `lead` ids from the slice's
+  // start, to the 16-byte boundary at or before the row's first id: in block 0 the positions
+  // [0, skip) hold no id.
+  const int lead =
+      kAlignedSlices ? static_cast<int>((reinterpret_cast<uintptr_t>(a.scores + row * R) >> 2) & 3u) : 0;
+  const int lo = min(static_cast<int>(rank) * a.slice - lead, R);
   const int hi = min(lo + a.slice, R);
+  const int skip = kAlignedSlices ? max(-lo, 0) : 0;
   const float* const scores = a.scores + row * R;
 
   // 1. The sample: quad q of the row's R / 4 quads spread evenly over the
@@ -501,10 +521,17 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     // (ForEachStep's mapping): it waits for its own copies only, no barrier.
     const int2 range = WarpRange(hi - lo, warp);
     for (int first = range.x + 4 * lane; first < range.y; first += kStepIds) {
-      if (a.vec4) {  // hi - lo is a multiple of 4
+      // vec4: hi - lo is a multiple of 4; aligned slices: whole chunks of ids, on the 16-byte grid.
+      if (kAlignedSlices ? first >= skip && first + 4 <= range.y : a.vec4) {
         CopyToShared16(bits + first, scores + lo + first);
       } else {
-        for (int j = 0; j < 4 && first + j < range.y; ++j) CopyToShared4(bits + first + j, scores + lo + first + j);
+        for (int j = 0; j < 4 && first + j < range.y; ++j) {
+          if (!kAlignedSlices || first + j >= skip) {
+            CopyToShared4(bits + first + j, scores + lo + first + j);
+          } else {
+            bits[first + j] = 0u;  // no id: defined bits, never visited
+          }
+        }
       }
     }
   }
@@ -562,7 +589,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
   // 2. Exact counts at the boundaries; the cluster's sums bracket T's bucket.
   // The slice's keys replace its score bits as this pass goes (each lane its
   // own ids, a whole step in bounds): later passes read keys.
-  const Source slice{bits, cand_key, cand_pos, hi - lo, sealed_in_slice, false, true};
+  const Source slice{bits, cand_key, cand_pos, hi - lo, sealed_in_slice, false, true, skip};
   uint32_t* const noted_positions = merged + warp * kNotedPerWarp;  // this warp's ids at or above e
   {
     // An id's class c is the number of boundaries it reaches, 0 to 5 (bound[0..3] = e + 1 .. e - 2
@@ -577,7 +604,7 @@ __global__ void __launch_bounds__(kTopkResidentThreads, 1) TopkResidentKernel(co
     uint32_t noted = 0;  // this warp's ids at or above e so far (past kNotedPerWarp: not all noted)
     const int below_near = estimate - kNearBoundaries + 1;  // the highest bucket no near boundary reaches
     const int far = bound[kBoundaries - 1];
-    const Source slice_bits{bits, cand_key, cand_pos, hi - lo, sealed_in_slice, false, false};
+    const Source slice_bits{bits, cand_key, cand_pos, hi - lo, sealed_in_slice, false, false, skip};
     const unsigned lower_lanes = (1u << lane) - 1u;
     ForEachStep(slice_bits, warp, lane, [&](const Entries& e) {
       unsigned take = 0;
