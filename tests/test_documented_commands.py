@@ -95,6 +95,21 @@ def test_a_documented_command_runs_on_a_cpu_at_a_small_size(where, command, tmp_
     assert cli.main(argv) == 0, capsys.readouterr().err
 
 
+def test_every_macro_an_ab_sets_is_read_by_the_sources():
+    """Each -DHISPARSE_X (and -Ccmake.define.HISPARSE_X) that benchmarks/gpu_run.sh builds a variant
+    with is read by ffi/ (an #if / #ifdef / #ifndef of it, or a CMake option of that name): a misspelt
+    name would build the default twice and time it as an A/B."""
+    script = (ROOT / "benchmarks" / "gpu_run.sh").read_text()
+    named = set(re.findall(r"-D(HISPARSE_[A-Z0-9_]+)", script))
+    named |= set(re.findall(r"cmake\.define\.(HISPARSE_[A-Z0-9_]+)", script))
+    assert "HISPARSE_TOPK_ALIGNED_SLICES" in named, sorted(named)
+    sources = "\n".join(p.read_text() for p in sorted((ROOT / "ffi").rglob("*"))
+                        if p.is_file() and p.suffix in {".h", ".cuh", ".cu", ".cc", ".txt"})
+    read = set(re.findall(r"^\s*#\s*(?:if|ifdef|ifndef|elif)\b[^\n]*?\b(HISPARSE_[A-Z0-9_]+)", sources, flags=re.M))
+    read |= set(re.findall(r"option\((HISPARSE_[A-Z0-9_]+)", sources))
+    assert named <= read, f"gpu_run.sh builds with macros no source reads: {sorted(named - read)}"
+
+
 def test_every_gpu_run_stage_is_documented():
     """benchmarks/gpu_run.sh's stages (its `case` labels) are each named in its own header and in
     docs/benchmarks.md's row for it, and neither names a stage the script does not have."""
