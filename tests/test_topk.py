@@ -239,7 +239,7 @@ def test_bulk(case, kind):
 def test_a_row_alone_gets_the_ids_it_gets_in_a_batch(rows, R, kind):
     """Batch invariance at the slices' decode batches (17 requests at 128K, 41 at 32K): a request's
     ids do not depend on which requests share its step. On a GPU the launch plan does (clusters
-    of 6 or 4 blocks a row in these batches, 16 or 8 for a row alone); ties (quantized scores)
+    of 6 and 2 blocks a row in these batches, 16 and 8 for a row alone); ties (quantized scores)
     must still go to the lowest ids in both."""
     rng = np.random.default_rng(zlib.crc32(f"alone/{rows}/{R}/{kind}".encode()))
     scores = random_scores(rng, (rows, R), kind)
