@@ -193,11 +193,11 @@ HbmCeilings MeasureHbmCeilingsOver(cudaStream_t stream, int64_t bytes, int sms, 
 
 // The checkers' command line: --quick (fewer cases), --race (the fewest cases
 // and launch variants that still reach every code path, for compute-sanitizer's
-// racecheck; --quick where a checker has no such set), --quiet (failures only),
-// --seed N, --only SUBSTRING (cases whose name holds it), --shard I/N (the runs
-// whose index is I modulo N, so that N processes can share a slow run such as
-// racecheck's; only checkers that start with StartCheck(..., Shards::kSplit)
-// take it, the others refuse it). Anything else prints the usage line and exits 2.
+// racecheck), --quiet (failures only), --seed N, --only SUBSTRING (cases whose
+// name holds it), --shard I/N (the runs whose index is I modulo N, so that N
+// processes can share a slow run such as racecheck's). Only checkers that start
+// with StartCheck(..., Shards::kSplit) take --race and --shard; the others refuse
+// them. Anything else prints the usage line and exits 2.
 struct CheckOptions {
   bool quick = false, race = false, verbose = true;
   uint64_t seed = 0;
@@ -224,7 +224,7 @@ inline bool ParseShard(const std::string& text, CheckOptions& o) {
   return true;
 }
 
-// Whether a checker splits its runs by --shard.
+// Whether a checker has a --race set and splits its runs by --shard.
 enum class Shards { kWhole, kSplit };
 
 inline CheckOptions ParseCheckOptions(int argc, char** argv, uint64_t default_seed, Shards shards = Shards::kWhole) {
@@ -235,6 +235,10 @@ inline CheckOptions ParseCheckOptions(int argc, char** argv, uint64_t default_se
     if (arg == "--quick") {
       o.quick = true;
     } else if (arg == "--race") {
+      if (shards == Shards::kWhole) {
+        std::fprintf(stderr, "%s: --race: this checker has no race set; use --quick\n", argv[0]);
+        std::exit(2);
+      }
       o.quick = o.race = true;
     } else if (arg == "--quiet") {
       o.verbose = false;
